@@ -1,0 +1,1 @@
+//! loom models of the cross-process protocols; see `tests/`.

@@ -1,0 +1,1 @@
+//! The cache engine (lands with issue 2).

@@ -1,7 +1,11 @@
 //! radixd: a prefix (KV) cache server for LLM serving.
 //!
-//! The [`engine`] is the cache itself (radix tree, page pool, locks, LRU
-//! eviction) over one contiguous region of plain data; it knows nothing of
-//! IPC.
+//! - [`engine`]: the cache itself (radix tree, page pool, locks, sessions,
+//!   LRU eviction) over one contiguous region of plain data; knows nothing of
+//!   IPC.
+//! - [`op`]: the requests a client makes, their answers and errors.
+//! - [`exec`]: the JSON-lines front end (`radixd exec`).
 
 pub mod engine;
+pub mod exec;
+pub mod op;

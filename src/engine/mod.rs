@@ -1,1 +1,447 @@
-//! The cache engine (lands with issue 2).
+//! The cache engine: a radix tree of token sequences over a pool of KV pages,
+//! with per-client locks and page-granular, leaf-first LRU eviction.
+//!
+//! Everything a reader of the tree needs lives in one [`Region`] of plain
+//! `#[repr(C)]` records addressed by `u32` indices (see [`layout`]), so the
+//! same engine runs on the heap ([`HeapRegion`]) and in a shared-memory
+//! segment. Per-client bookkeeping (which client holds which lock) lives
+//! beside it in ordinary process memory.
+//!
+//! Semantics follow SGLang's `RadixCache`: keys are cut to whole pages; a
+//! match or insert that ends inside an edge splits it there; `lock_ref`
+//! counts locks on a node and its descendants, and `evictable_tokens` /
+//! `protected_tokens` move on its 0 ↔ 1 transitions.
+//!
+//! Memory: 48 bytes per node (at most `capacity + 1`), 16 bytes + 4 bytes
+//! of free ring + 16 bytes of child table per page, plus the tokens.
+
+mod arena;
+mod error;
+pub mod layout;
+mod lru;
+mod pool;
+mod region;
+mod session;
+mod table;
+mod tree;
+mod validate;
+
+use std::collections::HashMap;
+
+pub use error::{ConfigError, HandleError, InvariantError, PageError};
+pub use layout::EngineLayout;
+pub use region::{HeapRegion, Region, REGION_ALIGN};
+pub use session::{SessionError, SessionStatus};
+
+use arena::Arena;
+use layout::{NODE_LIVE, PAGE_CLAIMED, PAGE_OWNED, ROOT};
+use session::Session;
+
+/// Identifies the client that owns pages and locks.
+pub type ClientId = u32;
+
+/// What an engine is built with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Tokens per page, `1..=1024`.
+    pub page_size: u32,
+    /// Pages in the KV pool, `1..=2^30`.
+    pub capacity: u32,
+}
+
+/// Names a tree node: its index and the generation it had when named, so a
+/// handle to a node that has since been evicted is detected, never followed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Handle {
+    /// Slot in the node arena.
+    pub index: u32,
+    /// Generation of the slot when the handle was made.
+    pub generation: u32,
+}
+
+impl Handle {
+    /// The handle as one integer (generation in the high half), as it
+    /// travels in JSON and over the wire.
+    pub fn to_raw(self) -> u64 {
+        (u64::from(self.generation) << 32) | u64::from(self.index)
+    }
+
+    /// The inverse of [`Handle::to_raw`].
+    pub fn from_raw(raw: u64) -> Self {
+        Self {
+            index: raw as u32,
+            generation: (raw >> 32) as u32,
+        }
+    }
+}
+
+/// The answer to an insert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inserted {
+    /// Page-aligned tokens of the key that were cached before.
+    pub cached: usize,
+    /// Page-aligned length of the key: tokens cached for it now.
+    pub len: usize,
+    /// The locked node covering the key, when a lock was asked for and the
+    /// key holds at least one page.
+    pub handle: Option<Handle>,
+}
+
+/// The answer to a match (the pages go to the caller's buffer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Matched {
+    /// Tokens of the longest cached page-aligned prefix.
+    pub len: usize,
+    /// The locked node covering exactly those tokens, when a lock was asked
+    /// for and something matched.
+    pub handle: Option<Handle>,
+}
+
+/// Figures of an engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Tokens cached in the tree.
+    pub total_tokens: u64,
+    /// Cached tokens no lock protects.
+    pub evictable_tokens: u64,
+    /// Cached tokens some lock protects.
+    pub protected_tokens: u64,
+    /// Pages in the free pool.
+    pub free_pages: u64,
+    /// Pages owned by clients (allocated, not yet inserted or freed).
+    pub owned_pages: u64,
+    /// Tree nodes, the root not counted.
+    pub nodes: u64,
+    /// LRU list nodes visited by eviction scans since start or reset.
+    pub evict_scanned: u64,
+    /// Pages evicted since start or reset.
+    pub evicted_pages: u64,
+}
+
+/// A radix-tree prefix cache over a region `R`.
+pub struct Engine<R = HeapRegion> {
+    arena: Arena<R>,
+    /// `(client, node)` → locks that client holds on that node.
+    locks: HashMap<(ClientId, u32), u32>,
+    /// Live sessions by id.
+    sessions: HashMap<String, Session>,
+    /// Reused buffer for the pages a walk passes.
+    walked: Vec<u32>,
+}
+
+impl Engine<HeapRegion> {
+    /// An empty engine on the heap.
+    pub fn new(config: Config) -> Result<Self, ConfigError> {
+        let layout = EngineLayout::new(config.page_size, config.capacity)?;
+        let region = HeapRegion::zeroed(layout.size()).ok_or(ConfigError::OutOfMemory {
+            bytes: layout.size(),
+        })?;
+        Self::in_region(region, layout)
+    }
+}
+
+impl<R: Region> Engine<R> {
+    /// An empty engine formatted over `region`, which must be at least
+    /// `layout.size()` bytes.
+    pub fn in_region(region: R, layout: EngineLayout) -> Result<Self, ConfigError> {
+        Ok(Self {
+            arena: Arena::new(region, layout)?,
+            locks: HashMap::new(),
+            sessions: HashMap::new(),
+            walked: Vec::new(),
+        })
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> u32 {
+        self.arena.layout.page_size
+    }
+
+    /// Pages in the pool.
+    pub fn capacity(&self) -> u32 {
+        self.arena.layout.capacity
+    }
+
+    /// The region the engine lives in.
+    pub fn region(&self) -> &R {
+        self.arena.region()
+    }
+
+    fn aligned(&self, len: usize) -> usize {
+        let p = self.page_size() as usize;
+        len / p * p
+    }
+
+    /// Hands `n` pages to `client`, evicting exactly the shortfall when the
+    /// free pool is short. Fails, changing nothing, when free plus evictable
+    /// pages are fewer than `n`.
+    pub fn alloc(&mut self, client: ClientId, n: u64) -> Result<Vec<u32>, PageError> {
+        let h = self.arena.hdr();
+        let free = u64::from(h.free_len);
+        let available = free + h.evictable_tokens / u64::from(self.page_size());
+        if n > available {
+            return Err(PageError::Insufficient {
+                requested: n,
+                available,
+            });
+        }
+        if n > free {
+            self.arena.evict_pages(n - free);
+        }
+        Ok((0..n).map(|_| self.arena.pool_take(client)).collect())
+    }
+
+    /// Returns pages `client` owns to the free pool; all or none.
+    pub fn free(&mut self, client: ClientId, pages: &[u32]) -> Result<(), PageError> {
+        self.check_range(pages)?;
+        self.claim(client, pages, |_, _| false)?;
+        for &page in pages {
+            self.arena.pool_release_owned(page);
+        }
+        Ok(())
+    }
+
+    fn check_range(&self, pages: &[u32]) -> Result<(), PageError> {
+        let capacity = self.capacity();
+        match pages.iter().find(|&&p| p >= capacity) {
+            Some(&page) => Err(PageError::OutOfRange {
+                page: u64::from(page),
+                capacity,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks every page of `pages` that `keep(i, page)` does not excuse as
+    /// claimed, checking that `client` owns it; a page named twice fails the
+    /// second time. On failure every mark is undone.
+    fn claim(
+        &mut self,
+        client: ClientId,
+        pages: &[u32],
+        keep: impl Fn(usize, u32) -> bool,
+    ) -> Result<(), PageError> {
+        for (i, &page) in pages.iter().enumerate() {
+            if keep(i, page) {
+                continue;
+            }
+            let pg = &mut self.arena.pages_mut()[page as usize];
+            if pg.state != PAGE_OWNED || pg.owner != client {
+                for (j, &undo) in pages[..i].iter().enumerate() {
+                    let pg = &mut self.arena.pages_mut()[undo as usize];
+                    if !keep(j, undo) && pg.state == PAGE_CLAIMED {
+                        pg.state = PAGE_OWNED;
+                    }
+                }
+                return Err(PageError::NotOwned { page });
+            }
+            pg.state = PAGE_CLAIMED;
+        }
+        Ok(())
+    }
+
+    /// Caches `tokens` (cut to whole pages) with `pages`, one per whole page.
+    ///
+    /// Where the prefix is already cached by the same page id nothing
+    /// changes; a different page id there is a duplicate the caller owns and
+    /// goes back to the free pool. The rest of the key becomes a new leaf.
+    /// With `lock`, the node covering the key is locked for `client`.
+    pub fn insert(
+        &mut self,
+        client: ClientId,
+        tokens: &[u32],
+        pages: &[u32],
+        lock: bool,
+    ) -> Result<Inserted, PageError> {
+        let (node, mut inserted) = self.insert_node(client, tokens, pages)?;
+        if lock && node != ROOT {
+            inserted.handle = Some(self.lock_node(client, node));
+        }
+        Ok(inserted)
+    }
+
+    /// `insert` without the lock: returns the node that covers the key.
+    fn insert_node(
+        &mut self,
+        client: ClientId,
+        tokens: &[u32],
+        pages: &[u32],
+    ) -> Result<(u32, Inserted), PageError> {
+        let len = self.aligned(tokens.len());
+        let key = &tokens[..len];
+        let expected = len / self.page_size() as usize;
+        if pages.len() != expected {
+            return Err(PageError::CountMismatch {
+                expected,
+                got: pages.len(),
+            });
+        }
+        self.check_range(pages)?;
+        let mut walked = std::mem::take(&mut self.walked);
+        walked.clear();
+        let walk = self.arena.walk(key, &mut walked);
+        let cached = walk.pages;
+        let same = |i: usize, page: u32| i < cached && walked[i] == page;
+        if let Err(e) = self.claim(client, pages, same) {
+            self.walked = walked;
+            return Err(e);
+        }
+        for (i, &page) in pages[..cached].iter().enumerate() {
+            if walked[i] != page {
+                self.arena.pool_release_owned(page);
+            }
+        }
+        self.walked = walked;
+        let mut node = self.arena.settle(walk);
+        if cached < expected {
+            let p = self.page_size() as usize;
+            node = self
+                .arena
+                .add_leaf(node, &key[cached * p..], &pages[cached..]);
+        }
+        self.arena.touch(node);
+        let cached = cached * self.page_size() as usize;
+        Ok((
+            node,
+            Inserted {
+                cached,
+                len,
+                handle: None,
+            },
+        ))
+    }
+
+    /// Finds the longest cached page-aligned prefix of `tokens`, writes its
+    /// page ids to `pages` (cleared first) and marks the path as just used.
+    /// A match that ends inside an edge splits it there, so with `lock` the
+    /// handle covers exactly the matched tokens.
+    pub fn match_prefix(
+        &mut self,
+        client: ClientId,
+        tokens: &[u32],
+        lock: bool,
+        pages: &mut Vec<u32>,
+    ) -> Matched {
+        let key = &tokens[..self.aligned(tokens.len())];
+        pages.clear();
+        let walk = self.arena.walk(key, pages);
+        let node = self.arena.settle(walk);
+        self.arena.touch(node);
+        let handle = (lock && node != ROOT).then(|| self.lock_node(client, node));
+        Matched {
+            len: walk.pages * self.page_size() as usize,
+            handle,
+        }
+    }
+
+    /// The longest cached prefix of `tokens`, without touching anything.
+    pub fn peek(&self, tokens: &[u32], pages: &mut Vec<u32>) -> usize {
+        let key = &tokens[..self.aligned(tokens.len())];
+        pages.clear();
+        self.arena.walk(key, pages).pages * self.page_size() as usize
+    }
+
+    fn lock_node(&mut self, client: ClientId, node: u32) -> Handle {
+        self.arena.lock_path(node);
+        *self.locks.entry((client, node)).or_insert(0) += 1;
+        Handle {
+            index: node,
+            generation: self.arena.nodes()[node as usize].generation,
+        }
+    }
+
+    fn resolve(&self, raw: u64) -> Result<u32, HandleError> {
+        let h = Handle::from_raw(raw);
+        let node = self
+            .arena
+            .nodes()
+            .get(h.index as usize)
+            .filter(|_| h.index != ROOT);
+        match node {
+            None => Err(HandleError::Unknown(raw)),
+            Some(n) if h.generation == 0 || h.generation > n.generation => {
+                Err(HandleError::Unknown(raw))
+            }
+            Some(n) if n.state != NODE_LIVE || n.generation != h.generation => {
+                Err(HandleError::Stale(raw))
+            }
+            Some(_) => Ok(h.index),
+        }
+    }
+
+    /// Locks the node `handle` names, and its ancestors, for `client`.
+    pub fn lock(&mut self, client: ClientId, handle: u64) -> Result<(), HandleError> {
+        let node = self.resolve(handle)?;
+        self.lock_node(client, node);
+        Ok(())
+    }
+
+    /// Drops one lock `client` holds on the node `handle` names.
+    pub fn unlock(&mut self, client: ClientId, handle: u64) -> Result<(), HandleError> {
+        let node = self.resolve(handle)?;
+        let Some(count) = self.locks.get_mut(&(client, node)) else {
+            return Err(HandleError::NotLocked(handle));
+        };
+        *count -= 1;
+        if *count == 0 {
+            self.locks.remove(&(client, node));
+        }
+        self.arena.unlock_path(node);
+        Ok(())
+    }
+
+    /// Evicts `ceil(tokens / page_size)` pages (fewer only when fewer are
+    /// evictable); returns the tokens evicted.
+    pub fn evict(&mut self, tokens: u64) -> u64 {
+        let p = u64::from(self.page_size());
+        self.arena.evict_pages(tokens.div_ceil(p)) * p
+    }
+
+    /// Drops every lock, session and page `client` holds, as when it dies.
+    pub fn release_client(&mut self, client: ClientId) {
+        self.release_client_sessions(client);
+        let mut held: Vec<(u32, u32)> = Vec::new();
+        self.locks.retain(|&(c, node), &mut count| {
+            if c == client {
+                held.push((node, count));
+            }
+            c != client
+        });
+        for (node, count) in held {
+            for _ in 0..count {
+                self.arena.unlock_path(node);
+            }
+        }
+        let owned: Vec<u32> = (0..self.capacity())
+            .filter(|&i| {
+                let pg = &self.arena.pages()[i as usize];
+                pg.state == PAGE_OWNED && pg.owner == client
+            })
+            .collect();
+        for page in owned {
+            self.arena.pool_release_owned(page);
+        }
+    }
+
+    /// Empties the cache: every page free, every lock and handle gone.
+    pub fn reset(&mut self) {
+        self.arena.format();
+        self.locks.clear();
+        self.sessions.clear();
+    }
+
+    /// Current figures.
+    pub fn stats(&self) -> Stats {
+        let h = self.arena.hdr();
+        Stats {
+            total_tokens: h.total_tokens,
+            evictable_tokens: h.evictable_tokens,
+            protected_tokens: h.protected_tokens,
+            free_pages: u64::from(h.free_len),
+            owned_pages: u64::from(h.owned_pages),
+            nodes: u64::from(h.nodes_live - 1),
+            evict_scanned: h.evict_scanned,
+            evicted_pages: h.evicted_pages,
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! Typed views of a region: the only place that turns its bytes into slices.
+
+use std::mem::size_of;
+
+use super::error::ConfigError;
+use super::layout::{
+    Bucket, EngineLayout, Header, Node, Page, LAYOUT_VERSION, NIL, NODE_FREE, NODE_LIVE, PAGE_FREE,
+    ROOT,
+};
+use super::region::{Region, REGION_ALIGN};
+
+/// An engine region and the layout that carves it.
+pub(crate) struct Arena<R> {
+    region: R,
+    pub(crate) layout: EngineLayout,
+}
+
+impl<R: Region> Arena<R> {
+    /// Takes `region` and formats it as an empty cache.
+    pub fn new(region: R, layout: EngineLayout) -> Result<Self, ConfigError> {
+        let have = region.len();
+        if have < layout.size() || region.as_ptr() as usize % REGION_ALIGN != 0 {
+            return Err(ConfigError::RegionTooSmall {
+                need: layout.size(),
+                have,
+            });
+        }
+        let mut arena = Self { region, layout };
+        arena.format();
+        Ok(arena)
+    }
+
+    /// Writes an empty cache over the whole region: every page free (handed
+    /// out in id order first, as SGLang's allocator does), only the root live.
+    pub fn format(&mut self) {
+        let l = self.layout;
+        *self.hdr_mut() = Header {
+            layout_version: LAYOUT_VERSION,
+            page_size: l.page_size,
+            capacity: l.capacity,
+            bucket_mask: l.buckets - 1,
+            free_head: 0,
+            free_len: l.capacity,
+            node_free: if l.node_cap > 1 { 1 } else { NIL },
+            nodes_live: 1,
+            lru_newest: NIL,
+            lru_oldest: NIL,
+            owned_pages: 0,
+            _pad: 0,
+            total_tokens: 0,
+            evictable_tokens: 0,
+            protected_tokens: 0,
+            evict_scanned: 0,
+            evicted_pages: 0,
+            _reserved: [0; 1],
+        };
+        let node_cap = l.node_cap;
+        for (i, node) in self.nodes_mut().iter_mut().enumerate() {
+            let next = i as u32 + 1;
+            *node = Node {
+                parent: NIL,
+                generation: node.generation,
+                state: NODE_FREE,
+                first_page: NIL,
+                last_page: NIL,
+                num_pages: 0,
+                children: 0,
+                lock_ref: 0,
+                newer: NIL,
+                older: if next < node_cap { next } else { NIL },
+                hash: 0,
+                _pad: 0,
+            };
+        }
+        let root = &mut self.nodes_mut()[ROOT as usize];
+        root.state = NODE_LIVE;
+        root.generation = root.generation.wrapping_add(1);
+        root.older = NIL;
+        for page in self.pages_mut() {
+            *page = Page {
+                state: PAGE_FREE,
+                owner: NIL,
+                next: NIL,
+                prev: NIL,
+            };
+        }
+        for (i, slot) in self.free_ring_mut().iter_mut().enumerate() {
+            *slot = i as u32;
+        }
+        for b in self.buckets_mut() {
+            *b = Bucket { hash: 0, node: NIL };
+        }
+    }
+
+    /// # Safety
+    ///
+    /// `at .. at + len * size_of::<T>()` must lie inside the region and be
+    /// aligned for `T`, and `T` must be valid for every bit pattern.
+    unsafe fn slice<T>(&self, at: usize, len: usize) -> &[T] {
+        debug_assert!(at + len * size_of::<T>() <= self.region.len());
+        // SAFETY: in bounds and aligned per the caller; every record is plain
+        // integers, so any bytes are a valid value; `&self` excludes writers
+        // in this process (Region's contract).
+        unsafe { std::slice::from_raw_parts(self.region.as_ptr().add(at).cast::<T>(), len) }
+    }
+
+    /// # Safety
+    ///
+    /// As [`Self::slice`].
+    unsafe fn slice_mut<T>(&mut self, at: usize, len: usize) -> &mut [T] {
+        debug_assert!(at + len * size_of::<T>() <= self.region.len());
+        // SAFETY: as in `slice`; `&mut self` makes this the only live
+        // reference into the region.
+        unsafe { std::slice::from_raw_parts_mut(self.region.as_ptr().add(at).cast::<T>(), len) }
+    }
+
+    pub fn hdr(&self) -> &Header {
+        // SAFETY: the header sits at offset 0 of a REGION_ALIGN-aligned
+        // region at least `layout.size()` bytes long (checked in `new`).
+        unsafe { &self.slice::<Header>(0, 1)[0] }
+    }
+
+    pub fn hdr_mut(&mut self) -> &mut Header {
+        // SAFETY: as in `hdr`; `&mut self` makes the reference unique.
+        unsafe { &mut self.slice_mut::<Header>(0, 1)[0] }
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        // SAFETY: the layout places `node_cap` nodes at `nodes_at`, aligned.
+        unsafe { self.slice(self.layout.nodes_at, self.layout.node_cap as usize) }
+    }
+
+    pub fn nodes_mut(&mut self) -> &mut [Node] {
+        // SAFETY: as in `nodes`; `&mut self` makes the slice unique.
+        unsafe { self.slice_mut(self.layout.nodes_at, self.layout.node_cap as usize) }
+    }
+
+    pub fn pages(&self) -> &[Page] {
+        // SAFETY: the layout places `capacity` pages at `pages_at`, aligned.
+        unsafe { self.slice(self.layout.pages_at, self.layout.capacity as usize) }
+    }
+
+    pub fn pages_mut(&mut self) -> &mut [Page] {
+        // SAFETY: as in `pages`; `&mut self` makes the slice unique.
+        unsafe { self.slice_mut(self.layout.pages_at, self.layout.capacity as usize) }
+    }
+
+    pub fn free_ring(&self) -> &[u32] {
+        // SAFETY: the layout places `capacity` u32s at `free_at`, aligned.
+        unsafe { self.slice(self.layout.free_at, self.layout.capacity as usize) }
+    }
+
+    pub fn free_ring_mut(&mut self) -> &mut [u32] {
+        // SAFETY: as in `free_ring`; `&mut self` makes the slice unique.
+        unsafe { self.slice_mut(self.layout.free_at, self.layout.capacity as usize) }
+    }
+
+    pub fn buckets(&self) -> &[Bucket] {
+        // SAFETY: the layout places `buckets` buckets at `buckets_at`.
+        unsafe { self.slice(self.layout.buckets_at, self.layout.buckets as usize) }
+    }
+
+    pub fn buckets_mut(&mut self) -> &mut [Bucket] {
+        // SAFETY: as in `buckets`; `&mut self` makes the slice unique.
+        unsafe { self.slice_mut(self.layout.buckets_at, self.layout.buckets as usize) }
+    }
+
+    fn token_len(&self) -> usize {
+        self.layout.capacity as usize * self.layout.page_size as usize
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        // SAFETY: the layout places `capacity * page_size` u32s at
+        // `tokens_at`, aligned.
+        unsafe { self.slice(self.layout.tokens_at, self.token_len()) }
+    }
+
+    pub fn tokens_mut(&mut self) -> &mut [u32] {
+        // SAFETY: as in `tokens`; `&mut self` makes the slice unique.
+        unsafe { self.slice_mut(self.layout.tokens_at, self.token_len()) }
+    }
+
+    /// The tokens stored for `page`.
+    #[inline]
+    pub fn page_tokens(&self, page: u32) -> &[u32] {
+        let p = self.layout.page_size as usize;
+        let at = page as usize * p;
+        &self.tokens()[at..at + p]
+    }
+
+    /// The region, for whoever maps it elsewhere.
+    pub fn region(&self) -> &R {
+        &self.region
+    }
+}

@@ -1,0 +1,134 @@
+//! Errors of the engine, one enum per operation family.
+//!
+//! Every operation that returns an error has changed nothing.
+
+use std::fmt;
+
+/// Why an engine could not be built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// Page size outside `1..=1024`.
+    PageSize(u32),
+    /// Capacity outside `1..=2^30` pages.
+    Capacity(u32),
+    /// The region given is smaller than the layout needs.
+    RegionTooSmall { need: usize, have: usize },
+    /// The heap refused the region.
+    OutOfMemory { bytes: usize },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::PageSize(p) => write!(f, "page size {p} is outside 1..=1024"),
+            Self::Capacity(c) => write!(f, "capacity {c} is outside 1..=2^30 pages"),
+            Self::RegionTooSmall { need, have } => {
+                write!(
+                    f,
+                    "region of {have} bytes is smaller than the {need} bytes needed"
+                )
+            }
+            Self::OutOfMemory { bytes } => write!(f, "could not allocate {bytes} bytes"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Errors of the page operations: `alloc`, `free`, `insert`, `session_commit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageError {
+    /// A page id at or beyond the pool's capacity.
+    OutOfRange { page: u64, capacity: u32 },
+    /// A page the caller does not own: free, another client's, cached by the
+    /// tree (except at its own position in an insert), or named twice.
+    NotOwned { page: u32 },
+    /// `insert` needs exactly one page per whole page of tokens.
+    CountMismatch { expected: usize, got: usize },
+    /// Free plus evictable pages fall short of the request.
+    Insufficient { requested: u64, available: u64 },
+}
+
+impl PageError {
+    /// The wire name of this error.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::OutOfRange { .. } => "page_out_of_range",
+            Self::NotOwned { .. } => "page_not_owned",
+            Self::CountMismatch { .. } => "page_count_mismatch",
+            Self::Insufficient { .. } => "insufficient_pages",
+        }
+    }
+}
+
+impl fmt::Display for PageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::OutOfRange { page, capacity } => {
+                write!(f, "page {page} is out of range (capacity {capacity})")
+            }
+            Self::NotOwned { page } => write!(f, "page {page} is not owned by this client"),
+            Self::CountMismatch { expected, got } => {
+                write!(
+                    f,
+                    "expected {expected} page ids (one per whole page), got {got}"
+                )
+            }
+            Self::Insufficient {
+                requested,
+                available,
+            } => write!(
+                f,
+                "cannot allocate {requested} pages: only {available} are free or evictable"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PageError {}
+
+/// Errors of `lock` and `unlock`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandleError {
+    /// The handle names no node this engine ever handed out.
+    Unknown(u64),
+    /// The node was freed (or freed and reused) since the handle was made.
+    Stale(u64),
+    /// `unlock` of a node this client holds no lock on.
+    NotLocked(u64),
+}
+
+impl HandleError {
+    /// The wire name of this error.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Unknown(_) => "unknown_handle",
+            Self::Stale(_) => "stale_handle",
+            Self::NotLocked(_) => "not_locked",
+        }
+    }
+}
+
+impl fmt::Display for HandleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Unknown(h) => write!(f, "handle {h} names no node"),
+            Self::Stale(h) => write!(f, "handle {h} is stale: its node was evicted"),
+            Self::NotLocked(h) => write!(f, "handle {h} is not locked by this client"),
+        }
+    }
+}
+
+impl std::error::Error for HandleError {}
+
+/// A broken invariant found by [`Engine::validate`](super::Engine::validate).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvariantError(pub String);
+
+impl fmt::Display for InvariantError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invariant broken: {}", self.0)
+    }
+}
+
+impl std::error::Error for InvariantError {}

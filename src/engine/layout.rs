@@ -1,0 +1,213 @@
+//! What an engine region looks like: the `#[repr(C)]` records and where each
+//! array starts.
+//!
+//! ```text
+//! [Header][Node; capacity + 1][Page; capacity][free ring: u32; capacity]
+//!         [Bucket; 2^k >= 2 * (capacity + 1)][tokens: u32; capacity * page_size]
+//! ```
+//!
+//! Every array starts on a cache line. Records hold indices, never pointers,
+//! bools or enums, so the region means the same thing in every process that
+//! maps it.
+
+use std::mem::{align_of, size_of};
+
+use super::error::ConfigError;
+use super::region::REGION_ALIGN;
+
+/// "No node / no page / end of list".
+pub(crate) const NIL: u32 = u32::MAX;
+/// The root node's index; the root holds no pages and is never evicted.
+pub(crate) const ROOT: u32 = 0;
+
+/// Largest supported page size, in tokens.
+pub const MAX_PAGE_SIZE: u32 = 1024;
+/// Largest supported pool, in pages (keeps every index and the child table in
+/// `u32` range).
+pub const MAX_CAPACITY: u32 = 1 << 30;
+
+/// Identifies this layout; bumped whenever a record changes shape.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Engine-wide scalars at the start of the region.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct Header {
+    pub layout_version: u32,
+    pub page_size: u32,
+    pub capacity: u32,
+    /// `buckets - 1`; the child table's size is a power of two.
+    pub bucket_mask: u32,
+    /// Next page to hand out from the FIFO free ring.
+    pub free_head: u32,
+    /// Pages in the free ring.
+    pub free_len: u32,
+    /// Head of the free-node stack (linked through `Node::older`).
+    pub node_free: u32,
+    /// Live nodes, root included.
+    pub nodes_live: u32,
+    /// Most recently used end of the LRU list.
+    pub lru_newest: u32,
+    /// Least recently used end, where eviction scans start.
+    pub lru_oldest: u32,
+    /// Pages owned by clients (allocated, not yet inserted or freed).
+    pub owned_pages: u32,
+    pub _pad: u32,
+    /// Tokens cached in the tree.
+    pub total_tokens: u64,
+    /// Cached tokens on nodes with `lock_ref == 0`.
+    pub evictable_tokens: u64,
+    /// Cached tokens on nodes with `lock_ref > 0`.
+    pub protected_tokens: u64,
+    /// LRU list nodes visited by eviction scans since start (or reset).
+    pub evict_scanned: u64,
+    /// Pages evicted since start (or reset).
+    pub evicted_pages: u64,
+    pub _reserved: [u64; 1],
+}
+
+/// Node state word values.
+pub(crate) const NODE_FREE: u32 = 0;
+pub(crate) const NODE_LIVE: u32 = 1;
+
+/// One radix-tree node: a compressed edge of whole pages.
+///
+/// The edge's tokens are the tokens of its pages, in order; the pages form a
+/// doubly linked list through [`Page::next`]/[`Page::prev`], so a split or a
+/// trim moves links, never tokens.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Node {
+    pub parent: u32,
+    /// Bumped whenever the slot is allocated or freed, so a handle to a freed
+    /// or reused node is recognised as stale.
+    pub generation: u32,
+    pub state: u32,
+    pub first_page: u32,
+    pub last_page: u32,
+    pub num_pages: u32,
+    pub children: u32,
+    /// Locks held on this node or any descendant (SGLang's `lock_ref`).
+    pub lock_ref: u32,
+    /// Neighbour towards the MRU end of the LRU list.
+    pub newer: u32,
+    /// Neighbour towards the LRU end; also links the free-node stack.
+    pub older: u32,
+    /// Child-table hash of `(parent, first page's tokens)`.
+    pub hash: u32,
+    pub _pad: u32,
+}
+
+/// Page state word values.
+pub(crate) const PAGE_FREE: u32 = 0;
+pub(crate) const PAGE_OWNED: u32 = 1;
+pub(crate) const PAGE_CACHED: u32 = 2;
+/// Transient mark used while validating a request's page list (catches a page
+/// named twice); never visible between operations.
+pub(crate) const PAGE_CLAIMED: u32 = 3;
+
+/// One KV page of the pool.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Page {
+    pub state: u32,
+    /// The owning client while `PAGE_OWNED`.
+    pub owner: u32,
+    /// Next page of the same node while `PAGE_CACHED`.
+    pub next: u32,
+    /// Previous page of the same node while `PAGE_CACHED`.
+    pub prev: u32,
+}
+
+/// One slot of the open-addressed child table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bucket {
+    pub hash: u32,
+    /// `NIL` when empty.
+    pub node: u32,
+}
+
+const _: () = assert!(size_of::<Header>() == 96);
+const _: () = assert!(size_of::<Node>() == 48);
+const _: () = assert!(size_of::<Page>() == 16);
+const _: () = assert!(size_of::<Bucket>() == 8);
+const _: () = assert!(align_of::<Header>() <= REGION_ALIGN);
+
+/// Where each array of a region starts, derived from the configuration alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineLayout {
+    pub(crate) page_size: u32,
+    pub(crate) capacity: u32,
+    pub(crate) node_cap: u32,
+    pub(crate) buckets: u32,
+    pub(crate) nodes_at: usize,
+    pub(crate) pages_at: usize,
+    pub(crate) free_at: usize,
+    pub(crate) buckets_at: usize,
+    pub(crate) tokens_at: usize,
+    size: usize,
+}
+
+fn align_up(x: usize) -> usize {
+    x.div_ceil(REGION_ALIGN) * REGION_ALIGN
+}
+
+impl EngineLayout {
+    /// Computes the layout of an engine with `capacity` pages of `page_size`
+    /// tokens.
+    pub fn new(page_size: u32, capacity: u32) -> Result<Self, ConfigError> {
+        if !(1..=MAX_PAGE_SIZE).contains(&page_size) {
+            return Err(ConfigError::PageSize(page_size));
+        }
+        if !(1..=MAX_CAPACITY).contains(&capacity) {
+            return Err(ConfigError::Capacity(capacity));
+        }
+        // Every non-root node holds at least one page.
+        let node_cap = capacity + 1;
+        // Load factor at most 1/2 keeps linear probes short.
+        let buckets = (2 * node_cap as u64).next_power_of_two();
+        let buckets = u32::try_from(buckets).map_err(|_| ConfigError::Capacity(capacity))?;
+        let (cap, nodes) = (capacity as usize, node_cap as usize);
+        let nodes_at = align_up(size_of::<Header>());
+        let pages_at = align_up(nodes_at + nodes * size_of::<Node>());
+        let free_at = align_up(pages_at + cap * size_of::<Page>());
+        let buckets_at = align_up(free_at + cap * size_of::<u32>());
+        let tokens_at = align_up(buckets_at + buckets as usize * size_of::<Bucket>());
+        let tokens = cap
+            .checked_mul(page_size as usize)
+            .and_then(|t| t.checked_mul(size_of::<u32>()))
+            .ok_or(ConfigError::Capacity(capacity))?;
+        let size = tokens_at
+            .checked_add(tokens)
+            .map(align_up)
+            .ok_or(ConfigError::Capacity(capacity))?;
+        Ok(Self {
+            page_size,
+            capacity,
+            node_cap,
+            buckets,
+            nodes_at,
+            pages_at,
+            free_at,
+            buckets_at,
+            tokens_at,
+            size,
+        })
+    }
+
+    /// Bytes the region needs.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    /// Pages in the pool.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+}

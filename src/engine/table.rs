@@ -1,0 +1,122 @@
+//! The child table: finds a node's child by the tokens of its first page.
+//!
+//! One open-addressed table for the whole tree, keyed by
+//! `(parent index, first page's tokens)` hashed with xxh3, linear probing,
+//! deletion by backward shift (no tombstones). A hit is always verified
+//! token by token: equal hashes never make equal keys.
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::arena::Arena;
+use super::layout::{Bucket, NIL};
+use super::region::Region;
+
+/// Hash of a child key. The parent index seeds the hash so the same first
+/// page under two parents lands in different buckets.
+#[inline]
+pub(crate) fn child_hash(parent: u32, page: &[u32]) -> u32 {
+    let bytes: Vec<u8>;
+    let view: &[u8] = if cfg!(target_endian = "little") {
+        // SAFETY: `u32` has no padding and `u8` no alignment; the byte view
+        // covers exactly the slice's memory and lives no longer than it.
+        unsafe {
+            std::slice::from_raw_parts(page.as_ptr().cast::<u8>(), std::mem::size_of_val(page))
+        }
+    } else {
+        bytes = page.iter().flat_map(|t| t.to_le_bytes()).collect();
+        &bytes
+    };
+    xxh3_64_with_seed(view, u64::from(parent)) as u32
+}
+
+impl<R: Region> Arena<R> {
+    /// The child of `parent` whose first page holds exactly `page`.
+    #[inline]
+    pub fn find_child(&self, parent: u32, page: &[u32]) -> Option<u32> {
+        let hash = child_hash(parent, page);
+        let mask = self.hdr().bucket_mask;
+        let (buckets, nodes) = (self.buckets(), self.nodes());
+        let mut i = hash & mask;
+        loop {
+            let b = buckets[i as usize];
+            if b.node == NIL {
+                return None;
+            }
+            if b.hash == hash {
+                let n = &nodes[b.node as usize];
+                if n.parent == parent && self.page_tokens(n.first_page) == page {
+                    return Some(b.node);
+                }
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Files `node` under its `hash` (already stored in the node).
+    pub fn table_insert(&mut self, node: u32) {
+        let hash = self.nodes()[node as usize].hash;
+        let mask = self.hdr().bucket_mask;
+        let buckets = self.buckets_mut();
+        let mut i = hash & mask;
+        while buckets[i as usize].node != NIL {
+            i = (i + 1) & mask;
+        }
+        buckets[i as usize] = Bucket { hash, node };
+    }
+
+    /// The bucket that files `node`.
+    fn table_slot(&self, node: u32) -> Option<u32> {
+        let hash = self.nodes()[node as usize].hash;
+        let mask = self.hdr().bucket_mask;
+        let buckets = self.buckets();
+        let mut i = hash & mask;
+        loop {
+            match buckets[i as usize].node {
+                NIL => return None,
+                n if n == node => return Some(i),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    /// Makes the bucket that files `old` file `new` instead; both nodes have
+    /// the same parent and first page (a split hands the key to its upper
+    /// half).
+    pub fn table_replace(&mut self, old: u32, new: u32) {
+        if let Some(i) = self.table_slot(old) {
+            self.buckets_mut()[i as usize].node = new;
+        }
+    }
+
+    /// Unfiles `node`, shifting later entries of its probe run back so that
+    /// every remaining entry stays reachable from its home bucket.
+    pub fn table_remove(&mut self, node: u32) {
+        let Some(mut hole) = self.table_slot(node) else {
+            return;
+        };
+        let mask = self.hdr().bucket_mask;
+        let buckets = self.buckets_mut();
+        let mut j = hole;
+        loop {
+            j = (j + 1) & mask;
+            let b = buckets[j as usize];
+            if b.node == NIL {
+                break;
+            }
+            let home = b.hash & mask;
+            // `b` may move into the hole only if its home is not cyclically
+            // inside (hole, j]: otherwise its probe would no longer pass the
+            // hole.
+            let stays = if hole <= j {
+                hole < home && home <= j
+            } else {
+                hole < home || home <= j
+            };
+            if !stays {
+                buckets[hole as usize] = b;
+                hole = j;
+            }
+        }
+        buckets[hole as usize] = Bucket { hash: 0, node: NIL };
+    }
+}

@@ -1,0 +1,284 @@
+//! The radix tree: walking, splitting, growing, locking and evicting nodes.
+//!
+//! These are the raw mechanisms; `Engine` checks a request in full before it
+//! calls any of them, so nothing here has to undo anything.
+
+use super::arena::Arena;
+use super::layout::{Node, NIL, NODE_FREE, NODE_LIVE, PAGE_CACHED, ROOT};
+use super::region::Region;
+use super::table::child_hash;
+
+/// Where a walk down the tree stopped.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Walk {
+    /// Deepest node whose whole edge matched (the root when none did).
+    pub node: u32,
+    /// The child of `node` in which the match stopped part-way: the child,
+    /// its first unmatched page, and how many of its pages matched.
+    pub partial: Option<(u32, u32, u32)>,
+    /// Pages matched in all.
+    pub pages: usize,
+}
+
+impl<R: Region> Arena<R> {
+    fn page_size(&self) -> usize {
+        self.layout.page_size as usize
+    }
+
+    /// Follows `key` (whole pages only) down from the root, appending the ids
+    /// of the matched pages to `out`. Changes nothing.
+    pub fn walk(&self, key: &[u32], out: &mut Vec<u32>) -> Walk {
+        let p = self.page_size();
+        let (nodes, pages) = (self.nodes(), self.pages());
+        let mut walk = Walk {
+            node: ROOT,
+            partial: None,
+            pages: 0,
+        };
+        let mut pos = 0;
+        while pos + p <= key.len() {
+            let Some(child) = self.find_child(walk.node, &key[pos..pos + p]) else {
+                break;
+            };
+            // `find_child` verified the first page.
+            let mut page = nodes[child as usize].first_page;
+            let mut in_child = 0;
+            loop {
+                out.push(page);
+                pos += p;
+                in_child += 1;
+                walk.pages += 1;
+                page = pages[page as usize].next;
+                if page == NIL {
+                    break;
+                }
+                if pos + p > key.len() || self.page_tokens(page) != &key[pos..pos + p] {
+                    walk.partial = Some((child, page, in_child));
+                    return walk;
+                }
+            }
+            walk.node = child;
+        }
+        walk
+    }
+
+    /// The node whose path from the root is exactly what `walk` matched,
+    /// splitting the partially matched child if there is one.
+    pub fn settle(&mut self, walk: Walk) -> u32 {
+        match walk.partial {
+            None => walk.node,
+            Some((child, at, upper)) => self.split(child, at, upper),
+        }
+    }
+
+    /// Cuts `child` before page `at`: a new node takes the first `upper`
+    /// pages (and the child's place under its parent, key and lock count);
+    /// `child` keeps the rest, its identity and its handles.
+    fn split(&mut self, child: u32, at: u32, upper: u32) -> u32 {
+        let c = self.nodes()[child as usize];
+        let upper_last = self.pages()[at as usize].prev;
+        self.pages_mut()[upper_last as usize].next = NIL;
+        self.pages_mut()[at as usize].prev = NIL;
+        let m = self.node_alloc();
+        {
+            let n = &mut self.nodes_mut()[m as usize];
+            n.parent = c.parent;
+            n.first_page = c.first_page;
+            n.last_page = upper_last;
+            n.num_pages = upper;
+            n.children = 1;
+            n.lock_ref = c.lock_ref;
+            n.hash = c.hash;
+        }
+        // The bucket for (parent, first page) now leads to the upper half.
+        self.table_replace(child, m);
+        let hash = child_hash(m, self.page_tokens(at));
+        {
+            let n = &mut self.nodes_mut()[child as usize];
+            n.parent = m;
+            n.first_page = at;
+            n.num_pages -= upper;
+            n.hash = hash;
+        }
+        self.table_insert(child);
+        self.lru_insert_newer_than(m, child);
+        m
+    }
+
+    /// Hangs a new leaf under `parent` holding `pages` (claimed by the caller)
+    /// with the tokens `key`, one page per `page_size` tokens.
+    pub fn add_leaf(&mut self, parent: u32, key: &[u32], pages: &[u32]) -> u32 {
+        let p = self.page_size();
+        let leaf = self.node_alloc();
+        let mut prev = NIL;
+        for (i, &page) in pages.iter().enumerate() {
+            let at = page as usize * p;
+            self.tokens_mut()[at..at + p].copy_from_slice(&key[i * p..(i + 1) * p]);
+            let pg = &mut self.pages_mut()[page as usize];
+            pg.state = PAGE_CACHED;
+            pg.owner = NIL;
+            pg.prev = prev;
+            pg.next = NIL;
+            if prev != NIL {
+                self.pages_mut()[prev as usize].next = page;
+            }
+            prev = page;
+        }
+        let hash = child_hash(parent, &key[..p]);
+        {
+            let n = &mut self.nodes_mut()[leaf as usize];
+            n.parent = parent;
+            n.first_page = pages[0];
+            n.last_page = prev;
+            n.num_pages = pages.len() as u32;
+            n.hash = hash;
+        }
+        self.table_insert(leaf);
+        self.nodes_mut()[parent as usize].children += 1;
+        self.lru_push_newest(leaf);
+        let tokens = (pages.len() * p) as u64;
+        let h = self.hdr_mut();
+        h.owned_pages -= pages.len() as u32;
+        h.total_tokens += tokens;
+        h.evictable_tokens += tokens;
+        leaf
+    }
+
+    /// Takes a lock on `node` and every ancestor (the root excluded), moving
+    /// tokens from evictable to protected on each 0 → 1 transition.
+    pub fn lock_path(&mut self, mut node: u32) {
+        let p = self.page_size() as u64;
+        while node != ROOT {
+            let n = self.nodes()[node as usize];
+            if n.lock_ref == 0 {
+                let t = u64::from(n.num_pages) * p;
+                let h = self.hdr_mut();
+                h.evictable_tokens -= t;
+                h.protected_tokens += t;
+            }
+            self.nodes_mut()[node as usize].lock_ref += 1;
+            node = n.parent;
+        }
+    }
+
+    /// The mirror of [`Self::lock_path`].
+    pub fn unlock_path(&mut self, mut node: u32) {
+        let p = self.page_size() as u64;
+        while node != ROOT {
+            let n = self.nodes()[node as usize];
+            if n.lock_ref == 1 {
+                let t = u64::from(n.num_pages) * p;
+                let h = self.hdr_mut();
+                h.evictable_tokens += t;
+                h.protected_tokens -= t;
+            }
+            self.nodes_mut()[node as usize].lock_ref -= 1;
+            node = n.parent;
+        }
+    }
+
+    /// Frees up to `want` pages, least recently used unlocked leaf first,
+    /// each trimmed from its end page by page. Returns the pages freed.
+    ///
+    /// The scan walks from the oldest end towards the newest and never
+    /// restarts: after a leaf goes, its parent (if now an unlocked leaf) is
+    /// still ahead (see the LRU invariant in `lru`), so evicting M leaves past
+    /// K locked or inner nodes visits O(M + K) list nodes.
+    pub fn evict_pages(&mut self, want: u64) -> u64 {
+        let mut freed = 0;
+        let mut scanned = 0;
+        let mut cursor = self.hdr().lru_oldest;
+        while freed < want && cursor != NIL {
+            scanned += 1;
+            let n = self.nodes()[cursor as usize];
+            let next = n.newer;
+            if n.children == 0 && n.lock_ref == 0 {
+                let take = (want - freed).min(u64::from(n.num_pages));
+                for _ in 0..take {
+                    self.trim_last_page(cursor);
+                }
+                freed += take;
+                if take == u64::from(n.num_pages) {
+                    self.node_remove(cursor);
+                }
+            }
+            cursor = next;
+        }
+        let h = self.hdr_mut();
+        h.evict_scanned += scanned;
+        h.evicted_pages += freed;
+        freed
+    }
+
+    /// Returns the last page of the unlocked leaf `node` to the pool.
+    fn trim_last_page(&mut self, node: u32) {
+        let last = self.nodes()[node as usize].last_page;
+        let prev = self.pages()[last as usize].prev;
+        if prev != NIL {
+            self.pages_mut()[prev as usize].next = NIL;
+        }
+        {
+            let n = &mut self.nodes_mut()[node as usize];
+            n.last_page = prev;
+            n.num_pages -= 1;
+            if n.num_pages == 0 {
+                n.first_page = NIL;
+            }
+        }
+        self.pool_put(last);
+        let p = self.page_size() as u64;
+        let h = self.hdr_mut();
+        h.total_tokens -= p;
+        h.evictable_tokens -= p;
+    }
+
+    /// Unhooks a node that has lost all its pages and children.
+    fn node_remove(&mut self, node: u32) {
+        self.table_remove(node);
+        self.lru_unlink(node);
+        let parent = self.nodes()[node as usize].parent;
+        self.nodes_mut()[parent as usize].children -= 1;
+        self.node_free(node);
+    }
+
+    fn node_alloc(&mut self) -> u32 {
+        let node = self.hdr().node_free;
+        // Cannot run dry: each non-root node holds a page of its own, and
+        // there are `capacity + 1` slots.
+        debug_assert_ne!(node, NIL);
+        let next = self.nodes()[node as usize].older;
+        let h = self.hdr_mut();
+        h.node_free = next;
+        h.nodes_live += 1;
+        let n = &mut self.nodes_mut()[node as usize];
+        *n = Node {
+            parent: NIL,
+            generation: n.generation.wrapping_add(1),
+            state: NODE_LIVE,
+            first_page: NIL,
+            last_page: NIL,
+            num_pages: 0,
+            children: 0,
+            lock_ref: 0,
+            newer: NIL,
+            older: NIL,
+            hash: 0,
+            _pad: 0,
+        };
+        node
+    }
+
+    fn node_free(&mut self, node: u32) {
+        let head = self.hdr().node_free;
+        let n = &mut self.nodes_mut()[node as usize];
+        n.state = NODE_FREE;
+        // A handle to this node is stale from now on, even before reuse.
+        n.generation = n.generation.wrapping_add(1);
+        n.parent = NIL;
+        n.older = head;
+        n.newer = NIL;
+        let h = self.hdr_mut();
+        h.node_free = node;
+        h.nodes_live -= 1;
+    }
+}

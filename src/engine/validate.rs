@@ -1,0 +1,257 @@
+//! The invariant checker: walks everything and cross-checks every count,
+//! link and state. Tests and fuzzers call it after every operation.
+
+use std::collections::HashMap;
+
+use super::error::InvariantError;
+use super::layout::{
+    NIL, NODE_FREE, NODE_LIVE, PAGE_CACHED, PAGE_CLAIMED, PAGE_FREE, PAGE_OWNED, ROOT,
+};
+use super::region::Region;
+use super::table::child_hash;
+use super::Engine;
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(InvariantError(format!($($msg)+)));
+        }
+    };
+}
+
+impl<R: Region> Engine<R> {
+    /// Checks every invariant of the engine; the first broken one is
+    /// described in the error.
+    pub fn validate(&self) -> Result<(), InvariantError> {
+        let a = &self.arena;
+        let h = a.hdr();
+        let (nodes, pages) = (a.nodes(), a.pages());
+        let p = u64::from(a.layout.page_size);
+        let cap = a.layout.capacity as usize;
+
+        // Pages: a state each; the free ring holds exactly the free ones.
+        let mut in_ring = vec![false; cap];
+        for k in 0..h.free_len {
+            let page = a.free_ring()[((h.free_head + k) as usize) % cap];
+            ensure!(
+                (page as usize) < cap,
+                "free ring holds page {page} out of range"
+            );
+            ensure!(
+                !in_ring[page as usize],
+                "page {page} twice in the free ring"
+            );
+            in_ring[page as usize] = true;
+            ensure!(
+                pages[page as usize].state == PAGE_FREE,
+                "page {page} in ring but not free"
+            );
+        }
+        let mut owned = 0u32;
+        for (i, pg) in pages.iter().enumerate() {
+            match pg.state {
+                PAGE_FREE => ensure!(in_ring[i], "free page {i} missing from the ring"),
+                PAGE_OWNED => owned += 1,
+                PAGE_CACHED => {}
+                PAGE_CLAIMED => ensure!(false, "page {i} left claimed"),
+                s => ensure!(false, "page {i} has state {s}"),
+            }
+        }
+        ensure!(
+            owned == h.owned_pages,
+            "owned pages {owned} != header {}",
+            h.owned_pages
+        );
+
+        // Nodes: tree shape, page lists, child table, token counts.
+        let mut cached_by = vec![NIL; cap];
+        let mut children = vec![0u32; nodes.len()];
+        let (mut live, mut total, mut evictable, mut protected) = (0u32, 0u64, 0u64, 0u64);
+        for (i, n) in nodes.iter().enumerate() {
+            let i = i as u32;
+            match n.state {
+                NODE_FREE => continue,
+                NODE_LIVE => live += 1,
+                s => ensure!(false, "node {i} has state {s}"),
+            }
+            if i == ROOT {
+                ensure!(
+                    n.num_pages == 0 && n.parent == NIL,
+                    "root holds pages or a parent"
+                );
+                continue;
+            }
+            ensure!(
+                (n.parent as usize) < nodes.len(),
+                "node {i} has parent {}",
+                n.parent
+            );
+            let parent = &nodes[n.parent as usize];
+            ensure!(
+                parent.state == NODE_LIVE,
+                "node {i} hangs under a free node"
+            );
+            children[n.parent as usize] += 1;
+            ensure!(n.num_pages > 0, "node {i} holds no page");
+            let (mut page, mut prev, mut count) = (n.first_page, NIL, 0u32);
+            while page != NIL {
+                ensure!(
+                    (page as usize) < cap,
+                    "node {i} links page {page} out of range"
+                );
+                let pg = &pages[page as usize];
+                ensure!(
+                    pg.state == PAGE_CACHED,
+                    "node {i} links uncached page {page}"
+                );
+                ensure!(cached_by[page as usize] == NIL, "page {page} in two nodes");
+                ensure!(pg.prev == prev, "page {page} has a wrong back link");
+                cached_by[page as usize] = i;
+                prev = page;
+                page = pg.next;
+                count += 1;
+                ensure!(
+                    count <= n.num_pages,
+                    "node {i} has more pages than it counts"
+                );
+            }
+            ensure!(
+                count == n.num_pages && prev == n.last_page,
+                "node {i} page list broken"
+            );
+            let hash = child_hash(n.parent, a.page_tokens(n.first_page));
+            ensure!(n.hash == hash, "node {i} filed under a wrong hash");
+            ensure!(
+                a.find_child(n.parent, a.page_tokens(n.first_page)) == Some(i),
+                "node {i} not found from its parent by its first page"
+            );
+            let t = u64::from(n.num_pages) * p;
+            total += t;
+            if n.lock_ref == 0 {
+                evictable += t;
+            } else {
+                protected += t;
+            }
+        }
+        for (i, pg) in pages.iter().enumerate() {
+            if pg.state == PAGE_CACHED {
+                ensure!(cached_by[i] != NIL, "cached page {i} belongs to no node");
+            }
+        }
+        ensure!(
+            live == h.nodes_live,
+            "live nodes {live} != header {}",
+            h.nodes_live
+        );
+        for (i, n) in nodes.iter().enumerate() {
+            if n.state == NODE_LIVE {
+                ensure!(
+                    n.children == children[i],
+                    "node {i} counts {} children, has {}",
+                    n.children,
+                    children[i]
+                );
+            }
+        }
+        ensure!(
+            total == h.total_tokens,
+            "total tokens {total} != header {}",
+            h.total_tokens
+        );
+        ensure!(
+            evictable == h.evictable_tokens,
+            "evictable {evictable} != header {}",
+            h.evictable_tokens
+        );
+        ensure!(
+            protected == h.protected_tokens,
+            "protected {protected} != header {}",
+            h.protected_tokens
+        );
+        let filed = a.buckets().iter().filter(|b| b.node != NIL).count() as u32;
+        ensure!(
+            filed + 1 == live,
+            "child table files {filed} nodes, {live} live"
+        );
+
+        // Free-node stack holds exactly the free slots.
+        let (mut free_nodes, mut at) = (0u32, h.node_free);
+        while at != NIL {
+            ensure!((at as usize) < nodes.len(), "free-node stack links {at}");
+            ensure!(
+                nodes[at as usize].state == NODE_FREE,
+                "free-node stack holds live {at}"
+            );
+            free_nodes += 1;
+            ensure!(free_nodes as usize <= nodes.len(), "free-node stack loops");
+            at = nodes[at as usize].older;
+        }
+        ensure!(free_nodes + live == nodes.len() as u32, "node slots leak");
+
+        // Locks: lock_ref = locks held on the node and its descendants.
+        let mut direct: HashMap<u32, u32> = HashMap::new();
+        for (&(_, node), &count) in &self.locks {
+            ensure!(count > 0, "empty lock record on node {node}");
+            *direct.entry(node).or_insert(0) += count;
+        }
+        for (node, count) in self.session_locks() {
+            *direct.entry(node).or_insert(0) += count;
+        }
+        let mut expect = vec![0u32; nodes.len()];
+        for (&node, &count) in &direct {
+            ensure!(
+                nodes[node as usize].state == NODE_LIVE,
+                "lock held on free node {node}"
+            );
+            let mut at = node;
+            while at != ROOT {
+                expect[at as usize] += count;
+                at = nodes[at as usize].parent;
+            }
+        }
+        for (i, n) in nodes.iter().enumerate() {
+            if n.state == NODE_LIVE && i as u32 != ROOT {
+                ensure!(
+                    n.lock_ref == expect[i],
+                    "node {i} lock_ref {} but {} locks below",
+                    n.lock_ref,
+                    expect[i]
+                );
+            }
+        }
+
+        // LRU: exactly the live non-root nodes, each newer than its children.
+        let mut rank = vec![u32::MAX; nodes.len()];
+        let (mut at, mut prev, mut k) = (h.lru_newest, NIL, 0u32);
+        while at != NIL {
+            ensure!(
+                (at as usize) < nodes.len() && at != ROOT,
+                "LRU links node {at}"
+            );
+            let n = &nodes[at as usize];
+            ensure!(n.state == NODE_LIVE, "LRU holds free node {at}");
+            ensure!(rank[at as usize] == u32::MAX, "LRU loops at node {at}");
+            ensure!(n.newer == prev, "LRU back link of node {at} broken");
+            rank[at as usize] = k;
+            k += 1;
+            prev = at;
+            at = n.older;
+        }
+        ensure!(prev == h.lru_oldest, "LRU tail is not the oldest node");
+        ensure!(
+            k + 1 == live,
+            "LRU holds {k} nodes, {} live besides the root",
+            live - 1
+        );
+        for (i, n) in nodes.iter().enumerate() {
+            if n.state == NODE_LIVE && i as u32 != ROOT && n.parent != ROOT {
+                ensure!(
+                    rank[n.parent as usize] < rank[i],
+                    "node {i} is newer than its parent {}",
+                    n.parent
+                );
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,274 @@
+//! The operations a client asks of a cache, their answers and their errors,
+//! independent of how they travel (JSON lines, shared-memory rings).
+
+use std::fmt;
+
+use crate::engine::{ClientId, Engine, HandleError, PageError, Region, SessionError, Stats};
+
+/// One request to the cache.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Alloc {
+        n: u64,
+    },
+    Free {
+        pages: Vec<u32>,
+    },
+    Insert {
+        tokens: Vec<u32>,
+        pages: Vec<u32>,
+        lock: bool,
+    },
+    Match {
+        tokens: Vec<u32>,
+        lock: bool,
+    },
+    Lock {
+        handle: u64,
+    },
+    Unlock {
+        handle: u64,
+    },
+    Evict {
+        tokens: u64,
+    },
+    SessionCommit {
+        session: String,
+        tokens: Vec<u32>,
+        pages: Vec<u32>,
+    },
+    SessionRelease {
+        session: String,
+    },
+    SessionStatus {
+        session: String,
+    },
+    Stats,
+    Reset,
+}
+
+/// The answer to a successful request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// `alloc`: the pages now owned by the caller.
+    Pages(Vec<u32>),
+    /// `free`, `lock`, `unlock`, `session_release`, `reset`.
+    Done,
+    /// `insert` and `session_commit` (which never returns a handle).
+    Inserted {
+        cached: u64,
+        len: u64,
+        handle: Option<u64>,
+        locked: bool,
+    },
+    /// `match`; `handle` is meaningful only when `locked`.
+    Matched {
+        len: u64,
+        pages: Vec<u32>,
+        handle: Option<u64>,
+        locked: bool,
+    },
+    /// `evict`: tokens evicted.
+    Evicted(u64),
+    /// `session_status`.
+    Session { resident_tokens: u64, idle_ms: u64 },
+    /// `stats`.
+    Stats { stats: Stats, sessions: u64 },
+}
+
+/// What kind of failure a rejected request met; its wire name is what
+/// `radixd exec` prints as `"error"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum ErrorKind {
+    UnknownOp = 1,
+    Malformed = 2,
+    PageOutOfRange = 3,
+    PageNotOwned = 4,
+    PageCountMismatch = 5,
+    InsufficientPages = 6,
+    UnknownHandle = 7,
+    StaleHandle = 8,
+    NotLocked = 9,
+    UnknownSession = 10,
+    SessionNotOwned = 11,
+    TooLarge = 12,
+}
+
+impl ErrorKind {
+    /// Every kind, for decoding.
+    pub const ALL: [ErrorKind; 12] = [
+        Self::UnknownOp,
+        Self::Malformed,
+        Self::PageOutOfRange,
+        Self::PageNotOwned,
+        Self::PageCountMismatch,
+        Self::InsufficientPages,
+        Self::UnknownHandle,
+        Self::StaleHandle,
+        Self::NotLocked,
+        Self::UnknownSession,
+        Self::SessionNotOwned,
+        Self::TooLarge,
+    ];
+
+    /// The wire name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::UnknownOp => "unknown_op",
+            Self::Malformed => "malformed",
+            Self::PageOutOfRange => "page_out_of_range",
+            Self::PageNotOwned => "page_not_owned",
+            Self::PageCountMismatch => "page_count_mismatch",
+            Self::InsufficientPages => "insufficient_pages",
+            Self::UnknownHandle => "unknown_handle",
+            Self::StaleHandle => "stale_handle",
+            Self::NotLocked => "not_locked",
+            Self::UnknownSession => "unknown_session",
+            Self::SessionNotOwned => "session_not_owned",
+            Self::TooLarge => "too_large",
+        }
+    }
+
+    /// The kind with wire code `code`.
+    pub fn from_code(code: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| *k as u32 == code)
+    }
+}
+
+/// A rejected request: nothing changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl Rejection {
+    /// A rejection of `kind` explained by `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.name(), self.message)
+    }
+}
+
+impl std::error::Error for Rejection {}
+
+impl From<PageError> for Rejection {
+    fn from(e: PageError) -> Self {
+        let kind = match e {
+            PageError::OutOfRange { .. } => ErrorKind::PageOutOfRange,
+            PageError::NotOwned { .. } => ErrorKind::PageNotOwned,
+            PageError::CountMismatch { .. } => ErrorKind::PageCountMismatch,
+            PageError::Insufficient { .. } => ErrorKind::InsufficientPages,
+        };
+        Self::new(kind, e.to_string())
+    }
+}
+
+impl From<HandleError> for Rejection {
+    fn from(e: HandleError) -> Self {
+        let kind = match e {
+            HandleError::Unknown(_) => ErrorKind::UnknownHandle,
+            HandleError::Stale(_) => ErrorKind::StaleHandle,
+            HandleError::NotLocked(_) => ErrorKind::NotLocked,
+        };
+        Self::new(kind, e.to_string())
+    }
+}
+
+impl From<SessionError> for Rejection {
+    fn from(e: SessionError) -> Self {
+        match e {
+            SessionError::Unknown(_) => Self::new(ErrorKind::UnknownSession, e.to_string()),
+            SessionError::NotOwned(_) => Self::new(ErrorKind::SessionNotOwned, e.to_string()),
+            SessionError::Page(p) => p.into(),
+        }
+    }
+}
+
+/// Carries out `request` for `client` on `engine`.
+pub fn apply<R: Region>(
+    engine: &mut Engine<R>,
+    client: ClientId,
+    request: Request,
+) -> Result<Reply, Rejection> {
+    Ok(match request {
+        Request::Alloc { n } => Reply::Pages(engine.alloc(client, n)?),
+        Request::Free { pages } => {
+            engine.free(client, &pages)?;
+            Reply::Done
+        }
+        Request::Insert {
+            tokens,
+            pages,
+            lock,
+        } => {
+            let r = engine.insert(client, &tokens, &pages, lock)?;
+            Reply::Inserted {
+                cached: r.cached as u64,
+                len: r.len as u64,
+                handle: r.handle.map(|h| h.to_raw()),
+                locked: lock,
+            }
+        }
+        Request::Match { tokens, lock } => {
+            let mut pages = Vec::new();
+            let r = engine.match_prefix(client, &tokens, lock, &mut pages);
+            Reply::Matched {
+                len: r.len as u64,
+                pages,
+                handle: r.handle.map(|h| h.to_raw()),
+                locked: lock,
+            }
+        }
+        Request::Lock { handle } => {
+            engine.lock(client, handle)?;
+            Reply::Done
+        }
+        Request::Unlock { handle } => {
+            engine.unlock(client, handle)?;
+            Reply::Done
+        }
+        Request::Evict { tokens } => Reply::Evicted(engine.evict(tokens)),
+        Request::SessionCommit {
+            session,
+            tokens,
+            pages,
+        } => {
+            let r = engine.session_commit(client, &session, &tokens, &pages)?;
+            Reply::Inserted {
+                cached: r.cached as u64,
+                len: r.len as u64,
+                handle: None,
+                locked: false,
+            }
+        }
+        Request::SessionRelease { session } => {
+            engine.session_release(client, &session)?;
+            Reply::Done
+        }
+        Request::SessionStatus { session } => {
+            let s = engine.session_status(&session)?;
+            Reply::Session {
+                resident_tokens: s.resident_tokens,
+                idle_ms: s.idle_ms,
+            }
+        }
+        Request::Stats => Reply::Stats {
+            stats: engine.stats(),
+            sessions: engine.sessions() as u64,
+        },
+        Request::Reset => {
+            engine.reset();
+            Reply::Done
+        }
+    })
+}

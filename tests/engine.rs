@@ -1,0 +1,472 @@
+//! The engine's semantics, rule by rule: keys cut to pages, insert
+//! deduplication, match splitting, lock accounting, page-granular eviction,
+//! every error path (each must change nothing), and the O(M + K) eviction
+//! scan on the adversarial layouts of the SGLang proposal.
+
+use radixd::engine::{Config, Engine, HandleError, PageError, Stats};
+
+const A: u32 = 1; // client ids
+const B: u32 = 2;
+
+fn engine(page_size: u32, capacity: u32) -> Engine {
+    Engine::new(Config {
+        page_size,
+        capacity,
+    })
+    .expect("engine")
+}
+
+fn ok(e: &Engine) {
+    e.validate().expect("invariants hold");
+}
+
+fn matched(e: &Engine, tokens: &[u32]) -> (usize, Vec<u32>) {
+    let mut pages = Vec::new();
+    let len = e.peek(tokens, &mut pages);
+    (len, pages)
+}
+
+/// Allocates and inserts `tokens`, returning the pages used.
+fn put(e: &mut Engine, client: u32, tokens: &[u32]) -> Vec<u32> {
+    let n = tokens.len() as u64 / u64::from(e.page_size());
+    let pages = e.alloc(client, n).expect("alloc");
+    e.insert(client, tokens, &pages, false).expect("insert");
+    ok(e);
+    pages
+}
+
+/// Everything an error must leave as it was.
+fn snapshot(e: &Engine) -> (Stats, usize) {
+    (e.stats(), e.sessions())
+}
+
+#[test]
+fn keys_are_cut_to_whole_pages() {
+    let mut e = engine(4, 8);
+    let pages = e.alloc(A, 2).unwrap();
+    // 10 tokens at P=4: 8 are cached, 2 ignored; exactly 2 page ids.
+    let r = e
+        .insert(A, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], &pages, false)
+        .unwrap();
+    assert_eq!((r.cached, r.len, r.handle), (0, 8, None));
+    ok(&e);
+    assert_eq!(
+        matched(&e, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
+        (8, pages.clone())
+    );
+    assert_eq!(
+        matched(&e, &[1, 2, 3, 4, 5, 6, 7]),
+        (4, pages[..1].to_vec())
+    );
+    assert_eq!(matched(&e, &[1, 2, 3]), (0, vec![]));
+    // A short key holds no page: nothing to insert, no handle even with lock.
+    let r = e.insert(A, &[1, 2, 3], &[], true).unwrap();
+    assert_eq!((r.cached, r.len, r.handle), (0, 0, None));
+    assert_eq!(e.stats().total_tokens, 8);
+    ok(&e);
+}
+
+#[test]
+fn fresh_pool_hands_out_pages_in_order_and_fifo() {
+    let mut e = engine(1, 4);
+    assert_eq!(e.alloc(A, 2).unwrap(), vec![0, 1]);
+    e.free(A, &[1, 0]).unwrap();
+    // 2 and 3 were never handed out and come first; then the freed ones.
+    assert_eq!(e.alloc(A, 4).unwrap(), vec![2, 3, 1, 0]);
+    ok(&e);
+}
+
+#[test]
+fn insert_deduplicates_the_cached_prefix() {
+    let mut e = engine(2, 16);
+    let first = put(&mut e, A, &[1, 2, 3, 4]);
+    // Same pages again: nothing changes.
+    let r = e.insert(A, &[1, 2, 3, 4], &first, false).unwrap();
+    assert_eq!((r.cached, r.len), (4, 4));
+    // Different pages for the cached prefix go back to the pool; the new
+    // suffix keeps its page.
+    let fresh = e.alloc(A, 3).unwrap();
+    let before = e.stats();
+    let r = e.insert(A, &[1, 2, 3, 4, 5, 6], &fresh, false).unwrap();
+    assert_eq!((r.cached, r.len), (4, 6));
+    ok(&e);
+    let after = e.stats();
+    assert_eq!(after.owned_pages, before.owned_pages - 3);
+    assert_eq!(after.free_pages, before.free_pages + 2);
+    assert_eq!(
+        matched(&e, &[1, 2, 3, 4, 5, 6]).1,
+        vec![first[0], first[1], fresh[2]]
+    );
+    // Mixing: the cached id at its own position is fine next to owned ones.
+    let more = e.alloc(A, 1).unwrap();
+    let r = e
+        .insert(
+            A,
+            &[1, 2, 3, 4, 9, 9],
+            &[first[0], first[1], more[0]],
+            false,
+        )
+        .unwrap();
+    assert_eq!((r.cached, r.len), (4, 6));
+    ok(&e);
+}
+
+#[test]
+fn match_splits_and_locks_exactly_the_matched_tokens() {
+    let mut e = engine(1, 16);
+    put(&mut e, A, &[1, 2, 3, 4, 5, 6]);
+    assert_eq!(e.stats().nodes, 1);
+    let mut pages = Vec::new();
+    let m = e.match_prefix(A, &[1, 2, 3, 9], true, &mut pages);
+    assert_eq!(m.len, 3);
+    assert_eq!(pages.len(), 3);
+    assert_eq!(e.stats().nodes, 2, "the edge was split at the match end");
+    let s = e.stats();
+    assert_eq!((s.protected_tokens, s.evictable_tokens), (3, 3));
+    ok(&e);
+    e.unlock(A, m.handle.unwrap().to_raw()).unwrap();
+    let s = e.stats();
+    assert_eq!((s.protected_tokens, s.evictable_tokens), (0, 6));
+    // Nothing matched: no handle even with lock.
+    let m = e.match_prefix(A, &[7, 7], true, &mut pages);
+    assert_eq!((m.len, m.handle), (0, None));
+    assert!(pages.is_empty());
+    ok(&e);
+}
+
+#[test]
+fn locks_count_every_holder_and_move_tokens_on_transitions() {
+    let mut e = engine(1, 16);
+    put(&mut e, A, &[1, 2, 3, 4]);
+    let cached = matched(&e, &[1, 2, 3, 4]).1;
+    let h = e
+        .insert(A, &[1, 2, 3, 4], &cached, true)
+        .unwrap()
+        .handle
+        .unwrap()
+        .to_raw();
+    e.lock(B, h).unwrap();
+    let mut pages = Vec::new();
+    let shallow = e
+        .match_prefix(B, &[1, 2], true, &mut pages)
+        .handle
+        .unwrap()
+        .to_raw();
+    ok(&e);
+    assert_eq!(e.stats().protected_tokens, 4);
+    e.unlock(A, h).unwrap();
+    assert_eq!(e.stats().protected_tokens, 4, "B still holds the deep node");
+    e.unlock(B, h).unwrap();
+    let s = e.stats();
+    assert_eq!((s.protected_tokens, s.evictable_tokens), (2, 2));
+    e.unlock(B, shallow).unwrap();
+    assert_eq!(e.stats().protected_tokens, 0);
+    ok(&e);
+}
+
+#[test]
+fn eviction_is_page_granular_from_the_leaf_end() {
+    let mut e = engine(16, 64);
+    let tokens: Vec<u32> = (0..16 * 20).collect();
+    put(&mut e, A, &tokens); // one leaf of 20 pages
+                             // 17 tokens round up to 2 pages, taken from the leaf's end.
+    assert_eq!(e.evict(17), 32);
+    assert_eq!(matched(&e, &tokens).0, 18 * 16);
+    assert_eq!(e.stats().evicted_pages, 2);
+    ok(&e);
+    // Asking for more than is evictable frees what there is.
+    assert_eq!(e.evict(10_000), 18 * 16);
+    assert_eq!(e.stats().nodes, 0);
+    ok(&e);
+}
+
+#[test]
+fn eviction_takes_the_least_recently_used_leaf_first() {
+    let mut e = engine(1, 16);
+    put(&mut e, A, &[1, 1, 1]);
+    put(&mut e, A, &[2, 2, 2]);
+    put(&mut e, A, &[3, 3, 3]);
+    let mut pages = Vec::new();
+    e.match_prefix(A, &[1, 1, 1], false, &mut pages); // [2,2,2] is now oldest
+    assert_eq!(e.evict(3), 3);
+    assert_eq!(matched(&e, &[2, 2, 2]).0, 0);
+    assert_eq!(matched(&e, &[1, 1, 1]).0, 3);
+    assert_eq!(matched(&e, &[3, 3, 3]).0, 3);
+    ok(&e);
+}
+
+#[test]
+fn a_parent_left_childless_is_evicted_after_its_leaf() {
+    let mut e = engine(1, 16);
+    put(&mut e, A, &[1, 2, 3, 4]);
+    put(&mut e, A, &[1, 2, 5, 6]); // splits: [1,2] -> {[3,4], [5,6]}
+    assert_eq!(e.stats().nodes, 3);
+    // Everything goes in one scan: both leaves, then the parent.
+    assert_eq!(e.evict(6), 6);
+    assert_eq!(e.stats().nodes, 0);
+    assert_eq!(e.stats().evict_scanned, 3);
+    ok(&e);
+}
+
+#[test]
+fn alloc_evicts_exactly_the_shortfall() {
+    let mut e = engine(2, 8);
+    put(&mut e, A, &[1, 1, 2, 2, 3, 3]); // 3 pages cached, 5 free
+    put(&mut e, A, &[4, 4, 5, 5]); // 2 more, 3 free
+    let pages = e.alloc(B, 5).unwrap();
+    assert_eq!(pages.len(), 5);
+    let s = e.stats();
+    assert_eq!((s.free_pages, s.evicted_pages, s.total_tokens), (0, 2, 6));
+    ok(&e);
+}
+
+#[test]
+fn alloc_beyond_free_and_evictable_fails_and_changes_nothing() {
+    let mut e = engine(1, 8);
+    put(&mut e, A, &[1, 2, 3]);
+    let mut pages = Vec::new();
+    e.match_prefix(A, &[1, 2, 3], true, &mut pages); // all 3 locked
+    e.alloc(A, 2).unwrap();
+    let before = snapshot(&e);
+    assert_eq!(
+        e.alloc(B, 4),
+        Err(PageError::Insufficient {
+            requested: 4,
+            available: 3
+        })
+    );
+    assert_eq!(snapshot(&e), before);
+    ok(&e);
+}
+
+#[test]
+fn page_errors_change_nothing() {
+    let mut e = engine(2, 8);
+    let cached = put(&mut e, A, &[1, 2, 3, 4]);
+    let mine = e.alloc(A, 2).unwrap();
+    let theirs = e.alloc(B, 1).unwrap();
+    let before = snapshot(&e);
+    let cases: Vec<(&str, PageError, Result<(), PageError>)> = vec![
+        (
+            "free out of range",
+            PageError::OutOfRange {
+                page: 8,
+                capacity: 8,
+            },
+            e.free(A, &[mine[0], 8]),
+        ),
+        (
+            "double free",
+            PageError::NotOwned { page: mine[0] },
+            e.free(A, &[mine[0], mine[0]]),
+        ),
+        (
+            "free another's page",
+            PageError::NotOwned { page: theirs[0] },
+            e.free(A, &[theirs[0]]),
+        ),
+        (
+            "free a cached page",
+            PageError::NotOwned { page: cached[0] },
+            e.free(A, &[cached[0]]),
+        ),
+        (
+            "insert count mismatch",
+            PageError::CountMismatch {
+                expected: 2,
+                got: 1,
+            },
+            e.insert(A, &[7, 7, 8, 8, 9], &mine[..1], false).map(drop),
+        ),
+        (
+            "insert another's page",
+            PageError::NotOwned { page: theirs[0] },
+            e.insert(A, &[7, 7, 8, 8], &[mine[0], theirs[0]], false)
+                .map(drop),
+        ),
+        (
+            "insert another node's page",
+            PageError::NotOwned { page: cached[1] },
+            e.insert(A, &[7, 7, 8, 8], &[mine[0], cached[1]], false)
+                .map(drop),
+        ),
+        (
+            "insert a cached page at the wrong position",
+            PageError::NotOwned { page: cached[1] },
+            e.insert(A, &[1, 2, 8, 8], &[cached[1], mine[0]], false)
+                .map(drop),
+        ),
+        (
+            "insert a page twice",
+            PageError::NotOwned { page: mine[0] },
+            e.insert(A, &[7, 7, 8, 8], &[mine[0], mine[0]], false)
+                .map(drop),
+        ),
+        (
+            "insert out of range",
+            PageError::OutOfRange {
+                page: 100,
+                capacity: 8,
+            },
+            e.insert(A, &[7, 7, 8, 8], &[mine[0], 100], false).map(drop),
+        ),
+    ];
+    for (what, want, got) in cases {
+        assert_eq!(got, Err(want), "{what}");
+        assert_eq!(snapshot(&e), before, "{what} changed the state");
+        ok(&e);
+    }
+    // And the pages involved are still usable afterwards.
+    e.free(A, &mine).unwrap();
+    e.free(B, &theirs).unwrap();
+    ok(&e);
+}
+
+#[test]
+fn handle_errors_change_nothing() {
+    let mut e = engine(1, 8);
+    put(&mut e, A, &[1, 2]);
+    let mut pages = Vec::new();
+    let h = e.match_prefix(A, &[1, 2], true, &mut pages).handle.unwrap();
+    let raw = h.to_raw();
+    let before = snapshot(&e);
+    assert_eq!(e.unlock(B, raw), Err(HandleError::NotLocked(raw)));
+    assert_eq!(
+        e.lock(A, 0),
+        Err(HandleError::Unknown(0)),
+        "the root is no handle"
+    );
+    assert_eq!(
+        e.lock(A, 1_000),
+        Err(HandleError::Unknown(1_000)),
+        "index out of range"
+    );
+    let future = (u64::from(h.generation) + 5) << 32 | u64::from(h.index);
+    assert_eq!(e.lock(A, future), Err(HandleError::Unknown(future)));
+    assert_eq!(snapshot(&e), before);
+    // Evict the node: the handle goes stale, even once the slot is reused.
+    e.unlock(A, raw).unwrap();
+    assert_eq!(e.unlock(A, raw), Err(HandleError::NotLocked(raw)));
+    e.evict(2);
+    assert_eq!(e.lock(A, raw), Err(HandleError::Stale(raw)));
+    put(&mut e, A, &[3, 4]);
+    assert_eq!(e.lock(A, raw), Err(HandleError::Stale(raw)));
+    assert_eq!(e.unlock(A, raw), Err(HandleError::Stale(raw)));
+    ok(&e);
+    // reset makes every handle stale.
+    let h = e
+        .match_prefix(A, &[3, 4], true, &mut pages)
+        .handle
+        .unwrap()
+        .to_raw();
+    e.reset();
+    assert_eq!(e.lock(A, h), Err(HandleError::Stale(h)));
+    ok(&e);
+}
+
+#[test]
+fn a_split_keeps_the_lower_half_s_handle() {
+    let mut e = engine(1, 8);
+    let pages = e.alloc(A, 4).unwrap();
+    let h = e
+        .insert(A, &[1, 2, 3, 4], &pages, true)
+        .unwrap()
+        .handle
+        .unwrap()
+        .to_raw();
+    let mut out = Vec::new();
+    e.match_prefix(B, &[1, 2], false, &mut out); // splits [1,2] | [3,4]
+    assert_eq!(e.stats().nodes, 2);
+    assert_eq!(e.stats().protected_tokens, 4, "both halves stay locked");
+    e.unlock(A, h).unwrap();
+    assert_eq!(e.stats().protected_tokens, 0);
+    ok(&e);
+}
+
+#[test]
+fn release_client_drops_its_locks_and_pages_only() {
+    let mut e = engine(1, 16);
+    put(&mut e, A, &[1, 2, 3]);
+    let mut pages = Vec::new();
+    e.match_prefix(A, &[1, 2, 3], true, &mut pages);
+    e.match_prefix(B, &[1, 2], true, &mut pages);
+    e.alloc(A, 4).unwrap();
+    let b_owned = e.alloc(B, 2).unwrap();
+    e.release_client(A);
+    ok(&e);
+    let s = e.stats();
+    assert_eq!((s.protected_tokens, s.owned_pages), (2, 2));
+    e.free(B, &b_owned).unwrap();
+    ok(&e);
+}
+
+/// Builds `m` unlocked leaves and `k` locked ones interleaved in LRU order
+/// (a locked one after every `m / k` unlocked), all children of the root.
+fn interleaved(m: u32, k: u32) -> Engine {
+    let mut e = engine(1, 2 * (m + k));
+    let mut out = Vec::new();
+    let every = (m / k.max(1)).max(1);
+    let (mut placed_m, mut placed_k) = (0, 0);
+    while placed_m < m || placed_k < k {
+        if placed_m < m {
+            put(&mut e, A, &[placed_m, 0]);
+            placed_m += 1;
+        }
+        if placed_k < k && (placed_m % every == 0 || placed_m == m) {
+            let key = [1_000_000 + placed_k, 0];
+            put(&mut e, A, &key);
+            e.match_prefix(A, &key, true, &mut out);
+            placed_k += 1;
+        }
+    }
+    e
+}
+
+#[test]
+fn eviction_past_skip_nodes_visits_each_once() {
+    let (m, k) = (2_000, 500);
+    let mut e = interleaved(m, k);
+    assert_eq!(e.evict(u64::from(2 * m)), u64::from(2 * m));
+    let scanned = e.stats().evict_scanned;
+    // Every unlocked leaf once, every locked one at most once.
+    assert!(
+        scanned <= u64::from(m + k),
+        "scanned {scanned} list nodes for M={m}, K={k}"
+    );
+    ok(&e);
+}
+
+#[test]
+fn page_by_page_eviction_past_skip_nodes_stays_linear() {
+    // Evicting one page per call restarts from the tail each call, so the
+    // bound is per call; within one call a leaf's pages cost one visit.
+    let (m, k) = (100, 400);
+    let mut e = interleaved(m, k);
+    let before = e.stats().evict_scanned;
+    assert_eq!(e.evict(u64::from(2 * m)), u64::from(2 * m));
+    assert!(e.stats().evict_scanned - before <= u64::from(m + k));
+    ok(&e);
+}
+
+#[test]
+fn chains_are_evicted_leaf_first_in_one_pass() {
+    // N chains of depth D, each level its own node (inserted as growing
+    // prefixes), each chain touched after it was built.
+    let (n, d) = (200u32, 20u32);
+    let mut e = engine(1, n * d + 1);
+    for c in 0..n {
+        for depth in 1..=d {
+            let key: Vec<u32> = (0..depth).map(|i| c * 1000 + i).collect();
+            let have = matched(&e, &key).1;
+            let mut pages = have.clone();
+            pages.extend(e.alloc(A, 1).unwrap());
+            e.insert(A, &key, &pages, false).unwrap();
+        }
+    }
+    ok(&e);
+    assert_eq!(e.stats().nodes, u64::from(n * d));
+    assert_eq!(e.evict(u64::from(n * d)), u64::from(n * d));
+    // Each node is met exactly once: leaves before their ancestors.
+    assert_eq!(e.stats().evict_scanned, u64::from(n * d));
+    ok(&e);
+}

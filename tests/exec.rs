@@ -1,0 +1,272 @@
+//! `radixd exec`: the JSON-lines interface of DESIGN §4, driven through the
+//! real binary one line at a time (which also proves answers are flushed
+//! before the next request is read).
+
+mod common;
+
+use common::Exec;
+use serde_json::{json, Value};
+
+fn exec(page_size: u32, capacity: u32) -> Exec {
+    Exec::start(&[
+        "--page-size",
+        &page_size.to_string(),
+        "--capacity",
+        &capacity.to_string(),
+    ])
+}
+
+fn error_kind(answer: &Value) -> &str {
+    assert_eq!(answer["ok"], false, "expected an error, got {answer}");
+    assert!(answer["message"].as_str().is_some_and(|m| !m.is_empty()));
+    answer["error"].as_str().expect("error kind")
+}
+
+/// A full session: every op and its exact answer.
+#[test]
+fn every_op_answers_as_the_design_says() {
+    let mut x = exec(2, 8);
+    assert_eq!(
+        x.call(json!({"op":"alloc","n":3})),
+        json!({"ok":true,"pages":[0,1,2]})
+    );
+    let ins = x.call(json!({"op":"insert","tokens":[1,2,3,4,5,6,7],"pages":[0,1,2],"lock":true}));
+    assert_eq!(
+        (ins["ok"].clone(), ins["cached"].clone(), ins["len"].clone()),
+        (json!(true), json!(0), json!(6))
+    );
+    let h = ins["handle"].as_u64().expect("handle when lock");
+    let plain = x.call(json!({"op":"insert","tokens":[1,2,3,4,5,6],"pages":[0,1,2],"lock":false}));
+    assert_eq!(
+        plain,
+        json!({"ok":true,"cached":6,"len":6}),
+        "no handle without lock"
+    );
+    let m = x.call(json!({"op":"match","tokens":[1,2,3,4,9,9],"lock":true}));
+    assert_eq!(
+        (m["len"].clone(), m["pages"].clone()),
+        (json!(4), json!([0, 1]))
+    );
+    let h2 = m["handle"].as_u64().expect("handle");
+    assert_ne!(h, h2);
+    assert_eq!(
+        x.call(json!({"op":"match","tokens":[1,2,3],"lock":false})),
+        json!({"ok":true,"len":2,"pages":[0]})
+    );
+    assert_eq!(
+        x.call(json!({"op":"match","tokens":[9,9],"lock":true})),
+        json!({"ok":true,"len":0,"pages":[],"handle":null})
+    );
+    assert_eq!(
+        x.call(json!({"op":"unlock","handle":h})),
+        json!({"ok":true})
+    );
+    assert_eq!(
+        x.call(json!({"op":"unlock","handle":h2})),
+        json!({"ok":true})
+    );
+    assert_eq!(x.call(json!({"op":"lock","handle":h2})), json!({"ok":true}));
+    assert_eq!(
+        x.call(json!({"op":"unlock","handle":h2})),
+        json!({"ok":true})
+    );
+    let stats = x.call(json!({"op":"stats"}));
+    for (k, v) in [
+        ("total_tokens", 6),
+        ("evictable_tokens", 6),
+        ("protected_tokens", 0),
+        ("free_pages", 5),
+        ("nodes", 3),
+    ] {
+        assert_eq!(stats[k], json!(v), "{k} in {stats}");
+    }
+    assert!(stats["evict_scanned"].is_u64());
+    assert_eq!(
+        x.call(json!({"op":"evict","tokens":3})),
+        json!({"ok":true,"evicted":4})
+    );
+    assert_eq!(
+        x.call(json!({"op":"match","tokens":[1,2,3,4,5,6]}))["len"],
+        json!(2)
+    );
+    assert_eq!(x.call(json!({"op":"free","pages":[]})), json!({"ok":true}));
+    assert_eq!(x.call(json!({"op":"reset"})), json!({"ok":true}));
+    let stats = x.call(json!({"op":"stats"}));
+    assert_eq!(
+        (
+            stats["total_tokens"].clone(),
+            stats["free_pages"].clone(),
+            stats["nodes"].clone()
+        ),
+        (json!(0), json!(8), json!(0))
+    );
+}
+
+#[test]
+fn sessions_over_exec() {
+    let mut x = exec(2, 16);
+    let pages = x.call(json!({"op":"alloc","n":3}))["pages"].clone();
+    let c = x.call(
+        json!({"op":"session_commit","session":"chat-1","tokens":[1,2,3,4,5,6,7],"pages":pages}),
+    );
+    assert_eq!(c, json!({"ok":true,"cached":0,"len":6}));
+    let s = x.call(json!({"op":"session_status","session":"chat-1"}));
+    assert_eq!(s["resident_tokens"], json!(6));
+    assert_eq!(x.call(json!({"op":"stats"}))["sessions"], json!(1));
+    assert_eq!(
+        x.call(json!({"op":"evict","tokens":100})),
+        json!({"ok":true,"evicted":0})
+    );
+    assert_eq!(
+        x.call(json!({"op":"session_release","session":"chat-1"})),
+        json!({"ok":true})
+    );
+    assert_eq!(
+        error_kind(&x.call(json!({"op":"session_status","session":"chat-1"}))),
+        "unknown_session"
+    );
+    assert_eq!(
+        error_kind(&x.call(json!({"op":"session_release","session":"nope"}))),
+        "unknown_session"
+    );
+    assert_eq!(
+        x.call(json!({"op":"evict","tokens":2})),
+        json!({"ok":true,"evicted":2})
+    );
+}
+
+/// Every error kind, each answered in order and changing nothing.
+#[test]
+fn errors_are_typed_and_change_nothing() {
+    let mut x = exec(1, 4);
+    x.call(json!({"op":"alloc","n":2}));
+    x.call(json!({"op":"insert","tokens":[5],"pages":[0]}));
+    let before = x.call(json!({"op":"stats"}));
+    let cases: Vec<(&[u8], &str)> = vec![
+        (b"this is not json", "malformed"),
+        (b"[1,2,3]", "malformed"),
+        (b"{\"n\":1}", "malformed"),
+        (b"{\"op\":7}", "malformed"),
+        (b"{\"op\":\"alloc\"}", "malformed"),
+        (b"{\"op\":\"alloc\",\"n\":-1}", "malformed"),
+        (
+            b"{\"op\":\"insert\",\"tokens\":[1],\"pages\":\"x\"}",
+            "malformed",
+        ),
+        (
+            b"{\"op\":\"insert\",\"tokens\":[1.5],\"pages\":[1]}",
+            "malformed",
+        ),
+        (
+            b"{\"op\":\"insert\",\"tokens\":[4294967296],\"pages\":[1]}",
+            "malformed",
+        ),
+        (
+            b"{\"op\":\"match\",\"tokens\":[1],\"lock\":\"yes\"}",
+            "malformed",
+        ),
+        (
+            b"{\"op\":\"session_commit\",\"session\":3,\"tokens\":[],\"pages\":[]}",
+            "malformed",
+        ),
+        (b"\xff\xfe{\"op\":\"stats\"}", "malformed"),
+        (b"{\"op\":\"compact\"}", "unknown_op"),
+        (b"{\"op\":\"free\",\"pages\":[9]}", "page_out_of_range"),
+        (
+            b"{\"op\":\"free\",\"pages\":[99999999999]}",
+            "page_out_of_range",
+        ),
+        (b"{\"op\":\"free\",\"pages\":[1,1]}", "page_not_owned"),
+        (b"{\"op\":\"free\",\"pages\":[0]}", "page_not_owned"),
+        (b"{\"op\":\"free\",\"pages\":[2]}", "page_not_owned"),
+        (
+            b"{\"op\":\"insert\",\"tokens\":[7,8],\"pages\":[1]}",
+            "page_count_mismatch",
+        ),
+        (
+            b"{\"op\":\"insert\",\"tokens\":[7],\"pages\":[0]}",
+            "page_not_owned",
+        ),
+        (b"{\"op\":\"alloc\",\"n\":5}", "insufficient_pages"),
+        (b"{\"op\":\"lock\",\"handle\":12345}", "unknown_handle"),
+        (b"{\"op\":\"unlock\",\"handle\":0}", "unknown_handle"),
+        (
+            b"{\"op\":\"session_status\",\"session\":\"x\"}",
+            "unknown_session",
+        ),
+    ];
+    for (line, kind) in cases {
+        let answer = x.raw(line);
+        assert_eq!(
+            error_kind(&answer),
+            kind,
+            "for {}",
+            String::from_utf8_lossy(line)
+        );
+        assert_eq!(
+            x.call(json!({"op":"stats"})),
+            before,
+            "{} changed the state",
+            String::from_utf8_lossy(line)
+        );
+    }
+    // A stale handle, and an unlock by a client that never locked.
+    let h = x.call(json!({"op":"match","tokens":[5],"lock":true}))["handle"].clone();
+    assert_eq!(
+        x.call(json!({"op":"unlock","handle":h})),
+        json!({"ok":true})
+    );
+    assert_eq!(
+        error_kind(&x.call(json!({"op":"unlock","handle":h}))),
+        "not_locked"
+    );
+    x.call(json!({"op":"evict","tokens":1}));
+    assert_eq!(
+        error_kind(&x.call(json!({"op":"lock","handle":h}))),
+        "stale_handle"
+    );
+}
+
+#[test]
+fn a_batch_on_stdin_gets_one_answer_per_line_in_order() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = common::radixd()
+        .args(["exec", "--page-size", "1", "--capacity", "8"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = "{\"op\":\"alloc\",\"n\":1}\n\n{\"op\":\"bogus\"}\nnot json\n{\"op\":\"stats\"}\n";
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        lines.len(),
+        4,
+        "blank lines are skipped, every other line answered"
+    );
+    assert_eq!(lines[0], json!({"ok":true,"pages":[0]}));
+    assert_eq!(lines[1]["error"], "unknown_op");
+    assert_eq!(lines[2]["error"], "malformed");
+    assert_eq!(lines[3]["owned_pages"], 1);
+}
+
+#[test]
+fn bad_configuration_is_refused_with_status_2() {
+    for args in [["--page-size", "0"], ["--page-size", "2048"]] {
+        let out = common::radixd().arg("exec").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("page size"));
+    }
+}

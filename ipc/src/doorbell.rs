@@ -19,6 +19,7 @@
 #[cfg(not(loom))]
 use std::time::Duration;
 
+#[cfg(not(loom))]
 use crate::shm::ShmSafe;
 use crate::sync::{fence, spin_loop, yield_now, AtomicU32, Ordering};
 
@@ -225,7 +226,7 @@ impl Doorbell {
     fn futex_wake(&self) {
         // Taking the lock orders the bump before any waiter's re-check under
         // the lock (models the kernel's atomic compare-and-sleep).
-        let guard = self.model.lock.lock();
+        let guard = self.model.lock.lock().unwrap_or_else(|p| p.into_inner());
         self.model.cond.notify_all();
         drop(guard);
     }
@@ -255,11 +256,15 @@ impl FutexWait<Duration> for Doorbell {
 #[cfg(loom)]
 impl FutexWait<()> for Doorbell {
     fn futex_wait(&self, seen: u32, _timeout: Option<()>) {
-        let mut guard = self.model.lock.lock();
+        let mut guard = self.model.lock.lock().unwrap_or_else(|p| p.into_inner());
         // SeqCst: same order as the bump in `ring`; the lock makes the check
         // and the wait atomic with respect to `futex_wake`.
         while self.word.load(Ordering::SeqCst) == seen {
-            guard = self.model.cond.wait(guard);
+            guard = self
+                .model
+                .cond
+                .wait(guard)
+                .unwrap_or_else(|p| p.into_inner());
         }
         drop(guard);
     }

@@ -14,7 +14,9 @@ use core::marker::PhantomData;
 
 use crossbeam_utils::CachePadded;
 
-use crate::shm::{Plain, ShmSafe};
+use crate::shm::Plain;
+#[cfg(not(loom))]
+use crate::shm::ShmSafe;
 use crate::sync::{AtomicU64, Ordering, UnsafeCell};
 
 /// Shared state of one ring: `head` counts messages pushed (written only by

@@ -21,6 +21,7 @@
 
 use core::fmt;
 
+#[cfg(not(loom))]
 use crate::shm::ShmSafe;
 use crate::sync::{AtomicU64, Ordering};
 

@@ -324,7 +324,7 @@ impl Segment {
         h.ready.store(1, Ordering::Release);
 
         let mut seg = seg;
-        // Two attempts: after a stale segment is removed, the link must win
+        // A few attempts: after a stale segment is removed, the link must win
         // unless another daemon raced us to it.
         for _ in 0..3 {
             match std::fs::hard_link(&tmp, &seg.path) {

@@ -1,1 +1,33 @@
-//! Placeholder until the ipc crate lands.
+//! Shared-memory plumbing for radixd: a named segment with a checked header,
+//! offsets instead of pointers, lock-free SPSC rings, futex doorbells, a
+//! client slot table with pid-reuse-proof liveness, scratch regions and a
+//! layout helper. It knows nothing about caches.
+//!
+//! Modules whose code only makes sense over a real mapping (`segment`,
+//! `liveness`, `scratch`) are compiled out under `--cfg loom`; the protocols
+//! (`ring`, `doorbell`, `slots`) run unchanged under loom through [`sync`].
+
+pub mod doorbell;
+pub mod layout;
+#[cfg(not(loom))]
+pub mod liveness;
+pub mod ring;
+#[cfg(not(loom))]
+pub mod scratch;
+#[cfg(not(loom))]
+pub mod segment;
+pub mod shm;
+pub mod slots;
+pub mod sync;
+
+pub use doorbell::{Doorbell, Spin, Wake};
+pub use layout::{ClientRegions, LayoutBuilder, LayoutConfig, LayoutError, SegmentLayout};
+pub use ring::{Consumer, HeapRing, Producer, RingError, RingHeader};
+#[cfg(not(loom))]
+pub use scratch::{Scratch, ScratchError};
+#[cfg(not(loom))]
+pub use segment::{CreateError, HeaderInfo, OpenError, RegionError, Segment};
+pub use shm::{Offset, Plain, ShmSafe};
+pub use slots::{
+    Claim, ClaimError, ClientSlot, LivenessError, SlotError, SlotLocks, SlotStatus, SlotTable,
+};

@@ -1,0 +1,558 @@
+//! Client slot table: claim, release, liveness and reclaim of client slots.
+//!
+//! Each [`ClientSlot`] holds a state word `(generation << 32) | state`.
+//! Protocol, robust to a client dying after any step:
+//!
+//! * claim: (1) take the slot's liveness lock (a kernel lock, dropped when
+//!   the process dies; failing means a live process owns the slot); (2) CAS
+//!   `(g, FREE) -> (g+1, CLAIMING)`; (3) record the pid; (4) CAS
+//!   `(g+1, CLAIMING) -> (g+1, ACTIVE)` (Release: publishes the claim).
+//!   A slot found not FREE in (2) belongs to a dead client: unlock and skip
+//!   it, the daemon reclaims it (so the daemon always sees, and can clean up
+//!   after, every dead client).
+//! * release: unlock, then CAS `(g, ACTIVE) -> (g+1, FREE)`.
+//! * reclaim (daemon): read the word `w`; if not FREE and the lock is not
+//!   held, the owner is dead (or releasing): after cleaning up, CAS
+//!   `w -> (gen(w)+1, FREE)`. Every transition changes the word, so the CAS
+//!   fails if anything happened since `w` was read (no ABA).
+//!
+//! A live owner always holds the lock from before (2) until its release, so
+//! the daemon never reclaims a live client's slot.
+
+use core::fmt;
+
+#[cfg(not(loom))]
+use crate::shm::ShmSafe;
+use crate::sync::{AtomicU64, Ordering};
+
+/// State of a free slot.
+pub const FREE: u32 = 0;
+/// State of a slot claimed but not yet published.
+pub const CLAIMING: u32 = 1;
+/// State of a slot owned by a (presumed) live client.
+pub const ACTIVE: u32 = 2;
+
+const fn pack(generation: u32, state: u32) -> u64 {
+    ((generation as u64) << 32) | state as u64
+}
+
+const fn unpack(word: u64) -> (u32, u32) {
+    ((word >> 32) as u32, word as u32)
+}
+
+/// One client slot in shared memory: one cache line. All zero is FREE.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct ClientSlot {
+    /// `(generation << 32) | state`; generation bumps on claim and on every
+    /// return to FREE, so a stale claim never matches.
+    word: AtomicU64,
+    /// Pid of the claimant (informational: liveness uses the lock).
+    pid: AtomicU64,
+    _reserved: [u64; 6],
+}
+
+#[cfg(not(loom))]
+const _: () = assert!(size_of::<ClientSlot>() == 64);
+
+// SAFETY: std atomics and padding; every bit pattern is valid.
+#[cfg(not(loom))]
+unsafe impl ShmSafe for ClientSlot {}
+
+impl ClientSlot {
+    /// A free slot.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Per-slot liveness locks (OFD byte locks in production, a model in loom).
+pub trait SlotLocks {
+    /// Tries to take slot `index`'s lock for this process; `Ok(false)` if a
+    /// live process holds it.
+    fn try_lock(&self, index: u32) -> Result<bool, LivenessError>;
+    /// Drops our lock on slot `index`.
+    fn unlock(&self, index: u32) -> Result<(), LivenessError>;
+    /// Whether some other (live) party holds slot `index`'s lock.
+    fn is_held(&self, index: u32) -> Result<bool, LivenessError>;
+}
+
+impl<L: SlotLocks + ?Sized> SlotLocks for &L {
+    fn try_lock(&self, index: u32) -> Result<bool, LivenessError> {
+        (**self).try_lock(index)
+    }
+    fn unlock(&self, index: u32) -> Result<(), LivenessError> {
+        (**self).unlock(index)
+    }
+    fn is_held(&self, index: u32) -> Result<bool, LivenessError> {
+        (**self).is_held(index)
+    }
+}
+
+/// Error of a liveness lock operation or probe (the OS error kind).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LivenessError(pub std::io::ErrorKind);
+
+impl fmt::Display for LivenessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "liveness lock operation failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for LivenessError {}
+
+impl From<std::io::Error> for LivenessError {
+    fn from(e: std::io::Error) -> Self {
+        Self(e.kind())
+    }
+}
+
+/// A successful claim: the slot index and the generation it was claimed at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Claim {
+    /// Slot index.
+    pub index: u32,
+    /// Generation of this claim (stale if the slot's generation differs).
+    pub generation: u32,
+}
+
+/// Errors of [`SlotTable::claim`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimError {
+    /// Every slot is owned by a live client or awaits reclaim.
+    Full,
+    /// This handle already holds a claim (one claim per open segment).
+    AlreadyClaimed,
+    /// A lock operation failed.
+    Liveness(LivenessError),
+}
+
+impl fmt::Display for ClaimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Full => f.write_str("no free client slot (segment full)"),
+            Self::AlreadyClaimed => f.write_str("this segment handle already holds a client slot"),
+            Self::Liveness(e) => write!(f, "claiming a slot: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ClaimError {}
+
+impl From<LivenessError> for ClaimError {
+    fn from(e: LivenessError) -> Self {
+        Self::Liveness(e)
+    }
+}
+
+/// Errors of [`SlotTable::release`] and [`SlotTable::reclaim`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotError {
+    /// Index out of range.
+    BadIndex(u32),
+    /// The slot no longer holds this claim (already reclaimed or reused).
+    Stale,
+    /// The owner is alive (its lock is held): not reclaimable.
+    Alive,
+    /// A lock operation failed.
+    Liveness(LivenessError),
+}
+
+impl fmt::Display for SlotError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BadIndex(i) => write!(f, "client slot index {i} out of range"),
+            Self::Stale => f.write_str("client slot claim is stale"),
+            Self::Alive => f.write_str("client slot owner is alive"),
+            Self::Liveness(e) => write!(f, "client slot: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SlotError {}
+
+impl From<LivenessError> for SlotError {
+    fn from(e: LivenessError) -> Self {
+        Self::Liveness(e)
+    }
+}
+
+/// A snapshot of one slot, as seen by [`SlotTable::status`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotStatus {
+    /// Slot index.
+    pub index: u32,
+    /// Generation part of the word.
+    pub generation: u32,
+    /// State part of the word (`FREE`, `CLAIMING`, `ACTIVE`, or garbage).
+    pub state: u32,
+    /// Recorded pid (may be stale or garbage; informational).
+    pub pid: u64,
+    /// Whether the slot's liveness lock was held when probed.
+    pub alive: bool,
+    raw: u64,
+}
+
+impl SlotStatus {
+    /// Not FREE and nobody holds the lock: the owner died (or is releasing)
+    /// and the daemon should clean up after it and [`SlotTable::reclaim`].
+    pub fn is_dead(&self) -> bool {
+        self.state != FREE && !self.alive
+    }
+
+    /// Whether this status describes `claim` as currently active.
+    pub fn is_claim(&self, claim: Claim) -> bool {
+        self.index == claim.index && self.generation == claim.generation && self.state == ACTIVE
+    }
+}
+
+/// Step after which a client "dies" in [`SlotTable::claim_until`] (model
+/// checking hook); `Done` runs the whole claim.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ClaimStep {
+    /// Stop before doing anything.
+    Start,
+    /// Stop after taking the lock.
+    Locked,
+    /// Stop after the FREE -> CLAIMING CAS.
+    Claiming,
+    /// Stop after recording the pid.
+    Pid,
+    /// Run to completion (ACTIVE published).
+    Done,
+}
+
+/// A view of the slot array plus the liveness locks of this party.
+#[derive(Debug)]
+pub struct SlotTable<'a, L> {
+    slots: &'a [ClientSlot],
+    locks: L,
+}
+
+impl<'a, L: SlotLocks> SlotTable<'a, L> {
+    /// A table over `slots` using `locks` (this process's lock handle).
+    pub fn new(slots: &'a [ClientSlot], locks: L) -> Self {
+        Self { slots, locks }
+    }
+
+    /// Number of slots.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether the table has no slots.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    fn slot(&self, index: u32) -> Result<&ClientSlot, SlotError> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.slots.get(i))
+            .ok_or(SlotError::BadIndex(index))
+    }
+
+    /// Claims the first free slot for process `pid`. `prepare` runs while
+    /// the slot is CLAIMING (nobody else uses it yet): reset the slot's rings
+    /// and scratch there, before the claim is published.
+    pub fn claim(&self, pid: u32, mut prepare: impl FnMut(Claim)) -> Result<Claim, ClaimError> {
+        for index in 0..u32::try_from(self.slots.len()).unwrap_or(u32::MAX) {
+            if let Some(claim) = self.claim_until(index, pid, ClaimStep::Done, &mut prepare)? {
+                return Ok(claim);
+            }
+        }
+        Err(ClaimError::Full)
+    }
+
+    /// Tries to claim slot `index`, stopping after `stop` (to model a client
+    /// that dies mid-protocol). `Ok(Some)` only when the claim was published.
+    #[doc(hidden)]
+    pub fn claim_until(
+        &self,
+        index: u32,
+        pid: u32,
+        stop: ClaimStep,
+        prepare: &mut dyn FnMut(Claim),
+    ) -> Result<Option<Claim>, ClaimError> {
+        let Ok(slot) = self.slot(index) else {
+            return Ok(None);
+        };
+        if stop == ClaimStep::Start {
+            return Ok(None);
+        }
+        // Kernel lock first: from here on no other live client can be in
+        // this slot's protocol, and the daemon sees us as alive.
+        if !self.locks.try_lock(index)? {
+            return Ok(None);
+        }
+        if stop == ClaimStep::Locked {
+            return Ok(None);
+        }
+        // Acquire: pairs with the Release CAS of `release`/`reclaim`, so the
+        // previous owner's (and the daemon's cleanup) accesses are done.
+        let word = slot.word.load(Ordering::Acquire);
+        let (generation, state) = unpack(word);
+        let claim = Claim {
+            index,
+            generation: generation.wrapping_add(1),
+        };
+        // Acquire on success: as above. Relaxed on failure: we give up.
+        let won = state == FREE
+            && slot
+                .word
+                .compare_exchange(
+                    word,
+                    pack(claim.generation, CLAIMING),
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_ok();
+        if !won {
+            // Not FREE although we hold the lock: a dead client's slot,
+            // left for the daemon to clean up and reclaim.
+            self.locks.unlock(index)?;
+            return Ok(None);
+        }
+        if stop == ClaimStep::Claiming {
+            return Ok(None);
+        }
+        // Relaxed: published by the Release CAS to ACTIVE below.
+        slot.pid.store(u64::from(pid), Ordering::Relaxed);
+        if stop == ClaimStep::Pid {
+            return Ok(None);
+        }
+        prepare(claim);
+        // Release: publishes the pid and everything `prepare` reset; pairs
+        // with Acquire loads of the word in `status` (daemon).
+        let published = slot
+            .word
+            .compare_exchange(
+                pack(claim.generation, CLAIMING),
+                pack(claim.generation, ACTIVE),
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+        if !published {
+            // The daemon cannot reclaim while we hold the lock, so only
+            // garbage written by a hostile peer gets here; back off.
+            self.locks.unlock(index)?;
+            return Ok(None);
+        }
+        Ok(Some(claim))
+    }
+
+    /// Releases `claim`: drops the liveness lock, then frees the slot.
+    /// `Err(Stale)` if the daemon had already reclaimed it (harmless).
+    pub fn release(&self, claim: Claim) -> Result<(), SlotError> {
+        let slot = self.slot(claim.index)?;
+        self.locks.unlock(claim.index)?;
+        // Release: our last accesses to the slot's rings happen-before the
+        // next claimant's Acquire. Relaxed on failure: nothing to do.
+        slot.word
+            .compare_exchange(
+                pack(claim.generation, ACTIVE),
+                pack(claim.generation.wrapping_add(1), FREE),
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .map(drop)
+            .map_err(|_| SlotError::Stale)
+    }
+
+    /// Reads slot `index` and probes its owner's liveness (daemon side).
+    pub fn status(&self, index: u32) -> Result<SlotStatus, SlotError> {
+        let slot = self.slot(index)?;
+        // Acquire: pairs with the Release CAS that published ACTIVE, so the
+        // pid (and rings prepared by the client) are visible.
+        let raw = slot.word.load(Ordering::Acquire);
+        let (generation, state) = unpack(raw);
+        // Relaxed: ordered by the Acquire above.
+        let pid = slot.pid.load(Ordering::Relaxed);
+        // The probe comes after the word load: a claim we saw was made while
+        // its owner held the lock, so "not held" now means dead or released.
+        let alive = state != FREE && self.locks.is_held(index)?;
+        Ok(SlotStatus {
+            index,
+            generation,
+            state,
+            pid,
+            alive,
+            raw,
+        })
+    }
+
+    /// Statuses of all non-FREE slots (daemon side), skipping slots whose
+    /// probe failed.
+    pub fn occupied(&self) -> impl Iterator<Item = SlotStatus> + '_ {
+        (0..u32::try_from(self.slots.len()).unwrap_or(u32::MAX))
+            .filter_map(|i| self.status(i).ok())
+            .filter(|s| s.state != FREE)
+    }
+
+    /// Whether `claim` is still the slot's current, active claim.
+    pub fn is_current(&self, claim: Claim) -> bool {
+        self.slot(claim.index)
+            // Acquire: pairs with the Release CASes that change the word.
+            .map(|s| s.word.load(Ordering::Acquire) == pack(claim.generation, ACTIVE))
+            .unwrap_or(false)
+    }
+
+    /// Frees the slot described by `dead` (from [`SlotTable::status`]) if it
+    /// is still in that exact state and its owner is still not alive. Call
+    /// after cleaning up the dead client's resources.
+    pub fn reclaim(&self, dead: SlotStatus) -> Result<(), SlotError> {
+        let slot = self.slot(dead.index)?;
+        if dead.state == FREE {
+            return Err(SlotError::Stale);
+        }
+        // Re-probe: the status may be old.
+        if self.locks.is_held(dead.index)? {
+            return Err(SlotError::Alive);
+        }
+        // Release: our cleanup happens-before the next claimant's Acquire.
+        // Relaxed on failure: the slot moved on, nothing to reclaim.
+        slot.word
+            .compare_exchange(
+                dead.raw,
+                pack(dead.generation.wrapping_add(1), FREE),
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .map(drop)
+            .map_err(|_| SlotError::Stale)
+    }
+
+    /// Raw word of slot `index` (diagnostics, model checks).
+    #[doc(hidden)]
+    pub fn raw_word(&self, index: u32) -> Option<(u32, u32)> {
+        // Acquire: diagnostic read ordered like `status`.
+        self.slot(index)
+            .ok()
+            .map(|s| unpack(s.word.load(Ordering::Acquire)))
+    }
+
+    /// Overwrites slot `index`'s word (tests: simulate a hostile peer).
+    #[doc(hidden)]
+    pub fn poke(&self, index: u32, generation: u32, state: u32) {
+        if let Ok(s) = self.slot(index) {
+            // Relaxed: test hook.
+            s.word.store(pack(generation, state), Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// In-process lock model: `owner[i]` is the party holding slot i.
+    struct Locks<'a> {
+        me: u32,
+        owner: &'a Mutex<Vec<u32>>,
+    }
+
+    impl SlotLocks for Locks<'_> {
+        fn try_lock(&self, i: u32) -> Result<bool, LivenessError> {
+            let mut o = self.owner.lock().unwrap();
+            let cell = &mut o[i as usize];
+            if *cell == 0 || *cell == self.me {
+                *cell = self.me;
+                Ok(true)
+            } else {
+                Ok(false)
+            }
+        }
+        fn unlock(&self, i: u32) -> Result<(), LivenessError> {
+            let mut o = self.owner.lock().unwrap();
+            if o[i as usize] == self.me {
+                o[i as usize] = 0;
+            }
+            Ok(())
+        }
+        fn is_held(&self, i: u32) -> Result<bool, LivenessError> {
+            let o = self.owner.lock().unwrap();
+            Ok(o[i as usize] != 0 && o[i as usize] != self.me)
+        }
+    }
+
+    #[test]
+    fn claim_full_release_reclaim() {
+        let slots: Vec<ClientSlot> = (0..2).map(|_| ClientSlot::new()).collect();
+        let owner = Mutex::new(vec![0; 2]);
+        let a = SlotTable::new(
+            &slots,
+            Locks {
+                me: 1,
+                owner: &owner,
+            },
+        );
+        let b = SlotTable::new(
+            &slots,
+            Locks {
+                me: 2,
+                owner: &owner,
+            },
+        );
+        let c = SlotTable::new(
+            &slots,
+            Locks {
+                me: 3,
+                owner: &owner,
+            },
+        );
+        let d = SlotTable::new(
+            &slots,
+            Locks {
+                me: 99,
+                owner: &owner,
+            },
+        );
+        let ca = a.claim(10, |_| {}).unwrap();
+        let cb = b.claim(20, |_| {}).unwrap();
+        assert_ne!(ca.index, cb.index);
+        assert_eq!(c.claim(30, |_| {}), Err(ClaimError::Full));
+        assert!(d.status(ca.index).unwrap().alive);
+        assert_eq!(
+            d.reclaim(d.status(ca.index).unwrap()),
+            Err(SlotError::Alive)
+        );
+        // b dies: the kernel drops its lock.
+        owner.lock().unwrap()[cb.index as usize] = 0;
+        // c still cannot take the dead slot: the daemon must reclaim first.
+        assert_eq!(c.claim(30, |_| {}), Err(ClaimError::Full));
+        let dead: Vec<_> = d.occupied().filter(SlotStatus::is_dead).collect();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].pid, 20);
+        d.reclaim(dead[0]).unwrap();
+        assert_eq!(d.reclaim(dead[0]), Err(SlotError::Stale));
+        let cc = c.claim(30, |_| {}).unwrap();
+        assert_eq!(cc.index, cb.index);
+        assert_eq!(cc.generation, cb.generation + 2);
+        assert!(!c.is_current(cb));
+        a.release(ca).unwrap();
+        assert_eq!(a.release(ca), Err(SlotError::Stale));
+        assert_eq!(d.occupied().count(), 1);
+    }
+
+    #[test]
+    fn garbage_state_is_reclaimable() {
+        let slots: Vec<ClientSlot> = (0..1).map(|_| ClientSlot::new()).collect();
+        let owner = Mutex::new(vec![0; 1]);
+        let d = SlotTable::new(
+            &slots,
+            Locks {
+                me: 99,
+                owner: &owner,
+            },
+        );
+        d.poke(0, 7, 0xdead);
+        let s = d.status(0).unwrap();
+        assert!(s.is_dead());
+        d.reclaim(s).unwrap();
+        assert_eq!(d.raw_word(0), Some((8, FREE)));
+        assert_eq!(d.status(5), Err(SlotError::BadIndex(5)));
+    }
+}

@@ -9,3 +9,4 @@
 pub mod engine;
 pub mod exec;
 pub mod op;
+pub mod wire;

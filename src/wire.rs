@@ -1,0 +1,639 @@
+//! How requests and answers travel between a client and the daemon: one
+//! fixed 64-byte record per message in the rings, variable-size data (tokens,
+//! pages, session ids, error messages) in the client's scratch areas.
+//!
+//! A request names the window of the request scratch that holds its payload
+//! (`tokens ++ pages ++ session id`) and the window of the reply scratch the
+//! daemon may write its answer into; the client owns both windows until the
+//! answer arrives. Everything the daemon reads is untrusted: [`decode_request`]
+//! checks every field of a copied record against the copied payload and
+//! answers a typed [`Rejection`], never a panic.
+
+use std::mem::size_of;
+
+use crate::engine::Stats;
+use crate::op::{ErrorKind, Rejection, Reply, Request};
+
+/// Operation codes.
+mod opcode {
+    pub const ALLOC: u32 = 1;
+    pub const FREE: u32 = 2;
+    pub const INSERT: u32 = 3;
+    pub const MATCH: u32 = 4;
+    pub const LOCK: u32 = 5;
+    pub const UNLOCK: u32 = 6;
+    pub const EVICT: u32 = 7;
+    pub const SESSION_COMMIT: u32 = 8;
+    pub const SESSION_RELEASE: u32 = 9;
+    pub const SESSION_STATUS: u32 = 10;
+    pub const STATS: u32 = 11;
+    pub const RESET: u32 = 12;
+}
+
+/// Reply kinds.
+mod kind {
+    pub const PAGES: u32 = 1;
+    pub const DONE: u32 = 2;
+    pub const INSERTED: u32 = 3;
+    pub const MATCHED: u32 = 4;
+    pub const EVICTED: u32 = 5;
+    pub const SESSION: u32 = 6;
+    pub const STATS: u32 = 7;
+}
+
+/// `flags` bit: the request asks for a lock.
+const FLAG_LOCK: u32 = 1;
+/// `flags` bit of a reply: `c` holds a handle.
+const FLAG_HANDLE: u32 = 2;
+
+/// Longest session id, in bytes.
+pub const MAX_SESSION_ID: usize = 256;
+/// Room a client leaves for an error message.
+pub const MIN_REPLY_WINDOW: usize = 512;
+
+/// One request record in a ring.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WireRequest {
+    /// Chosen by the client, echoed in the reply.
+    pub seq: u64,
+    pub op: u32,
+    pub flags: u32,
+    /// `n` of alloc, handle of lock/unlock, tokens of evict.
+    pub arg: u64,
+    /// Payload window in the request scratch, in bytes.
+    pub payload_off: u32,
+    pub payload_len: u32,
+    /// The payload is `n_tokens` tokens, `n_pages` pages, then the session id.
+    pub n_tokens: u32,
+    pub n_pages: u32,
+    /// Window of the reply scratch the answer may use, in bytes.
+    pub reply_off: u32,
+    pub reply_len: u32,
+    pub _reserved: [u32; 4],
+}
+
+/// One reply record in a ring.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WireReply {
+    /// The request's `seq`.
+    pub seq: u64,
+    /// 0 for success, else an [`ErrorKind`] code.
+    pub status: u32,
+    pub kind: u32,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    /// Bytes written at the start of the request's reply window.
+    pub payload_len: u32,
+    pub flags: u32,
+    pub _reserved: [u64; 2],
+}
+
+const _: () = assert!(size_of::<WireRequest>() == 64);
+const _: () = assert!(size_of::<WireReply>() == 64);
+
+/// A request record and its payload, ready to be written to the scratch.
+pub struct EncodedRequest {
+    pub record: WireRequest,
+    pub payload: Vec<u8>,
+    /// Bytes of reply window the answer can need.
+    pub reply_need: usize,
+}
+
+fn push_u32s(out: &mut Vec<u8>, xs: &[u32]) {
+    out.reserve(xs.len() * 4);
+    for x in xs {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+fn u32s(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Encodes `request`; `page_size` bounds the answer of a match.
+pub fn encode_request(request: &Request, page_size: u32) -> EncodedRequest {
+    let mut r = WireRequest::default();
+    let mut payload = Vec::new();
+    let mut reply_need = MIN_REPLY_WINDOW;
+    let mut put = |r: &mut WireRequest, tokens: &[u32], pages: &[u32], session: &str| {
+        r.n_tokens = tokens.len() as u32;
+        r.n_pages = pages.len() as u32;
+        push_u32s(&mut payload, tokens);
+        push_u32s(&mut payload, pages);
+        payload.extend_from_slice(session.as_bytes());
+    };
+    match request {
+        Request::Alloc { n } => {
+            r.op = opcode::ALLOC;
+            r.arg = *n;
+            reply_need = reply_need.max((*n as usize).saturating_mul(4));
+        }
+        Request::Free { pages } => {
+            r.op = opcode::FREE;
+            put(&mut r, &[], pages, "");
+        }
+        Request::Insert {
+            tokens,
+            pages,
+            lock,
+        } => {
+            r.op = opcode::INSERT;
+            r.flags = if *lock { FLAG_LOCK } else { 0 };
+            put(&mut r, tokens, pages, "");
+        }
+        Request::Match { tokens, lock } => {
+            r.op = opcode::MATCH;
+            r.flags = if *lock { FLAG_LOCK } else { 0 };
+            put(&mut r, tokens, &[], "");
+            reply_need = reply_need.max(tokens.len() / page_size.max(1) as usize * 4);
+        }
+        Request::Lock { handle } => {
+            r.op = opcode::LOCK;
+            r.arg = *handle;
+        }
+        Request::Unlock { handle } => {
+            r.op = opcode::UNLOCK;
+            r.arg = *handle;
+        }
+        Request::Evict { tokens } => {
+            r.op = opcode::EVICT;
+            r.arg = *tokens;
+        }
+        Request::SessionCommit {
+            session,
+            tokens,
+            pages,
+        } => {
+            r.op = opcode::SESSION_COMMIT;
+            put(&mut r, tokens, pages, session);
+        }
+        Request::SessionRelease { session } => {
+            r.op = opcode::SESSION_RELEASE;
+            put(&mut r, &[], &[], session);
+        }
+        Request::SessionStatus { session } => {
+            r.op = opcode::SESSION_STATUS;
+            put(&mut r, &[], &[], session);
+        }
+        Request::Stats => r.op = opcode::STATS,
+        Request::Reset => r.op = opcode::RESET,
+    }
+    r.payload_len = payload.len() as u32;
+    EncodedRequest {
+        record: r,
+        payload,
+        reply_need,
+    }
+}
+
+fn malformed(message: impl Into<String>) -> Rejection {
+    Rejection::new(ErrorKind::Malformed, message)
+}
+
+/// Decodes a request record (copied out of the ring) and its payload
+/// (copied out of the scratch window the record names).
+pub fn decode_request(r: &WireRequest, payload: &[u8]) -> Result<Request, Rejection> {
+    if r.flags & !FLAG_LOCK != 0 {
+        return Err(malformed(format!("unknown request flags {:#x}", r.flags)));
+    }
+    if payload.len() != r.payload_len as usize {
+        return Err(malformed("payload length disagrees with the record"));
+    }
+    let tokens_end = (r.n_tokens as usize).checked_mul(4);
+    let pages_end = tokens_end
+        .zip((r.n_pages as usize).checked_mul(4))
+        .map(|(t, p)| t + p);
+    let (Some(tokens_end), Some(pages_end)) = (tokens_end, pages_end) else {
+        return Err(malformed("token or page count overflows"));
+    };
+    if pages_end > payload.len() {
+        return Err(malformed(format!(
+            "{} tokens and {} pages do not fit a {}-byte payload",
+            r.n_tokens,
+            r.n_pages,
+            payload.len()
+        )));
+    }
+    let tokens = || u32s(&payload[..tokens_end]);
+    let pages = || u32s(&payload[tokens_end..pages_end]);
+    let tail = &payload[pages_end..];
+    let lock = r.flags & FLAG_LOCK != 0;
+    let session = || -> Result<String, Rejection> {
+        if tail.is_empty() || tail.len() > MAX_SESSION_ID {
+            return Err(malformed(format!(
+                "session id must be 1..={MAX_SESSION_ID} bytes"
+            )));
+        }
+        String::from_utf8(tail.to_vec()).map_err(|_| malformed("session id is not UTF-8"))
+    };
+    let exact = |tokens: bool, pages: bool, rest: bool| {
+        let ok =
+            (tokens || r.n_tokens == 0) && (pages || r.n_pages == 0) && (rest || tail.is_empty());
+        if ok {
+            Ok(())
+        } else {
+            Err(malformed("payload carries fields this op does not take"))
+        }
+    };
+    let none = || exact(false, false, false);
+    let request = match r.op {
+        opcode::ALLOC => none().map(|()| Request::Alloc { n: r.arg })?,
+        opcode::FREE => {
+            exact(false, true, false)?;
+            Request::Free { pages: pages() }
+        }
+        opcode::INSERT => {
+            exact(true, true, false)?;
+            Request::Insert {
+                tokens: tokens(),
+                pages: pages(),
+                lock,
+            }
+        }
+        opcode::MATCH => {
+            exact(true, false, false)?;
+            Request::Match {
+                tokens: tokens(),
+                lock,
+            }
+        }
+        opcode::LOCK => none().map(|()| Request::Lock { handle: r.arg })?,
+        opcode::UNLOCK => none().map(|()| Request::Unlock { handle: r.arg })?,
+        opcode::EVICT => none().map(|()| Request::Evict { tokens: r.arg })?,
+        opcode::SESSION_COMMIT => {
+            exact(true, true, true)?;
+            Request::SessionCommit {
+                session: session()?,
+                tokens: tokens(),
+                pages: pages(),
+            }
+        }
+        opcode::SESSION_RELEASE => {
+            exact(false, false, true)?;
+            Request::SessionRelease {
+                session: session()?,
+            }
+        }
+        opcode::SESSION_STATUS => {
+            exact(false, false, true)?;
+            Request::SessionStatus {
+                session: session()?,
+            }
+        }
+        opcode::STATS => none().map(|()| Request::Stats)?,
+        opcode::RESET => none().map(|()| Request::Reset)?,
+        op => {
+            return Err(Rejection::new(
+                ErrorKind::UnknownOp,
+                format!("unknown opcode {op}"),
+            ))
+        }
+    };
+    if lock && !matches!(request, Request::Insert { .. } | Request::Match { .. }) {
+        return Err(malformed("only insert and match take a lock flag"));
+    }
+    Ok(request)
+}
+
+/// Encodes an answer into a reply record and the bytes for its window.
+pub fn encode_reply(seq: u64, result: &Result<Reply, Rejection>) -> (WireReply, Vec<u8>) {
+    let mut w = WireReply {
+        seq,
+        ..WireReply::default()
+    };
+    let mut payload = Vec::new();
+    match result {
+        Err(rejection) => {
+            w.status = rejection.kind as u32;
+            let mut message = rejection.message.as_bytes();
+            message = &message[..message.len().min(MIN_REPLY_WINDOW)];
+            // Never cut a character in half.
+            while std::str::from_utf8(message).is_err() {
+                message = &message[..message.len() - 1];
+            }
+            payload.extend_from_slice(message);
+        }
+        Ok(Reply::Pages(pages)) => {
+            w.kind = kind::PAGES;
+            push_u32s(&mut payload, pages);
+        }
+        Ok(Reply::Done) => w.kind = kind::DONE,
+        Ok(Reply::Inserted {
+            cached,
+            len,
+            handle,
+            locked,
+        }) => {
+            w.kind = kind::INSERTED;
+            (w.a, w.b) = (*cached, *len);
+            set_handle(&mut w, *handle, *locked);
+        }
+        Ok(Reply::Matched {
+            len,
+            pages,
+            handle,
+            locked,
+        }) => {
+            w.kind = kind::MATCHED;
+            w.a = *len;
+            set_handle(&mut w, *handle, *locked);
+            push_u32s(&mut payload, pages);
+        }
+        Ok(Reply::Evicted(tokens)) => {
+            w.kind = kind::EVICTED;
+            w.a = *tokens;
+        }
+        Ok(Reply::Session {
+            resident_tokens,
+            idle_ms,
+        }) => {
+            w.kind = kind::SESSION;
+            (w.a, w.b) = (*resident_tokens, *idle_ms);
+        }
+        Ok(Reply::Stats { stats: s, sessions }) => {
+            w.kind = kind::STATS;
+            for x in [
+                s.total_tokens,
+                s.evictable_tokens,
+                s.protected_tokens,
+                s.free_pages,
+                s.owned_pages,
+                s.nodes,
+                s.evict_scanned,
+                s.evicted_pages,
+                *sessions,
+            ] {
+                payload.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+    }
+    w.payload_len = payload.len() as u32;
+    (w, payload)
+}
+
+/// Bit 0 of `flags`: the request asked for a lock; [`FLAG_HANDLE`]: `c` is
+/// the handle.
+fn set_handle(w: &mut WireReply, handle: Option<u64>, locked: bool) {
+    if locked {
+        w.flags |= FLAG_LOCK;
+    }
+    if let Some(h) = handle {
+        w.flags |= FLAG_HANDLE;
+        w.c = h;
+    }
+}
+
+/// A reply the daemon should never have sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadReply(pub String);
+
+impl std::fmt::Display for BadReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "malformed reply from the daemon: {}", self.0)
+    }
+}
+
+impl std::error::Error for BadReply {}
+
+/// Decodes a reply record and the bytes of its window.
+pub fn decode_reply(w: &WireReply, payload: &[u8]) -> Result<Result<Reply, Rejection>, BadReply> {
+    if payload.len() != w.payload_len as usize {
+        return Err(BadReply("payload length disagrees with the record".into()));
+    }
+    if w.status != 0 {
+        let kind = ErrorKind::from_code(w.status)
+            .ok_or_else(|| BadReply(format!("unknown error code {}", w.status)))?;
+        return Ok(Err(Rejection::new(kind, String::from_utf8_lossy(payload))));
+    }
+    let handle = (w.flags & FLAG_HANDLE != 0).then_some(w.c);
+    let locked = w.flags & FLAG_LOCK != 0;
+    let words = || {
+        if payload.len() % 4 == 0 {
+            Ok(u32s(payload))
+        } else {
+            Err(BadReply("page list is not whole u32s".into()))
+        }
+    };
+    Ok(Ok(match w.kind {
+        kind::PAGES => Reply::Pages(words()?),
+        kind::DONE => Reply::Done,
+        kind::INSERTED => Reply::Inserted {
+            cached: w.a,
+            len: w.b,
+            handle,
+            locked,
+        },
+        kind::MATCHED => Reply::Matched {
+            len: w.a,
+            pages: words()?,
+            handle,
+            locked,
+        },
+        kind::EVICTED => Reply::Evicted(w.a),
+        kind::SESSION => Reply::Session {
+            resident_tokens: w.a,
+            idle_ms: w.b,
+        },
+        kind::STATS => {
+            if payload.len() != 9 * 8 {
+                return Err(BadReply("stats payload has the wrong size".into()));
+            }
+            let x: Vec<u64> = payload
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect();
+            Reply::Stats {
+                stats: Stats {
+                    total_tokens: x[0],
+                    evictable_tokens: x[1],
+                    protected_tokens: x[2],
+                    free_pages: x[3],
+                    owned_pages: x[4],
+                    nodes: x[5],
+                    evict_scanned: x[6],
+                    evicted_pages: x[7],
+                },
+                sessions: x[8],
+            }
+        }
+        k => return Err(BadReply(format!("unknown reply kind {k}"))),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn requests() -> Vec<Request> {
+        vec![
+            Request::Alloc { n: 7 },
+            Request::Free { pages: vec![1, 2] },
+            Request::Insert {
+                tokens: vec![1, 2, 3],
+                pages: vec![9],
+                lock: true,
+            },
+            Request::Match {
+                tokens: vec![4, 5],
+                lock: false,
+            },
+            Request::Lock {
+                handle: 1 << 40 | 3,
+            },
+            Request::Unlock { handle: 5 },
+            Request::Evict { tokens: 64 },
+            Request::SessionCommit {
+                session: "chat-é".into(),
+                tokens: vec![1],
+                pages: vec![],
+            },
+            Request::SessionRelease {
+                session: "s".into(),
+            },
+            Request::SessionStatus {
+                session: "s".into(),
+            },
+            Request::Stats,
+            Request::Reset,
+        ]
+    }
+
+    #[test]
+    fn every_request_round_trips() {
+        for request in requests() {
+            let e = encode_request(&request, 1);
+            assert_eq!(decode_request(&e.record, &e.payload), Ok(request));
+        }
+    }
+
+    #[test]
+    fn every_reply_round_trips() {
+        let stats = Stats {
+            total_tokens: 1,
+            nodes: 2,
+            evicted_pages: 3,
+            ..Stats::default()
+        };
+        let replies = vec![
+            Ok(Reply::Pages(vec![3, 4])),
+            Ok(Reply::Done),
+            Ok(Reply::Inserted {
+                cached: 1,
+                len: 2,
+                handle: Some(9),
+                locked: true,
+            }),
+            Ok(Reply::Inserted {
+                cached: 1,
+                len: 2,
+                handle: None,
+                locked: false,
+            }),
+            Ok(Reply::Matched {
+                len: 4,
+                pages: vec![1],
+                handle: None,
+                locked: true,
+            }),
+            Ok(Reply::Evicted(16)),
+            Ok(Reply::Session {
+                resident_tokens: 5,
+                idle_ms: 6,
+            }),
+            Ok(Reply::Stats { stats, sessions: 4 }),
+            Err(Rejection::new(ErrorKind::StaleHandle, "gone")),
+        ];
+        for reply in replies {
+            let (w, payload) = encode_reply(42, &reply);
+            assert_eq!(w.seq, 42);
+            assert_eq!(decode_reply(&w, &payload), Ok(reply));
+        }
+    }
+
+    #[test]
+    fn garbage_records_are_rejected_not_trusted() {
+        let good = encode_request(
+            &Request::Insert {
+                tokens: vec![1, 2],
+                pages: vec![3],
+                lock: false,
+            },
+            1,
+        );
+        let cases: Vec<(WireRequest, &[u8])> = vec![
+            (
+                WireRequest {
+                    op: 99,
+                    ..good.record
+                },
+                &good.payload,
+            ),
+            (
+                WireRequest {
+                    flags: 0x80,
+                    ..good.record
+                },
+                &good.payload,
+            ),
+            (
+                WireRequest {
+                    n_tokens: u32::MAX,
+                    ..good.record
+                },
+                &good.payload,
+            ),
+            (
+                WireRequest {
+                    n_pages: 1000,
+                    ..good.record
+                },
+                &good.payload,
+            ),
+            (
+                WireRequest {
+                    payload_len: 3,
+                    ..good.record
+                },
+                &good.payload,
+            ),
+            (
+                WireRequest {
+                    op: opcode::STATS,
+                    ..good.record
+                },
+                &good.payload,
+            ),
+            (
+                WireRequest {
+                    op: opcode::ALLOC,
+                    flags: FLAG_LOCK,
+                    ..WireRequest::default()
+                },
+                &[],
+            ),
+            (
+                WireRequest {
+                    op: opcode::SESSION_STATUS,
+                    ..WireRequest::default()
+                },
+                &[],
+            ),
+        ];
+        for (record, payload) in cases {
+            let r = decode_request(&record, payload);
+            assert!(r.is_err(), "{record:?} was accepted as {r:?}");
+        }
+        let bad_utf8 = WireRequest {
+            op: opcode::SESSION_RELEASE,
+            payload_len: 2,
+            ..WireRequest::default()
+        };
+        assert!(decode_request(&bad_utf8, &[0xff, 0xfe]).is_err());
+    }
+}

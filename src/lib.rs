@@ -5,3 +5,4 @@
 //! IPC.
 
 pub mod engine;
+pub mod replay;

@@ -79,7 +79,7 @@ where
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 24))
+        .caption(title, ("sans-serif", 26))
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(64)
@@ -94,6 +94,8 @@ where
         .configure_mesh()
         .x_desc(x_desc)
         .y_desc("overall hit rate (%)")
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 17))
         .x_label_formatter(&|v| format!("{v:.0}"))
         .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()
@@ -124,6 +126,7 @@ where
         .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
+        .label_font(("sans-serif", 17))
         .draw()
         .map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())

@@ -669,10 +669,12 @@ fn bench_flat_policies_on_real_traces() {
                 let s = replay(&requests, p.as_mut(), capacity, 512);
                 let dt = t.elapsed();
                 println!(
-                    "  {policy:>6} cap {capacity:>6}: hit rate {:.4}  hit blocks {:>7}  \
-                     replay {dt:?}  {:.1} M blocks/s",
+                    "  {policy:>6} cap {capacity:>6}: hit rate {:.4}  hit tokens {:>9}  \
+                     hit blocks {:>7}  final {:>6}  replay {dt:?}  {:.1} M blocks/s",
                     s.overall_hit_rate,
+                    s.total_hit_tokens,
                     s.hit_blocks,
+                    s.final_cache_blocks,
                     blocks as f64 / dt.as_secs_f64() / 1e6
                 );
             }

@@ -5,8 +5,11 @@
 //!   IPC.
 //! - [`op`]: the requests a client makes, their answers and errors.
 //! - [`exec`]: the JSON-lines front end (`radixd exec`).
+//! - [`wire`]: how requests and answers travel over shared memory.
+//! - [`replay`]: trace replay under LRU, LFU, S3-FIFO and the engine.
 
 pub mod engine;
 pub mod exec;
 pub mod op;
+pub mod replay;
 pub mod wire;

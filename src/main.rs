@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use radixd::engine::{Config, Engine};
 use radixd::exec::{self, Local};
+use radixd::replay::{self, ReplayArgs};
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +25,8 @@ struct Cli {
 enum Command {
     /// Answer JSON-lines requests from stdin on stdout.
     Exec(ExecArgs),
+    /// Replay a Mooncake trace under cache policies and print hit rates.
+    Replay(ReplayArgs),
 }
 
 #[derive(clap::Args)]
@@ -62,6 +65,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Exec(args) => exec(args),
+        Command::Replay(args) => {
+            let mut out = io::BufWriter::new(io::stdout().lock());
+            replay::run(&args, &mut out).map_err(|e| e.to_string())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

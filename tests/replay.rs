@@ -227,6 +227,34 @@ fn lru_by_hand() {
 }
 
 #[test]
+fn radix_by_hand_keeps_the_current_path_and_evicts_leaves() {
+    let dir = scratch("radix");
+    let trace = write_trace(
+        &dir,
+        &[
+            (1024, &[1, 2]),
+            (512, &[3]),
+            (1536, &[1, 2, 4]),
+            (512, &[3]),
+            (1300, &[1, 2, 4]),
+        ],
+    );
+    let (summary, outcomes) = per_request(&trace, "radix", 3);
+    // 1: miss, cache 1-2. 2: miss, cache 1-2, 3 (full).
+    // 3: 1-2 hit and are locked; 4 evicts the only other leaf, 3.
+    // 4: 3 misses and evicts the LRU unlocked leaf, 4 (1-2 is not a leaf).
+    // 5: 1-2 hit again (flat LRU would have evicted 1 at step 4), 4 misses;
+    //    hit tokens are min(2 * 512, 1300) = 1024.
+    assert_eq!(hit_blocks(&outcomes), vec![0, 0, 2, 0, 2]);
+    assert_eq!(outcomes[4].hit_tokens, 1024);
+    assert_eq!((summary.hit_blocks, summary.total_hit_tokens), (4, 2048));
+    assert_eq!(summary.final_cache_blocks, 3);
+    // The same trace under flat LRU loses block 1 at step 4.
+    let (_, lru) = per_request(&trace, "lru", 3);
+    assert_eq!(hit_blocks(&lru), vec![0, 0, 2, 0, 0]);
+}
+
+#[test]
 fn lfu_by_hand() {
     let dir = scratch("lfu");
     let trace = write_trace(&dir, &FLAT_TRACE);
@@ -416,21 +444,17 @@ fn capacity_zero_is_an_error() {
 }
 
 #[test]
-fn unknown_and_unwired_policies_are_errors() {
+fn unknown_policies_are_errors() {
     let dir = scratch("unknown");
     let trace = write_trace(&dir, &[(512, &[1])]);
     let t = trace.to_str().unwrap();
     let err = run_err(&args(&[t, "--policy", "lru,arc", "--capacity", "10"]));
     assert!(matches!(&err, ReplayError::UnknownPolicy { name } if name == "arc"));
     assert!(err.to_string().contains("arc"));
-    // radix is known but waits for the engine.
-    let err = run_err(&args(&[t, "--policy", "radix", "--capacity", "10"]));
-    assert!(matches!(err, ReplayError::PolicyUnavailable { .. }));
-    assert!(err.to_string().contains("radix"));
     // Errors come before any output: nothing printed for lru either.
     let mut out = Vec::new();
     assert!(run(
-        &args(&[t, "--policy", "lru,radix", "--capacity", "10"]),
+        &args(&[t, "--policy", "lru,arc", "--capacity", "10"]),
         &mut out
     )
     .is_err());
@@ -680,4 +704,33 @@ fn bench_flat_policies_on_real_traces() {
             }
         }
     }
+}
+
+#[test]
+fn the_cli_exits_2_naming_the_bad_line() {
+    let dir = scratch("cli");
+    let path = dir.join("bad.jsonl");
+    fs::write(
+        &path,
+        "{\"timestamp\":0,\"input_length\":5,\"output_length\":1,\"hash_ids\":[1]}\n{oops\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_radixd"))
+        .args([
+            "replay",
+            path.to_str().unwrap(),
+            "--policy",
+            "lru,radix",
+            "--capacity",
+            "10",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("line 2"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
 }

@@ -45,13 +45,6 @@ pub enum ReplayError {
         /// The name as given.
         name: String,
     },
-    /// A known policy that this build cannot replay yet.
-    PolicyUnavailable {
-        /// The policy name.
-        name: String,
-        /// Why it is not available.
-        reason: &'static str,
-    },
     /// `--policy` or `--capacity` was empty.
     EmptyList {
         /// The flag, e.g. "--policy".
@@ -97,9 +90,6 @@ impl fmt::Display for ReplayError {
                 f,
                 "unknown policy {name:?}; expected one of lru, lfu, s3fifo, radix"
             ),
-            Self::PolicyUnavailable { name, reason } => {
-                write!(f, "policy {name:?} is not available: {reason}")
-            }
             Self::EmptyList { flag } => write!(f, "{flag} needs at least one value"),
             Self::PerRequestNeedsSingleRun {
                 policies,

@@ -14,6 +14,7 @@ mod lfu;
 mod lru;
 mod plot;
 mod policy;
+mod radix;
 mod s3fifo;
 mod slab;
 mod trace;
@@ -30,6 +31,7 @@ pub use lfu::Lfu;
 pub use lru::Lru;
 pub use plot::{draw_plot, PLOT_TITLE};
 pub use policy::{make_policy, Policy, MAX_CAPACITY, POLICY_NAMES};
+pub use radix::Radix;
 pub use s3fifo::{small_queue_capacity, S3Fifo};
 pub use trace::{parse_trace, Request};
 
@@ -96,9 +98,6 @@ pub struct RequestOutcome {
     pub hit_blocks: u64,
 }
 
-/// Builds a policy by name and capacity; [`make_policy`] is the default.
-pub type PolicyFactory<'a> = &'a dyn Fn(&str, usize) -> Result<Box<dyn Policy>, ReplayError>;
-
 /// Replays `requests` through `policy` (fresh, of `capacity` blocks), calling
 /// `each` after every request.
 pub fn replay_with<E>(
@@ -160,20 +159,10 @@ pub fn replay(
 
 /// Runs `radixd replay` with the built-in policies: one JSON [`Summary`] line
 /// per `(policy, capacity)`, policy-major, written to `out`.
-pub fn run(args: &ReplayArgs, out: &mut impl Write) -> Result<(), ReplayError> {
-    run_with(args, out, &make_policy)
-}
-
-/// [`run`] with a caller-supplied policy factory, so the CLI can add `radix`
-/// (the engine's policy) without this module depending on the engine.
 ///
 /// Every flag is checked, and every `(policy, capacity)` built once, before
 /// the trace is read.
-pub fn run_with(
-    args: &ReplayArgs,
-    out: &mut impl Write,
-    factory: PolicyFactory<'_>,
-) -> Result<(), ReplayError> {
+pub fn run(args: &ReplayArgs, out: &mut impl Write) -> Result<(), ReplayError> {
     if args.policy.is_empty() {
         return Err(ReplayError::EmptyList { flag: "--policy" });
     }
@@ -191,7 +180,7 @@ pub fn run_with(
     }
     for name in &args.policy {
         for &capacity in &args.capacity {
-            factory(name.trim(), capacity)?;
+            make_policy(name.trim(), capacity)?;
         }
     }
 
@@ -213,7 +202,7 @@ pub fn run_with(
     let mut summaries = Vec::with_capacity(args.policy.len() * args.capacity.len());
     for name in &args.policy {
         for &capacity in &args.capacity {
-            let mut policy = factory(name.trim(), capacity)?;
+            let mut policy = make_policy(name.trim(), capacity)?;
             let summary = match per_request.as_mut() {
                 Some((path, writer)) => {
                     replay_with(&requests, policy.as_mut(), capacity, args.block_size, |o| {

@@ -2,12 +2,11 @@
 
 use super::lfu::Lfu;
 use super::lru::Lru;
+use super::radix::Radix;
 use super::s3fifo::S3Fifo;
 use super::ReplayError;
 
 /// A cache policy replayed one request at a time.
-///
-/// `radix` (the engine's own policy) is meant to slot in behind this trait.
 pub trait Policy {
     /// The policy's name as printed in the `policy` output field.
     fn name(&self) -> &'static str;
@@ -29,9 +28,6 @@ pub const POLICY_NAMES: [&str; 4] = ["lru", "lfu", "s3fifo", "radix"];
 pub const MAX_CAPACITY: usize = (u32::MAX / 2 - 1) as usize;
 
 /// Builds the policy called `name` with room for `capacity` blocks.
-///
-/// `radix` is a known name but is not wired to the engine yet, so it is
-/// [`ReplayError::PolicyUnavailable`].
 pub fn make_policy(name: &str, capacity: usize) -> Result<Box<dyn Policy>, ReplayError> {
     if capacity == 0 {
         return Err(ReplayError::ZeroCapacity);
@@ -46,10 +42,7 @@ pub fn make_policy(name: &str, capacity: usize) -> Result<Box<dyn Policy>, Repla
         "lru" => Ok(Box::new(Lru::new(capacity))),
         "lfu" => Ok(Box::new(Lfu::new(capacity))),
         "s3fifo" => Ok(Box::new(S3Fifo::new(capacity)?)),
-        "radix" => Err(ReplayError::PolicyUnavailable {
-            name: name.to_owned(),
-            reason: "the radix engine policy is not wired into replay yet",
-        }),
+        "radix" => Ok(Box::new(Radix::new(capacity)?)),
         _ => Err(ReplayError::UnknownPolicy {
             name: name.to_owned(),
         }),
@@ -90,14 +83,14 @@ mod tests {
             Err(ReplayError::UnknownPolicy { .. })
         ));
         assert!(matches!(
-            make_policy("radix", 10),
-            Err(ReplayError::PolicyUnavailable { .. })
+            make_policy("radix", 1 << 31),
+            Err(ReplayError::CapacityTooLarge { .. })
         ));
         assert!(matches!(
             make_policy("lfu", MAX_CAPACITY + 1),
             Err(ReplayError::CapacityTooLarge { .. })
         ));
-        for name in ["lru", "lfu", "s3fifo"] {
+        for name in POLICY_NAMES {
             assert_eq!(make_policy(name, 10).map(|p| p.name()).ok(), Some(name));
         }
     }

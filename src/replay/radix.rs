@@ -1,0 +1,105 @@
+//! The engine's own policy, replayed through the real engine as a scheduler
+//! drives it: match (touching the path), lock the match, allocate pages for
+//! the rest (only as many as free plus evictable pages allow), insert, unlock.
+//!
+//! With page size 1 and one token per block this is: blocks form a tree by
+//! prefix; a full cache evicts the least recently used leaf that is not on
+//! the current request's path; when none is left, the rest of the request is
+//! not cached.
+
+use super::hash::{id_map, IdMap};
+use super::policy::Policy;
+use super::ReplayError;
+use crate::engine::{Config, Engine};
+
+/// The only client of the replay engine.
+const SCHEDULER: u32 = 0;
+
+/// The radix engine behind the [`Policy`] interface.
+pub struct Radix {
+    engine: Engine,
+    /// Block id → token; ids are interned so any `u64` id maps exactly.
+    tokens_of: IdMap<u32>,
+    tokens: Vec<u32>,
+    pages: Vec<u32>,
+}
+
+impl Radix {
+    /// An empty engine of `capacity` one-token pages.
+    pub fn new(capacity: usize) -> Result<Self, ReplayError> {
+        let too_large = || ReplayError::CapacityTooLarge {
+            capacity,
+            max: crate::engine::layout::MAX_CAPACITY as usize,
+        };
+        let capacity = u32::try_from(capacity).map_err(|_| too_large())?;
+        let engine = Engine::new(Config {
+            page_size: 1,
+            capacity,
+        })
+        .map_err(|_| too_large())?;
+        Ok(Self {
+            engine,
+            tokens_of: id_map(0),
+            tokens: Vec::new(),
+            pages: Vec::new(),
+        })
+    }
+}
+
+impl Policy for Radix {
+    fn name(&self) -> &'static str {
+        "radix"
+    }
+
+    fn request(&mut self, blocks: &[u64]) -> usize {
+        self.tokens.clear();
+        for &id in blocks {
+            let fresh = self.tokens_of.len() as u32;
+            self.tokens.push(*self.tokens_of.entry(id).or_insert(fresh));
+        }
+        let e = &mut self.engine;
+        let matched = e.match_prefix(SCHEDULER, &self.tokens, true, &mut self.pages);
+        let hit = matched.len;
+        let stats = e.stats();
+        let room = stats.free_pages + stats.evictable_tokens;
+        let want = ((self.tokens.len() - hit) as u64).min(room);
+        // Neither call can fail: `want` fits what can be freed, and every
+        // page is the matched one at its place or freshly owned.
+        if let Ok(fresh) = e.alloc(SCHEDULER, want) {
+            self.pages.extend_from_slice(&fresh);
+            let key = &self.tokens[..self.pages.len()];
+            if e.insert(SCHEDULER, key, &self.pages, false).is_err() {
+                let _ = e.free(SCHEDULER, &fresh);
+            }
+        }
+        if let Some(handle) = matched.handle {
+            let _ = e.unlock(SCHEDULER, handle.to_raw());
+        }
+        hit
+    }
+
+    fn resident_blocks(&self) -> usize {
+        self.engine.stats().total_tokens as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_current_path_is_never_evicted_for_its_own_request() {
+        let mut r = Radix::new(3).unwrap();
+        assert_eq!(r.request(&[1, 2]), 0);
+        assert_eq!(r.request(&[3]), 0); // full: 1,2 | 3
+                                        // [1,2,4]: 1,2 hit and are locked; 4 evicts the LRU leaf [3].
+        assert_eq!(r.request(&[1, 2, 4]), 2);
+        assert_eq!(r.request(&[3]), 0);
+        // Longer than the cache: only what fits is cached.
+        let mut r = Radix::new(2).unwrap();
+        assert_eq!(r.request(&[7, 8, 9]), 0);
+        assert_eq!(r.resident_blocks(), 2);
+        assert_eq!(r.request(&[7, 8, 9]), 2);
+        r.engine.validate().unwrap();
+    }
+}

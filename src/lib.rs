@@ -6,10 +6,20 @@
 //! - [`op`]: the requests a client makes, their answers and errors.
 //! - [`exec`]: the JSON-lines front end (`radixd exec`).
 //! - [`wire`]: how requests and answers travel over shared memory.
+//! - [`segment`]: what the daemon keeps in shared memory.
+//! - [`daemon`]: `radixd serve`, the engine behind the rings.
+//! - [`client`]: [`Client`], a scheduler's connection to the daemon.
 //! - [`replay`]: trace replay under LRU, LFU, S3-FIFO and the engine.
 
+pub mod client;
+pub mod daemon;
 pub mod engine;
 pub mod exec;
 pub mod op;
 pub mod replay;
+pub mod segment;
+pub mod signal;
+pub mod stat;
 pub mod wire;
+
+pub use client::{Client, ClientError};

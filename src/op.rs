@@ -93,11 +93,17 @@ pub enum ErrorKind {
     UnknownSession = 10,
     SessionNotOwned = 11,
     TooLarge = 12,
+    /// Client side: the daemon died.
+    DaemonGone = 13,
+    /// Client side: the daemon did not answer in time.
+    Timeout = 14,
+    /// Client side: the daemon broke the protocol.
+    Protocol = 15,
 }
 
 impl ErrorKind {
     /// Every kind, for decoding.
-    pub const ALL: [ErrorKind; 12] = [
+    pub const ALL: [ErrorKind; 15] = [
         Self::UnknownOp,
         Self::Malformed,
         Self::PageOutOfRange,
@@ -110,6 +116,9 @@ impl ErrorKind {
         Self::UnknownSession,
         Self::SessionNotOwned,
         Self::TooLarge,
+        Self::DaemonGone,
+        Self::Timeout,
+        Self::Protocol,
     ];
 
     /// The wire name.
@@ -127,6 +136,9 @@ impl ErrorKind {
             Self::UnknownSession => "unknown_session",
             Self::SessionNotOwned => "session_not_owned",
             Self::TooLarge => "too_large",
+            Self::DaemonGone => "daemon_gone",
+            Self::Timeout => "timeout",
+            Self::Protocol => "protocol",
         }
     }
 

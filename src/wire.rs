@@ -94,6 +94,12 @@ pub struct WireReply {
 const _: () = assert!(size_of::<WireRequest>() == 64);
 const _: () = assert!(size_of::<WireReply>() == 64);
 
+// SAFETY: plain integers and integer arrays, no padding (64 bytes of
+// naturally aligned fields, asserted above): every bit pattern is a value.
+unsafe impl radixd_ipc::Plain for WireRequest {}
+// SAFETY: as for `WireRequest`.
+unsafe impl radixd_ipc::Plain for WireReply {}
+
 /// A request record and its payload, ready to be written to the scratch.
 pub struct EncodedRequest {
     pub record: WireRequest,
@@ -116,11 +122,25 @@ fn u32s(bytes: &[u8]) -> Vec<u32> {
         .collect()
 }
 
-/// Encodes `request`; `page_size` bounds the answer of a match.
-pub fn encode_request(request: &Request, page_size: u32) -> EncodedRequest {
+/// Bytes the successful answer to `request` needs in its reply window, on
+/// an engine of `page_size` and `capacity`.
+pub fn reply_need(request: &Request, page_size: u32, capacity: u32) -> usize {
+    match request {
+        Request::Alloc { n } => (*n).min(u64::from(capacity)) as usize * 4,
+        Request::Match { tokens, .. } => tokens.len() / page_size.max(1) as usize * 4,
+        Request::Stats => STATS_BYTES,
+        _ => 0,
+    }
+}
+
+/// Size of the stats answer.
+const STATS_BYTES: usize = 9 * 8;
+
+/// Encodes `request` for an engine of `page_size` and `capacity`.
+pub fn encode_request(request: &Request, page_size: u32, capacity: u32) -> EncodedRequest {
     let mut r = WireRequest::default();
     let mut payload = Vec::new();
-    let mut reply_need = MIN_REPLY_WINDOW;
+    let reply_need = reply_need(request, page_size, capacity).max(MIN_REPLY_WINDOW);
     let mut put = |r: &mut WireRequest, tokens: &[u32], pages: &[u32], session: &str| {
         r.n_tokens = tokens.len() as u32;
         r.n_pages = pages.len() as u32;
@@ -132,7 +152,6 @@ pub fn encode_request(request: &Request, page_size: u32) -> EncodedRequest {
         Request::Alloc { n } => {
             r.op = opcode::ALLOC;
             r.arg = *n;
-            reply_need = reply_need.max((*n as usize).saturating_mul(4));
         }
         Request::Free { pages } => {
             r.op = opcode::FREE;
@@ -151,7 +170,6 @@ pub fn encode_request(request: &Request, page_size: u32) -> EncodedRequest {
             r.op = opcode::MATCH;
             r.flags = if *lock { FLAG_LOCK } else { 0 };
             put(&mut r, tokens, &[], "");
-            reply_need = reply_need.max(tokens.len() / page_size.max(1) as usize * 4);
         }
         Request::Lock { handle } => {
             r.op = opcode::LOCK;
@@ -441,7 +459,7 @@ pub fn decode_reply(w: &WireReply, payload: &[u8]) -> Result<Result<Reply, Rejec
             idle_ms: w.b,
         },
         kind::STATS => {
-            if payload.len() != 9 * 8 {
+            if payload.len() != STATS_BYTES {
                 return Err(BadReply("stats payload has the wrong size".into()));
             }
             let x: Vec<u64> = payload
@@ -507,7 +525,7 @@ mod tests {
     #[test]
     fn every_request_round_trips() {
         for request in requests() {
-            let e = encode_request(&request, 1);
+            let e = encode_request(&request, 1, 64);
             assert_eq!(decode_request(&e.record, &e.payload), Ok(request));
         }
     }
@@ -565,6 +583,7 @@ mod tests {
                 lock: false,
             },
             1,
+            64,
         );
         let cases: Vec<(WireRequest, &[u8])> = vec![
             (

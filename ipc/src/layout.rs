@@ -17,7 +17,13 @@ use crate::shm::{Offset, Plain};
 use crate::slots::ClientSlot;
 
 /// Crate-side layout version mixed into every hash.
-const IPC_LAYOUT_VERSION: u64 = 1;
+const IPC_LAYOUT_VERSION: u64 = 2;
+/// Where the info block sits in every [`SegmentLayout`]: right after the
+/// header and the daemon doorbell, whatever the configuration, so a peer can
+/// read the configuration before it knows the rest of the layout.
+pub const INFO_OFFSET: u64 = 128;
+/// Size of the info block.
+pub const INFO_BYTES: u64 = 256;
 /// Segment header size (kept equal to `segment::HEADER_SIZE`).
 const HEADER_BYTES: u64 = 64;
 const PAGE: u64 = 4096;
@@ -163,6 +169,8 @@ pub struct SegmentLayout<Req, Resp> {
     pub config: LayoutConfig,
     /// Doorbell clients ring after posting a request (daemon sleeps on it).
     pub daemon_doorbell: Offset<Doorbell>,
+    /// The user's fixed-size info block ([`INFO_OFFSET`], [`INFO_BYTES`]).
+    pub info: u64,
     /// Client slot table (`config.clients` slots).
     pub slots: Offset<ClientSlot>,
     /// Offset of client 0's block.
@@ -200,6 +208,8 @@ impl<Req: Plain, Resp: Plain> SegmentLayout<Req, Resp> {
             b.mix(v as u64);
         }
         let daemon_doorbell = b.array::<Doorbell>(1)?;
+        let info = b.reserve(INFO_BYTES, 64)?;
+        debug_assert_eq!(info, INFO_OFFSET);
         let slots = b.array::<ClientSlot>(u64::from(config.clients))?;
         let clients_base = b.reserve(0, PAGE)?;
 
@@ -224,6 +234,7 @@ impl<Req: Plain, Resp: Plain> SegmentLayout<Req, Resp> {
         Ok(Self {
             config,
             daemon_doorbell,
+            info,
             slots,
             clients_base,
             client_stride,

@@ -21,7 +21,9 @@ pub mod slots;
 pub mod sync;
 
 pub use doorbell::{Doorbell, Spin, Wake};
-pub use layout::{ClientRegions, LayoutBuilder, LayoutConfig, LayoutError, SegmentLayout};
+pub use layout::{
+    ClientRegions, LayoutBuilder, LayoutConfig, LayoutError, SegmentLayout, INFO_BYTES, INFO_OFFSET,
+};
 pub use ring::{Consumer, HeapRing, Producer, RingError, RingHeader};
 #[cfg(not(loom))]
 pub use scratch::{Scratch, ScratchError};

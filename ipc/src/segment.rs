@@ -348,6 +348,26 @@ impl Segment {
 
     /// [`Segment::open`] in directory `dir`.
     pub fn open_in(dir: &Path, name: &str, layout_hash: u64) -> Result<Segment, OpenError> {
+        Self::open_checked(dir, name, Some(layout_hash))
+    }
+
+    /// Opens segment `name` checking everything [`Segment::open`] does but
+    /// the layout hash, for a peer that learns the layout from the segment
+    /// itself; it must then compare its own hash with [`Segment::info`].
+    pub fn open_unverified(name: &str) -> Result<Segment, OpenError> {
+        Self::open_checked(Path::new(SHM_DIR), name, None)
+    }
+
+    /// [`Segment::open_unverified`] in directory `dir`.
+    pub fn open_unverified_in(dir: &Path, name: &str) -> Result<Segment, OpenError> {
+        Self::open_checked(dir, name, None)
+    }
+
+    fn open_checked(
+        dir: &Path,
+        name: &str,
+        layout_hash: Option<u64>,
+    ) -> Result<Segment, OpenError> {
         if !valid_name(name) {
             return Err(OpenError::InvalidName);
         }
@@ -392,9 +412,9 @@ impl Segment {
                 found: info.version,
             });
         }
-        if info.layout_hash != layout_hash {
+        if let Some(expected) = layout_hash.filter(|&h| h != info.layout_hash) {
             return Err(OpenError::LayoutMismatch {
-                expected: layout_hash,
+                expected,
                 found: info.layout_hash,
             });
         }

@@ -361,6 +361,14 @@ impl<'a, L: SlotLocks> SlotTable<'a, L> {
             .map_err(|_| SlotError::Stale)
     }
 
+    /// Reads slot `index`'s `(generation, state)` without probing liveness:
+    /// cheap enough for every poll of the slot's ring (daemon side).
+    pub fn word(&self, index: u32) -> Result<(u32, u32), SlotError> {
+        // Acquire: pairs with the Release CASes that change the word, so a
+        // claim seen here has its rings prepared.
+        Ok(unpack(self.slot(index)?.word.load(Ordering::Acquire)))
+    }
+
     /// Reads slot `index` and probes its owner's liveness (daemon side).
     pub fn status(&self, index: u32) -> Result<SlotStatus, SlotError> {
         let slot = self.slot(index)?;

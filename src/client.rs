@@ -1,0 +1,529 @@
+//! `radixd::Client`: a scheduler's connection to a running daemon.
+//!
+//! A client claims one slot of the segment, which gives it its own pair of
+//! SPSC rings and scratch area, so a crashed client disturbs no one else.
+//! Requests are posted to the ring (payloads in the first half of the
+//! scratch, answers in windows of the second half), the daemon's doorbell is
+//! rung, and the client spins briefly, then sleeps on its own doorbell in
+//! short timeouts, checking between them that the daemon still lives: no
+//! call hangs on a dead daemon.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use radixd_ipc::sync::{spin_loop, yield_now, Ordering};
+use radixd_ipc::{
+    ClaimError, Consumer, Doorbell, Offset, OpenError, Producer, RingHeader, Scratch, Segment,
+    Spin, INFO_OFFSET,
+};
+
+use crate::engine::{Handle, Stats};
+use crate::op::{ErrorKind, Rejection, Reply, Request};
+use crate::segment::{read_info, Info, Layout, PROTOCOL_VERSION, RING_CAPACITY};
+use crate::wire::{self, WireReply, WireRequest};
+
+/// How long a client spins for an answer before it sleeps.
+const SPIN_WINDOW: Duration = Duration::from_micros(50);
+/// Longest single sleep before the daemon's liveness is checked again.
+const SLEEP: Duration = Duration::from_millis(10);
+/// How long `connect` waits for a daemon that is still starting.
+const READY_WAIT: Duration = Duration::from_secs(2);
+
+/// Why a client call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientError {
+    /// No segment of that name, or it cannot be opened.
+    Open(OpenError),
+    /// The segment was made by an incompatible radixd.
+    VersionMismatch { expected: u64, found: u64 },
+    /// The segment's layout differs from what its configuration implies.
+    LayoutMismatch,
+    /// The daemon did not finish starting in time.
+    NotReady,
+    /// Every client slot is taken.
+    SegmentFull,
+    /// The daemon died (or was replaced); reconnect.
+    DaemonGone,
+    /// The daemon did not answer in time.
+    Timeout,
+    /// The daemon refused the request; nothing changed.
+    Rejected(Rejection),
+    /// The request does not fit this client's scratch area.
+    TooLarge { bytes: usize, room: usize },
+    /// The daemon broke the protocol.
+    Protocol(String),
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Open(e) => write!(f, "cannot open the segment: {e}"),
+            Self::VersionMismatch { expected, found } => {
+                write!(f, "segment speaks protocol {found}, this client {expected}")
+            }
+            Self::LayoutMismatch => write!(f, "segment layout does not match its configuration"),
+            Self::NotReady => write!(f, "the daemon did not finish starting"),
+            Self::SegmentFull => write!(f, "every client slot is taken"),
+            Self::DaemonGone => write!(f, "the daemon is gone"),
+            Self::Timeout => write!(f, "the daemon did not answer in time"),
+            Self::Rejected(r) => r.fmt(f),
+            Self::TooLarge { bytes, room } => {
+                write!(
+                    f,
+                    "request needs {bytes} bytes of scratch, {room} available"
+                )
+            }
+            Self::Protocol(m) => write!(f, "protocol error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+impl From<Rejection> for ClientError {
+    fn from(r: Rejection) -> Self {
+        Self::Rejected(r)
+    }
+}
+
+/// What a match found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MatchResult {
+    /// Tokens of the longest cached prefix.
+    pub len: usize,
+    /// Its pages.
+    pub pages: Vec<u32>,
+    /// The lock taken, when one was asked for and something matched.
+    pub handle: Option<Handle>,
+}
+
+/// What an insert or commit did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InsertResult {
+    pub cached: usize,
+    pub len: usize,
+    pub handle: Option<Handle>,
+}
+
+/// A connection to a running daemon.
+pub struct Client {
+    segment: Segment,
+    layout: Layout,
+    slot: u32,
+    seq: u64,
+    /// Longest wait for an answer.
+    pub timeout: Duration,
+    spin: Spin,
+}
+
+/// This client's rings, doorbells and scratch.
+struct Port<'s> {
+    requests: Producer<'s, WireRequest>,
+    replies: Consumer<'s, WireReply>,
+    doorbell: &'s Doorbell,
+    daemon: &'s Doorbell,
+    scratch: Scratch<'s>,
+}
+
+impl Client {
+    /// Connects to the daemon serving segment `name`.
+    pub fn connect(name: &str) -> Result<Self, ClientError> {
+        let segment = Segment::open_unverified(name).map_err(ClientError::Open)?;
+        let info: &Info = segment
+            .get(Offset::new(INFO_OFFSET))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let start = Instant::now();
+        // Acquire: pairs with the Release store of `ready` in `serve`, so
+        // the configuration and the engine are in place.
+        while info.ready.load(Ordering::Acquire) == 0 {
+            if start.elapsed() > READY_WAIT || !segment.is_daemon_alive().unwrap_or(false) {
+                return Err(ClientError::NotReady);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Relaxed: ordered by the Acquire above.
+        let protocol = info.protocol.load(Ordering::Relaxed);
+        if protocol != u64::from(PROTOCOL_VERSION) {
+            let expected = u64::from(PROTOCOL_VERSION);
+            return Err(ClientError::VersionMismatch {
+                expected,
+                found: protocol,
+            });
+        }
+        let config = read_info(info).ok_or(ClientError::LayoutMismatch)?;
+        let layout = Layout::new(config).map_err(|_| ClientError::LayoutMismatch)?;
+        if layout.ipc.hash != segment.info().layout_hash || layout.ipc.total_size != segment.len() {
+            return Err(ClientError::LayoutMismatch);
+        }
+        let claim = segment.claim_slot(layout.ipc.slots, config.clients, |claim| {
+            // A fresh claim starts with empty rings, whatever the slot's
+            // previous owner left behind.
+            if let Some(c) = layout.ipc.client(claim.index) {
+                let headers = [c.request_header, c.response_header];
+                for header in headers.into_iter().flat_map(|h| segment.get(h)) {
+                    RingHeader::reset(header);
+                }
+            }
+        });
+        let claim = claim.map_err(|e| match e {
+            ClaimError::Full => ClientError::SegmentFull,
+            e => ClientError::Protocol(e.to_string()),
+        })?;
+        let mut client = Self {
+            segment,
+            layout,
+            slot: claim.index,
+            seq: 0,
+            timeout: Duration::from_secs(30),
+            spin: Spin::detect(),
+        };
+        client.port()?; // fail now, not at the first call, on a broken layout
+        client.seq = u64::from(claim.generation) << 32;
+        Ok(client)
+    }
+
+    /// Tokens per page of the daemon's engine.
+    pub fn page_size(&self) -> u32 {
+        self.layout.config.page_size
+    }
+
+    /// Pages in the daemon's pool.
+    pub fn capacity(&self) -> u32 {
+        self.layout.config.capacity
+    }
+
+    fn port(&self) -> Result<Port<'_>, ClientError> {
+        let broken = |e: &dyn fmt::Display| ClientError::Protocol(e.to_string());
+        let c = self
+            .layout
+            .ipc
+            .client(self.slot)
+            .ok_or_else(|| broken(&"slot out of range"))?;
+        let cap = u64::from(RING_CAPACITY);
+        let s = &self.segment;
+        let req_header = s.get(c.request_header).map_err(|e| broken(&e))?;
+        let req_slots = s.slice(c.request_slots, cap).map_err(|e| broken(&e))?;
+        let resp_header = s.get(c.response_header).map_err(|e| broken(&e))?;
+        let resp_slots = s.slice(c.response_slots, cap).map_err(|e| broken(&e))?;
+        Ok(Port {
+            // SAFETY: this client holds the slot's claim, so it is the only
+            // producer of its request ring and the only consumer of its
+            // response ring; `&self` views never overlap a `&mut self` call.
+            requests: unsafe { Producer::new(req_header, req_slots) }.map_err(|e| broken(&e))?,
+            // SAFETY: as above.
+            replies: unsafe { Consumer::new(resp_header, resp_slots) }.map_err(|e| broken(&e))?,
+            doorbell: s.get(c.response_doorbell).map_err(|e| broken(&e))?,
+            daemon: s
+                .get(self.layout.ipc.daemon_doorbell)
+                .map_err(|e| broken(&e))?,
+            scratch: s
+                .scratch(c.scratch, c.scratch_len)
+                .map_err(|e| broken(&e))?,
+        })
+    }
+
+    /// Sends one request and waits for its answer.
+    pub fn call(&mut self, request: &Request) -> Result<Reply, ClientError> {
+        let mut answers = self.batch(std::slice::from_ref(request))?;
+        match answers.pop() {
+            Some(answer) => answer.map_err(ClientError::Rejected),
+            None => Err(ClientError::Protocol("no answer".into())),
+        }
+    }
+
+    /// Posts many requests before waiting, and returns their answers in
+    /// order; a rejected request does not stop the others.
+    pub fn batch(
+        &mut self,
+        requests: &[Request],
+    ) -> Result<Vec<Result<Reply, Rejection>>, ClientError> {
+        let (page_size, capacity) = (self.page_size(), self.capacity());
+        let half = self.layout.config.scratch_bytes as usize / 2;
+        let encoded: Vec<_> = requests
+            .iter()
+            .map(|r| wire::encode_request(r, page_size, capacity))
+            .collect();
+        if let Some(big) = encoded
+            .iter()
+            .find(|e| e.payload.len() > half || e.reply_need > half)
+        {
+            return Err(ClientError::TooLarge {
+                bytes: big.payload.len().max(big.reply_need),
+                room: half,
+            });
+        }
+        let mut answers = Vec::with_capacity(requests.len());
+        let mut rest = &encoded[..];
+        while !rest.is_empty() {
+            // As many as fit the ring and both halves of the scratch.
+            let (mut payload, mut reply, mut n) = (0, 0, 0);
+            for e in rest.iter().take(RING_CAPACITY as usize) {
+                if payload + e.payload.len() > half || reply + e.reply_need > half {
+                    break;
+                }
+                payload += e.payload.len();
+                reply += e.reply_need;
+                n += 1;
+            }
+            let (now, later) = rest.split_at(n);
+            self.round_trip(now, half, &mut answers)?;
+            rest = later;
+        }
+        Ok(answers)
+    }
+
+    fn round_trip(
+        &mut self,
+        batch: &[wire::EncodedRequest],
+        half: usize,
+        answers: &mut Vec<Result<Reply, Rejection>>,
+    ) -> Result<(), ClientError> {
+        let first_seq = self.seq;
+        self.seq += batch.len() as u64;
+        let port = self.port()?;
+        let (mut payload_at, mut reply_at) = (0usize, half);
+        let mut windows = Vec::with_capacity(batch.len());
+        for (i, e) in batch.iter().enumerate() {
+            let mut record = e.record;
+            record.seq = first_seq + i as u64;
+            record.payload_off = payload_at as u32;
+            record.reply_off = reply_at as u32;
+            record.reply_len = e.reply_need as u32;
+            port.scratch
+                .write_bytes(payload_at as u64, &e.payload)
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            payload_at += e.payload.len();
+            reply_at += e.reply_need;
+            windows.push(record.reply_off);
+            if port.requests.push(record).is_err() {
+                // The ring holds only our own answered requests: a daemon
+                // that stopped reading is as good as gone.
+                return Err(self.gone_or(ClientError::Timeout));
+            }
+        }
+        port.daemon.ring();
+        let deadline = Instant::now() + self.timeout;
+        let mut buf = Vec::new();
+        for (i, &window) in windows.iter().enumerate() {
+            let reply = self.wait(&port, deadline)?;
+            if reply.seq != first_seq + i as u64 {
+                return Err(ClientError::Protocol(format!(
+                    "answer {} for request {}",
+                    reply.seq,
+                    first_seq + i as u64
+                )));
+            }
+            port.scratch
+                .read_bytes(u64::from(window), u64::from(reply.payload_len), &mut buf)
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            let answer = wire::decode_reply(&reply, &buf)
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            answers.push(answer);
+        }
+        Ok(())
+    }
+
+    /// The next answer: spin a little, then sleep in short timeouts, each
+    /// followed by a liveness check of the daemon.
+    fn wait(&self, port: &Port<'_>, deadline: Instant) -> Result<WireReply, ClientError> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            match port.replies.pop() {
+                Ok(Some(reply)) => return Ok(reply),
+                Ok(None) => {}
+                Err(e) => return Err(ClientError::Protocol(e.to_string())),
+            }
+            spins += 1;
+            if spins % 64 != 0 || start.elapsed() < SPIN_WINDOW {
+                if self.spin == Spin::YIELD_ONLY {
+                    yield_now();
+                } else {
+                    spin_loop();
+                }
+                continue;
+            }
+            port.doorbell.sleep(|| port.replies.has_work(), Some(SLEEP));
+            if port.replies.has_work() {
+                continue;
+            }
+            if !self.segment.is_daemon_alive().unwrap_or(false) {
+                return Err(ClientError::DaemonGone);
+            }
+            if Instant::now() > deadline {
+                return Err(ClientError::Timeout);
+            }
+        }
+    }
+
+    fn gone_or(&self, other: ClientError) -> ClientError {
+        if self.segment.is_daemon_alive().unwrap_or(false) {
+            other
+        } else {
+            ClientError::DaemonGone
+        }
+    }
+
+    /// Takes `n` pages from the pool, evicting as needed.
+    pub fn alloc(&mut self, n: u64) -> Result<Vec<u32>, ClientError> {
+        match self.call(&Request::Alloc { n })? {
+            Reply::Pages(pages) => Ok(pages),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Returns owned pages to the pool.
+    pub fn free(&mut self, pages: &[u32]) -> Result<(), ClientError> {
+        self.done(Request::Free {
+            pages: pages.to_vec(),
+        })
+    }
+
+    /// Caches `tokens` with `pages`.
+    pub fn insert(
+        &mut self,
+        tokens: &[u32],
+        pages: &[u32],
+        lock: bool,
+    ) -> Result<InsertResult, ClientError> {
+        let request = Request::Insert {
+            tokens: tokens.to_vec(),
+            pages: pages.to_vec(),
+            lock,
+        };
+        match self.call(&request)? {
+            Reply::Inserted {
+                cached,
+                len,
+                handle,
+                ..
+            } => Ok(InsertResult {
+                cached: cached as usize,
+                len: len as usize,
+                handle: handle.map(Handle::from_raw),
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The longest cached prefix of `tokens`, optionally locked.
+    pub fn match_prefix(&mut self, tokens: &[u32], lock: bool) -> Result<MatchResult, ClientError> {
+        match self.call(&Request::Match {
+            tokens: tokens.to_vec(),
+            lock,
+        })? {
+            Reply::Matched {
+                len, pages, handle, ..
+            } => Ok(MatchResult {
+                len: len as usize,
+                pages,
+                handle: handle.map(Handle::from_raw),
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Locks a node (and its ancestors).
+    pub fn lock(&mut self, handle: Handle) -> Result<(), ClientError> {
+        self.done(Request::Lock {
+            handle: handle.to_raw(),
+        })
+    }
+
+    /// Drops one of this client's locks.
+    pub fn unlock(&mut self, handle: Handle) -> Result<(), ClientError> {
+        self.done(Request::Unlock {
+            handle: handle.to_raw(),
+        })
+    }
+
+    /// Evicts `ceil(tokens / page_size)` pages; returns the tokens evicted.
+    pub fn evict(&mut self, tokens: u64) -> Result<u64, ClientError> {
+        match self.call(&Request::Evict { tokens })? {
+            Reply::Evicted(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Commits a session's whole conversation so far.
+    pub fn session_commit(
+        &mut self,
+        session: &str,
+        tokens: &[u32],
+        pages: &[u32],
+    ) -> Result<InsertResult, ClientError> {
+        let request = Request::SessionCommit {
+            session: session.to_owned(),
+            tokens: tokens.to_vec(),
+            pages: pages.to_vec(),
+        };
+        match self.call(&request)? {
+            Reply::Inserted { cached, len, .. } => Ok(InsertResult {
+                cached: cached as usize,
+                len: len as usize,
+                handle: None,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Drops a session's lock and forgets it.
+    pub fn session_release(&mut self, session: &str) -> Result<(), ClientError> {
+        self.done(Request::SessionRelease {
+            session: session.to_owned(),
+        })
+    }
+
+    /// Tokens resident for a session.
+    pub fn session_status(&mut self, session: &str) -> Result<u64, ClientError> {
+        match self.call(&Request::SessionStatus {
+            session: session.to_owned(),
+        })? {
+            Reply::Session {
+                resident_tokens, ..
+            } => Ok(resident_tokens),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The engine's figures and the number of live sessions.
+    pub fn stats(&mut self) -> Result<(Stats, u64), ClientError> {
+        match self.call(&Request::Stats)? {
+            Reply::Stats { stats, sessions } => Ok((stats, sessions)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn done(&mut self, request: Request) -> Result<(), ClientError> {
+        match self.call(&request)? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+fn unexpected(reply: Reply) -> ClientError {
+    ClientError::Protocol(format!("unexpected answer {reply:?}"))
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // The daemon releases whatever this client still holds when it sees
+        // the slot freed (or, should this fail, its lock dropped).
+        let _ = self
+            .segment
+            .release_slot(self.layout.ipc.slots, self.layout.config.clients);
+    }
+}
+
+impl crate::exec::Backend for Client {
+    fn call(&mut self, request: Request) -> Result<Reply, Rejection> {
+        Client::call(self, &request).map_err(|e| match e {
+            ClientError::Rejected(r) => r,
+            ClientError::DaemonGone => Rejection::new(ErrorKind::DaemonGone, e.to_string()),
+            ClientError::Timeout => Rejection::new(ErrorKind::Timeout, e.to_string()),
+            ClientError::TooLarge { .. } => Rejection::new(ErrorKind::TooLarge, e.to_string()),
+            e => Rejection::new(ErrorKind::Protocol, e.to_string()),
+        })
+    }
+}

@@ -1,0 +1,404 @@
+//! `radixd serve`: one engine in a shared-memory segment, serving every
+//! client slot's request ring.
+//!
+//! The loop polls each active slot's ring, answers up to a batch of requests
+//! per slot per round (so no client starves another), and between rounds:
+//! every [`SWEEP`] it probes slot liveness and reclaims dead clients (their
+//! locks, sessions and pages), expires idle sessions and publishes figures.
+//! When every ring is empty it spins for [`SPIN_WINDOW`] (yielding when the
+//! host is oversubscribed), then sleeps on the daemon doorbell in short
+//! timeouts, so an idle daemon costs nothing and a busy one never pays a
+//! futex wake per request. `--busy-poll` never sleeps.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use radixd_ipc::slots::ACTIVE;
+use radixd_ipc::sync::{spin_loop, yield_now, AtomicU32, Ordering};
+use radixd_ipc::{
+    Consumer, CreateError, Doorbell, Offset, Producer, RegionError, RingError, Scratch, Segment,
+    Spin, INFO_OFFSET,
+};
+
+use crate::engine::{ClientId, ConfigError, Engine};
+use crate::op::{self, ErrorKind, Rejection};
+use crate::segment::{
+    bucket_of, write_info, Info, Layout, LayoutProblem, LiveStats, SegmentConfig, ShmRegion,
+};
+use crate::wire::{self, WireReply, WireRequest};
+
+/// How often liveness, session TTLs and published figures are refreshed.
+pub const SWEEP: Duration = Duration::from_millis(50);
+/// How long the daemon keeps spinning after its last request.
+pub const SPIN_WINDOW: Duration = Duration::from_millis(2);
+/// Longest single sleep on the doorbell.
+pub const SLEEP: Duration = Duration::from_millis(50);
+/// Requests answered per slot per round.
+const BATCH: usize = 16;
+
+/// How `radixd serve` runs.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Segment name under /dev/shm.
+    pub name: String,
+    pub page_size: u32,
+    pub capacity: u32,
+    pub max_clients: u32,
+    pub scratch_bytes: u64,
+    /// Permission bits of the segment (0o600 by default).
+    pub mode: u32,
+    /// Never sleep: trade a core for the lowest latency.
+    pub busy_poll: bool,
+    /// Release sessions idle for longer than this.
+    pub session_ttl: Option<Duration>,
+}
+
+/// Why the daemon could not start or stopped early.
+#[derive(Debug)]
+pub enum ServeError {
+    Layout(LayoutProblem),
+    Create(CreateError),
+    Region(RegionError),
+    Ring(RingError),
+    Engine(ConfigError),
+}
+
+impl fmt::Display for ServeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Layout(e) => write!(f, "bad configuration: {e}"),
+            Self::Create(CreateError::AlreadyRunning) => {
+                write!(f, "a live daemon already serves this name")
+            }
+            Self::Create(e) => write!(f, "cannot create the segment: {e}"),
+            Self::Region(e) => write!(f, "segment layout broken: {e}"),
+            Self::Ring(e) => write!(f, "ring setup failed: {e}"),
+            Self::Engine(e) => write!(f, "cannot build the engine: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ServeError {}
+
+/// One client slot as the daemon sees it.
+struct Port<'s> {
+    requests: Consumer<'s, WireRequest>,
+    replies: Producer<'s, WireReply>,
+    doorbell: &'s Doorbell,
+    scratch: Scratch<'s>,
+    /// `(generation, state)` of the slot when last looked at.
+    seen: (u32, u32),
+    /// A reply that found the ring full; nothing more is read until it goes.
+    pending: Option<WireReply>,
+    /// The ring was found corrupt: ignored until the slot is claimed anew.
+    broken: bool,
+}
+
+/// Runs the daemon until `stop` becomes non-zero.
+pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
+    let seg_config = SegmentConfig {
+        page_size: config.page_size,
+        capacity: config.capacity,
+        clients: config.max_clients,
+        scratch_bytes: config.scratch_bytes,
+    };
+    let layout = Layout::new(seg_config).map_err(ServeError::Layout)?;
+    let segment = Segment::create(
+        &config.name,
+        layout.ipc.total_size,
+        config.mode,
+        layout.ipc.hash,
+    )
+    .map_err(ServeError::Create)?;
+    let info: &Info = segment
+        .get(Offset::new(INFO_OFFSET))
+        .map_err(ServeError::Region)?;
+    let live: &LiveStats = segment
+        .get(Offset::new(layout.live_stats))
+        .map_err(ServeError::Region)?;
+    // SAFETY: this daemon created the segment and builds its only engine.
+    let region = unsafe { ShmRegion::new(&segment, &layout) }.ok_or(ServeError::Region(
+        RegionError::OutOfBounds {
+            offset: layout.engine_at,
+            len: 0,
+            size: segment.len(),
+        },
+    ))?;
+    let mut engine = Engine::in_region(region, layout.engine).map_err(ServeError::Engine)?;
+    let mut ports = (0..config.max_clients)
+        .map(|i| port(&segment, &layout, i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let slots = segment
+        .slots(layout.ipc.slots, config.max_clients)
+        .map_err(ServeError::Region)?;
+    let doorbell: &Doorbell = segment
+        .get(layout.ipc.daemon_doorbell)
+        .map_err(ServeError::Region)?;
+    write_info(info, &seg_config);
+    live.set_engine(&engine.stats(), 0);
+    // Release: publishes the configuration and the formatted engine; pairs
+    // with the Acquire load of `ready` in `Client::connect`.
+    info.ready.store(1, Ordering::Release);
+
+    let mut buf = Vec::new();
+    let mut last_sweep = Instant::now();
+    let mut last_work = Instant::now();
+    let mut spin = Spin::detect();
+    // Relaxed: a plain flag set by the signal handler; nothing to order.
+    while stop.load(Ordering::Relaxed) == 0 {
+        let mut work = 0;
+        for (index, port) in ports.iter_mut().enumerate() {
+            let index = index as u32;
+            let Ok(word) = slots.word(index) else {
+                continue;
+            };
+            if word != port.seen {
+                adopt(&mut engine, port, index, word);
+            }
+            if word.1 != ACTIVE || port.broken {
+                continue;
+            }
+            work += drain(&mut engine, port, index, &mut buf, live, |i| {
+                slots.word(i).ok()
+            });
+        }
+        let now = Instant::now();
+        if work > 0 {
+            last_work = now;
+            let (stats, sessions) = (engine.stats(), engine.sessions() as u64);
+            live.set_engine(&stats, sessions);
+        }
+        if now.duration_since(last_sweep) >= SWEEP {
+            last_sweep = now;
+            sweep(&mut engine, &mut ports, &slots, live);
+            if let Some(ttl) = config.session_ttl {
+                engine.expire_sessions(ttl, now);
+            }
+            live.set_engine(&engine.stats(), engine.sessions() as u64);
+            spin = Spin::detect();
+        }
+        if work > 0 || config.busy_poll {
+            spin_loop();
+        } else if now.duration_since(last_work) < SPIN_WINDOW {
+            if spin == Spin::YIELD_ONLY {
+                yield_now();
+            } else {
+                spin_loop();
+            }
+        } else {
+            let pending = || {
+                ports
+                    .iter()
+                    .any(|p| p.seen.1 == ACTIVE && p.requests.has_work())
+            };
+            doorbell.sleep(pending, Some(SLEEP.min(SWEEP)));
+        }
+    }
+    // Relaxed: informational; clients notice the dead daemon by its lock.
+    info.stopping.store(1, Ordering::Relaxed);
+    Ok(())
+}
+
+fn port<'s>(segment: &'s Segment, layout: &Layout, index: u32) -> Result<Port<'s>, ServeError> {
+    let c = layout
+        .ipc
+        .client(index)
+        .ok_or(ServeError::Region(RegionError::OutOfBounds {
+            offset: 0,
+            len: 0,
+            size: segment.len(),
+        }))?;
+    let cap = u64::from(crate::segment::RING_CAPACITY);
+    let region = ServeError::Region;
+    let req_header = segment.get(c.request_header).map_err(region)?;
+    let req_slots = segment.slice(c.request_slots, cap).map_err(region)?;
+    let resp_header = segment.get(c.response_header).map_err(region)?;
+    let resp_slots = segment.slice(c.response_slots, cap).map_err(region)?;
+    // SAFETY: the daemon is the only consumer of every request ring and the
+    // only producer of every response ring, and builds one view of each.
+    let requests = unsafe { Consumer::new(req_header, req_slots) }.map_err(ServeError::Ring)?;
+    // SAFETY: as above.
+    let replies = unsafe { Producer::new(resp_header, resp_slots) }.map_err(ServeError::Ring)?;
+    Ok(Port {
+        requests,
+        replies,
+        doorbell: segment.get(c.response_doorbell).map_err(region)?,
+        scratch: segment.scratch(c.scratch, c.scratch_len).map_err(region)?,
+        seen: (0, 0),
+        pending: None,
+        broken: false,
+    })
+}
+
+/// The engine's name for the client in slot `index`. A slot's resources are
+/// released before the slot can be claimed again, so the index suffices.
+fn client_id(index: u32) -> ClientId {
+    index
+}
+
+/// The slot changed hands: whatever its previous client held goes, and the
+/// port starts afresh for the new one.
+fn adopt<R: crate::engine::Region>(
+    engine: &mut Engine<R>,
+    port: &mut Port<'_>,
+    index: u32,
+    word: (u32, u32),
+) {
+    if port.seen.1 == ACTIVE {
+        engine.release_client(client_id(index));
+    }
+    port.seen = word;
+    port.pending = None;
+    port.broken = false;
+}
+
+/// Answers up to [`BATCH`] requests of one active slot; returns how many.
+fn drain<R: crate::engine::Region>(
+    engine: &mut Engine<R>,
+    port: &mut Port<'_>,
+    index: u32,
+    buf: &mut Vec<u8>,
+    live: &LiveStats,
+    word: impl Fn(u32) -> Option<(u32, u32)>,
+) -> usize {
+    if let Some(reply) = port.pending.take() {
+        if let Err(reply) = port.replies.push(reply) {
+            port.pending = Some(reply);
+            return 0;
+        }
+        port.doorbell.ring();
+    }
+    let mut answered = 0;
+    while answered < BATCH {
+        let record = match port.requests.pop() {
+            Ok(Some(r)) => r,
+            Ok(None) => break,
+            Err(_) => {
+                // Garbage counters: nothing in this ring can be trusted or
+                // answered. The client is broken; its slot's next claim
+                // starts clean.
+                port.broken = true;
+                break;
+            }
+        };
+        // A request popped after the slot changed hands belongs to the new
+        // client: release the old one first (see `adopt`).
+        match word(index) {
+            Some(w) if w != port.seen => {
+                adopt(engine, port, index, w);
+                if w.1 != ACTIVE {
+                    break;
+                }
+            }
+            _ => {}
+        }
+        let start = Instant::now();
+        let reply = answer(engine, client_id(index), &port.scratch, &record, buf);
+        let ns = start.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
+        // Relaxed: statistics counters, no ordering with anything.
+        live.service_ns[bucket_of(ns)].fetch_add(1, Ordering::Relaxed);
+        live.requests.fetch_add(1, Ordering::Relaxed);
+        if reply.status != 0 {
+            live.rejected.fetch_add(1, Ordering::Relaxed);
+        }
+        answered += 1;
+        if let Err(reply) = port.replies.push(reply) {
+            port.pending = Some(reply);
+            break;
+        }
+    }
+    if answered > 0 {
+        port.doorbell.ring();
+    }
+    answered
+}
+
+/// Answers one request record: copy its payload once out of the scratch,
+/// check everything, apply it, and write the answer into the reply window.
+fn answer<R: crate::engine::Region>(
+    engine: &mut Engine<R>,
+    client: ClientId,
+    scratch: &Scratch<'_>,
+    record: &WireRequest,
+    buf: &mut Vec<u8>,
+) -> WireReply {
+    let window_ok = record
+        .reply_off
+        .checked_add(record.reply_len)
+        .is_some_and(|end| u64::from(end) <= scratch.len());
+    let result = if !window_ok {
+        Err(Rejection::new(
+            ErrorKind::Malformed,
+            "reply window lies outside the scratch area",
+        ))
+    } else {
+        scratch
+            .read_bytes(
+                u64::from(record.payload_off),
+                u64::from(record.payload_len),
+                buf,
+            )
+            .map_err(|e| Rejection::new(ErrorKind::Malformed, format!("payload window: {e}")))
+            .and_then(|()| wire::decode_request(record, buf))
+            .and_then(|request| {
+                let need = wire::reply_need(&request, engine.page_size(), engine.capacity());
+                if need > record.reply_len as usize {
+                    return Err(Rejection::new(
+                        ErrorKind::TooLarge,
+                        format!(
+                            "the answer needs {need} bytes, the window has {}",
+                            record.reply_len
+                        ),
+                    ));
+                }
+                op::apply(engine, client, request)
+            })
+    };
+    let (mut reply, mut bytes) = wire::encode_reply(record.seq, &result);
+    if !window_ok {
+        bytes.clear();
+    }
+    // Only an error message can outgrow the window (checked above for the
+    // rest): cut it on a character boundary.
+    let mut keep = bytes.len().min(record.reply_len as usize);
+    while result.is_err() && std::str::from_utf8(&bytes[..keep]).is_err() {
+        keep -= 1;
+    }
+    bytes.truncate(keep);
+    if scratch
+        .write_bytes(u64::from(record.reply_off), &bytes)
+        .is_err()
+    {
+        bytes.clear();
+    }
+    reply.payload_len = bytes.len() as u32;
+    reply
+}
+
+/// Probes every occupied slot and reclaims the dead.
+fn sweep<R: crate::engine::Region, L: radixd_ipc::SlotLocks>(
+    engine: &mut Engine<R>,
+    ports: &mut [Port<'_>],
+    slots: &radixd_ipc::SlotTable<'_, L>,
+    live: &LiveStats,
+) {
+    let mut clients = 0;
+    for status in slots.occupied() {
+        let Some(port) = ports.get_mut(status.index as usize) else {
+            continue;
+        };
+        if status.is_dead() {
+            engine.release_client(client_id(status.index));
+            port.seen = (0, 0);
+            port.pending = None;
+            if slots.reclaim(status).is_ok() {
+                // Relaxed: a statistics counter.
+                live.reaped.fetch_add(1, Ordering::Relaxed);
+            }
+        } else if status.state == ACTIVE {
+            clients += 1;
+        }
+    }
+    // Relaxed: a gauge.
+    live.clients.store(clients, Ordering::Relaxed);
+}

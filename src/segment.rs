@@ -1,0 +1,321 @@
+//! What radixd keeps in its shared-memory segment, on top of the generic
+//! layout of `radixd-ipc`:
+//!
+//! ```text
+//! [ipc header][daemon doorbell][Info][slot table][client blocks: rings + scratch]
+//! [user area: LiveStats | engine region]
+//! ```
+//!
+//! [`Info`] sits at a fixed offset so a client can learn the configuration
+//! (and from it the whole layout and its hash) before it trusts anything
+//! else. The daemon fills `Info` and formats the engine, then sets
+//! `Info::ready` last.
+
+use std::marker::PhantomData;
+use std::mem::size_of;
+use std::ptr::NonNull;
+
+use radixd_ipc::sync::{AtomicU64, Ordering};
+use radixd_ipc::{LayoutConfig, LayoutError, Segment, SegmentLayout, ShmSafe, INFO_BYTES};
+
+use crate::engine::{EngineLayout, Region, Stats, REGION_ALIGN};
+use crate::wire::{WireReply, WireRequest};
+
+/// Version of radixd's own structures (`Info`, `LiveStats`, the wire
+/// records, the engine layout); mixed into the layout hash.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Requests (and replies) a client may have in flight.
+pub const RING_CAPACITY: u32 = 64;
+
+/// The daemon's configuration, readable by every client.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Info {
+    /// 0 until everything else in the segment is in place; then 1.
+    pub ready: AtomicU64,
+    pub protocol: AtomicU64,
+    pub page_size: AtomicU64,
+    pub capacity: AtomicU64,
+    pub clients: AtomicU64,
+    pub scratch_bytes: AtomicU64,
+    /// Set when the daemon shuts down cleanly.
+    pub stopping: AtomicU64,
+    pub _reserved: [AtomicU64; 25],
+}
+
+const _: () = assert!(size_of::<Info>() as u64 == INFO_BYTES);
+
+// SAFETY: nothing but atomics, valid for every bit pattern.
+unsafe impl ShmSafe for Info {}
+
+/// Buckets of the service-time histogram.
+pub const HISTOGRAM_BUCKETS: usize = 256;
+
+/// Live figures the daemon publishes for `radixd stat`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct LiveStats {
+    /// Requests answered.
+    pub requests: AtomicU64,
+    /// Requests answered with an error.
+    pub rejected: AtomicU64,
+    /// Clients connected.
+    pub clients: AtomicU64,
+    /// Dead clients cleaned up.
+    pub reaped: AtomicU64,
+    /// Engine figures, as [`Stats`] plus sessions, refreshed as they change.
+    pub engine: [AtomicU64; 9],
+    pub _pad: [AtomicU64; 3],
+    /// Service time per request, log-linear buckets ([`bucket_of`]).
+    pub service_ns: [AtomicU64; HISTOGRAM_BUCKETS],
+}
+
+/// Bytes set aside for [`LiveStats`] at the start of the user area.
+const LIVE_STATS_BYTES: u64 = 4096;
+const _: () = assert!(size_of::<LiveStats>() as u64 <= LIVE_STATS_BYTES);
+
+// SAFETY: nothing but atomics, valid for every bit pattern.
+unsafe impl ShmSafe for LiveStats {}
+
+/// Histogram bucket of a duration in nanoseconds: exact below 16 ns, then
+/// four buckets per power of two.
+pub fn bucket_of(ns: u64) -> usize {
+    if ns < 16 {
+        return ns as usize;
+    }
+    let exp = 63 - ns.leading_zeros() as usize;
+    let sub = (ns >> (exp - 2)) as usize & 3;
+    16 + (exp - 4) * 4 + sub
+}
+
+/// Smallest duration in `bucket`, in nanoseconds.
+pub fn bucket_floor(bucket: usize) -> u64 {
+    if bucket < 16 {
+        return bucket as u64;
+    }
+    let exp = (bucket - 16) / 4 + 4;
+    let sub = (bucket - 16) % 4;
+    (4 + sub as u64) << (exp - 2)
+}
+
+impl LiveStats {
+    /// Publishes the engine's figures.
+    pub fn set_engine(&self, s: &Stats, sessions: u64) {
+        let values = [
+            s.total_tokens,
+            s.evictable_tokens,
+            s.protected_tokens,
+            s.free_pages,
+            s.owned_pages,
+            s.nodes,
+            s.evict_scanned,
+            s.evicted_pages,
+            sessions,
+        ];
+        for (slot, v) in self.engine.iter().zip(values) {
+            // Relaxed: independent gauges, read as a best-effort snapshot.
+            slot.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads the engine's figures back.
+    pub fn engine(&self) -> (Stats, u64) {
+        // Relaxed: independent gauges.
+        let v: Vec<u64> = self
+            .engine
+            .iter()
+            .map(|x| x.load(Ordering::Relaxed))
+            .collect();
+        let stats = Stats {
+            total_tokens: v[0],
+            evictable_tokens: v[1],
+            protected_tokens: v[2],
+            free_pages: v[3],
+            owned_pages: v[4],
+            nodes: v[5],
+            evict_scanned: v[6],
+            evicted_pages: v[7],
+        };
+        (stats, v[8])
+    }
+}
+
+/// Everything that sizes a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentConfig {
+    pub page_size: u32,
+    pub capacity: u32,
+    pub clients: u32,
+    pub scratch_bytes: u64,
+}
+
+/// The carved segment: the ipc layout plus where radixd's parts sit.
+#[derive(Debug)]
+pub struct Layout {
+    pub config: SegmentConfig,
+    pub ipc: SegmentLayout<WireRequest, WireReply>,
+    pub engine: EngineLayout,
+    /// Offset of [`LiveStats`].
+    pub live_stats: u64,
+    /// Offset of the engine region.
+    pub engine_at: u64,
+}
+
+/// Why a configuration gives no layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayoutProblem {
+    Engine(crate::engine::ConfigError),
+    Ipc(LayoutError),
+    /// Fewer than one or more than 1024 clients.
+    Clients(u32),
+    /// Scratch below 64 KiB or above 1 GiB.
+    Scratch(u64),
+}
+
+impl std::fmt::Display for LayoutProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Engine(e) => e.fmt(f),
+            Self::Ipc(e) => e.fmt(f),
+            Self::Clients(n) => write!(f, "{n} clients is outside 1..=1024"),
+            Self::Scratch(n) => write!(f, "scratch of {n} bytes is outside 64 KiB..=1 GiB"),
+        }
+    }
+}
+
+impl std::error::Error for LayoutProblem {}
+
+impl Layout {
+    /// Carves a segment for `config`.
+    pub fn new(config: SegmentConfig) -> Result<Self, LayoutProblem> {
+        if !(1..=1024).contains(&config.clients) {
+            return Err(LayoutProblem::Clients(config.clients));
+        }
+        if !(64 << 10..=1 << 30).contains(&config.scratch_bytes) {
+            return Err(LayoutProblem::Scratch(config.scratch_bytes));
+        }
+        let engine =
+            EngineLayout::new(config.page_size, config.capacity).map_err(LayoutProblem::Engine)?;
+        let ipc = SegmentLayout::new(LayoutConfig {
+            clients: config.clients,
+            request_capacity: RING_CAPACITY,
+            response_capacity: RING_CAPACITY,
+            scratch_bytes: config.scratch_bytes,
+            user_bytes: LIVE_STATS_BYTES + engine.size() as u64,
+            user_version: PROTOCOL_VERSION,
+        })
+        .map_err(LayoutProblem::Ipc)?;
+        // The user area is page aligned, so the engine region that follows
+        // the stats page is too.
+        let live_stats = ipc.user;
+        let engine_at = ipc.user + LIVE_STATS_BYTES;
+        debug_assert_eq!(engine_at % REGION_ALIGN as u64, 0);
+        Ok(Self {
+            config,
+            ipc,
+            engine,
+            live_stats,
+            engine_at,
+        })
+    }
+}
+
+/// Writes `config` into `info` (not `ready`).
+pub fn write_info(info: &Info, config: &SegmentConfig) {
+    // Relaxed: published by the Release store of `ready`.
+    info.protocol
+        .store(u64::from(PROTOCOL_VERSION), Ordering::Relaxed);
+    info.page_size
+        .store(u64::from(config.page_size), Ordering::Relaxed);
+    info.capacity
+        .store(u64::from(config.capacity), Ordering::Relaxed);
+    info.clients
+        .store(u64::from(config.clients), Ordering::Relaxed);
+    info.scratch_bytes
+        .store(config.scratch_bytes, Ordering::Relaxed);
+}
+
+/// Reads the configuration from a ready `info`; `None` if a field does not
+/// fit its type.
+pub fn read_info(info: &Info) -> Option<SegmentConfig> {
+    // Relaxed: the caller's Acquire load of `ready` ordered these.
+    let get = |x: &AtomicU64| x.load(Ordering::Relaxed);
+    Some(SegmentConfig {
+        page_size: u32::try_from(get(&info.page_size)).ok()?,
+        capacity: u32::try_from(get(&info.capacity)).ok()?,
+        clients: u32::try_from(get(&info.clients)).ok()?,
+        scratch_bytes: get(&info.scratch_bytes),
+    })
+}
+
+/// The engine region inside a mapped segment (daemon side).
+pub struct ShmRegion<'s> {
+    ptr: NonNull<u8>,
+    len: usize,
+    _segment: PhantomData<&'s Segment>,
+}
+
+impl<'s> ShmRegion<'s> {
+    /// The engine region of `layout` in `segment`.
+    ///
+    /// # Safety
+    ///
+    /// Only the daemon that created `segment` may call this, once: the region
+    /// must have no other writer in any process.
+    pub unsafe fn new(segment: &'s Segment, layout: &Layout) -> Option<Self> {
+        let len = layout.engine.size();
+        let ptr = segment.region(layout.engine_at, len as u64).ok()?;
+        Some(Self {
+            ptr,
+            len,
+            _segment: PhantomData,
+        })
+    }
+}
+
+// SAFETY: the pointer comes from a live mapping of at least `len` bytes that
+// outlives `'s`, the engine offset is page aligned (so REGION_ALIGN holds),
+// and the caller of `new` promised exclusive write access.
+unsafe impl Region for ShmRegion<'_> {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_monotonic_and_cover_u64() {
+        let mut last = 0;
+        for shift in 0..64 {
+            for ns in [1u64 << shift, (1u64 << shift) + (1u64 << shift) / 3] {
+                let b = bucket_of(ns);
+                assert!(b >= last && b < HISTOGRAM_BUCKETS, "{ns} -> {b}");
+                assert!(bucket_floor(b) <= ns, "floor of {b} above {ns}");
+                last = b;
+            }
+        }
+        assert_eq!(bucket_of(u64::MAX), HISTOGRAM_BUCKETS - 1);
+    }
+
+    #[test]
+    fn layouts_differ_by_config_and_align_the_engine() {
+        let c = SegmentConfig {
+            page_size: 16,
+            capacity: 1024,
+            clients: 4,
+            scratch_bytes: 1 << 20,
+        };
+        let a = Layout::new(c).unwrap();
+        let b = Layout::new(SegmentConfig { clients: 5, ..c }).unwrap();
+        assert_ne!(a.ipc.hash, b.ipc.hash);
+        assert_eq!(a.engine_at % 4096, 0);
+        assert!(Layout::new(SegmentConfig { clients: 0, ..c }).is_err());
+        assert!(Layout::new(SegmentConfig { page_size: 0, ..c }).is_err());
+    }
+}

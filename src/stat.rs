@@ -1,0 +1,167 @@
+//! `radixd stat`: live figures of a running daemon, read straight from its
+//! segment without taking a client slot.
+
+use std::fmt;
+use std::time::Duration;
+
+use radixd_ipc::sync::Ordering;
+use radixd_ipc::{Offset, Segment, INFO_OFFSET};
+
+use crate::segment::{bucket_floor, read_info, Info, Layout, LiveStats, HISTOGRAM_BUCKETS};
+
+/// Why the figures could not be read.
+#[derive(Debug)]
+pub enum StatError {
+    Open(radixd_ipc::OpenError),
+    /// The segment is not (yet) a radixd segment this build understands.
+    Unreadable(String),
+}
+
+impl fmt::Display for StatError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Open(e) => write!(f, "cannot open the segment: {e}"),
+            Self::Unreadable(m) => write!(f, "cannot read the segment: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for StatError {}
+
+/// One reading of the counters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reading {
+    pub requests: u64,
+    pub rejected: u64,
+    pub clients: u64,
+    pub reaped: u64,
+    pub histogram: Vec<u64>,
+}
+
+fn read(live: &LiveStats) -> Reading {
+    // Relaxed: statistics counters, a best-effort snapshot.
+    let get = |x: &radixd_ipc::sync::AtomicU64| x.load(Ordering::Relaxed);
+    Reading {
+        requests: get(&live.requests),
+        rejected: get(&live.rejected),
+        clients: get(&live.clients),
+        reaped: get(&live.reaped),
+        histogram: live.service_ns.iter().map(get).collect(),
+    }
+}
+
+/// The `q` quantile (0..=1) of a histogram, as the floor of its bucket.
+pub fn quantile(histogram: &[u64], q: f64) -> Option<u64> {
+    let total: u64 = histogram.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = ((total as f64 * q).ceil() as u64).clamp(1, total);
+    let mut seen = 0;
+    for (bucket, &count) in histogram.iter().enumerate() {
+        seen += count;
+        if seen >= rank {
+            return Some(bucket_floor(bucket));
+        }
+    }
+    None
+}
+
+/// Prints the daemon's figures, with rates over `interval`.
+pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
+    let segment = Segment::open_unverified(name).map_err(StatError::Open)?;
+    let unreadable = |e: &dyn fmt::Display| StatError::Unreadable(e.to_string());
+    let info: &Info = segment
+        .get(Offset::new(INFO_OFFSET))
+        .map_err(|e| unreadable(&e))?;
+    // Acquire: pairs with the Release store of `ready` in `serve`.
+    if info.ready.load(Ordering::Acquire) == 0 {
+        return Err(unreadable(&"the daemon is still starting"));
+    }
+    let config = read_info(info).ok_or_else(|| unreadable(&"bad configuration"))?;
+    let layout = Layout::new(config).map_err(|e| unreadable(&e))?;
+    if layout.ipc.hash != segment.info().layout_hash {
+        return Err(unreadable(&"layout mismatch"));
+    }
+    let live: &LiveStats = segment
+        .get(Offset::new(layout.live_stats))
+        .map_err(|e| unreadable(&e))?;
+    let before = read(live);
+    std::thread::sleep(interval);
+    let after = read(live);
+    let (engine, sessions) = live.engine();
+    let window: Vec<u64> = after
+        .histogram
+        .iter()
+        .zip(&before.histogram)
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect();
+    let (hist, over) = if window.iter().any(|&c| c > 0) {
+        (&window, "last interval")
+    } else {
+        (&after.histogram, "since start")
+    };
+    let p =
+        |q| quantile(hist, q).map_or("-".to_string(), |ns| format!("{:.2} µs", ns as f64 / 1e3));
+    let secs = interval.as_secs_f64().max(1e-9);
+    let cached = engine.total_tokens / u64::from(config.page_size);
+    println!(
+        "daemon      pid {} on /dev/shm/{name}",
+        segment.info().daemon_pid
+    );
+    println!(
+        "config      page size {}, {} pages, {} client slots",
+        config.page_size, config.capacity, config.clients
+    );
+    println!(
+        "clients     {} connected, {} reaped after dying",
+        after.clients, after.reaped
+    );
+    println!(
+        "pages       {} free, {} owned by clients, {} cached",
+        engine.free_pages, engine.owned_pages, cached
+    );
+    println!(
+        "tokens      {} cached, {} locked, {} evictable; {} nodes, {} sessions",
+        engine.total_tokens,
+        engine.protected_tokens,
+        engine.evictable_tokens,
+        engine.nodes,
+        sessions
+    );
+    println!(
+        "requests    {} total, {} rejected, {:.0}/s",
+        after.requests,
+        after.rejected,
+        (after.requests - before.requests.min(after.requests)) as f64 / secs
+    );
+    println!(
+        "service     p50 {}, p90 {}, p99 {}, p99.9 {} ({over})",
+        p(0.5),
+        p(0.9),
+        p(0.99),
+        p(0.999)
+    );
+    println!(
+        "evictions   {} pages, {} LRU nodes scanned",
+        engine.evicted_pages, engine.evict_scanned
+    );
+    debug_assert_eq!(hist.len(), HISTOGRAM_BUCKETS);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::segment::bucket_of;
+
+    #[test]
+    fn quantiles_pick_the_right_bucket() {
+        let mut h = vec![0; HISTOGRAM_BUCKETS];
+        h[bucket_of(100)] = 90;
+        h[bucket_of(10_000)] = 10;
+        assert_eq!(quantile(&h, 0.5), Some(bucket_floor(bucket_of(100))));
+        assert_eq!(quantile(&h, 0.95), Some(bucket_floor(bucket_of(10_000))));
+        assert_eq!(quantile(&vec![0; HISTOGRAM_BUCKETS], 0.5), None);
+    }
+}

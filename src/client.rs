@@ -182,6 +182,16 @@ impl Client {
         Ok(client)
     }
 
+    /// The slot this client holds (its engine client id).
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// Checks every invariant of the daemon's engine.
+    pub fn validate(&mut self) -> Result<(), ClientError> {
+        self.done(Request::Validate)
+    }
+
     /// Tokens per page of the daemon's engine.
     pub fn page_size(&self) -> u32 {
         self.layout.config.page_size

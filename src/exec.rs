@@ -114,6 +114,7 @@ pub fn parse(line: &[u8]) -> Result<Request, Rejection> {
         },
         "stats" => Request::Stats,
         "reset" => Request::Reset,
+        "validate" => Request::Validate,
         other => {
             return Err(Rejection::new(
                 ErrorKind::UnknownOp,

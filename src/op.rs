@@ -45,6 +45,8 @@ pub enum Request {
     },
     Stats,
     Reset,
+    /// Checks every invariant of the engine (a diagnostic; changes nothing).
+    Validate,
 }
 
 /// The answer to a successful request.
@@ -99,11 +101,13 @@ pub enum ErrorKind {
     Timeout = 14,
     /// Client side: the daemon broke the protocol.
     Protocol = 15,
+    /// `validate` found a broken invariant.
+    Invariant = 16,
 }
 
 impl ErrorKind {
     /// Every kind, for decoding.
-    pub const ALL: [ErrorKind; 15] = [
+    pub const ALL: [ErrorKind; 16] = [
         Self::UnknownOp,
         Self::Malformed,
         Self::PageOutOfRange,
@@ -119,6 +123,7 @@ impl ErrorKind {
         Self::DaemonGone,
         Self::Timeout,
         Self::Protocol,
+        Self::Invariant,
     ];
 
     /// The wire name.
@@ -139,6 +144,7 @@ impl ErrorKind {
             Self::DaemonGone => "daemon_gone",
             Self::Timeout => "timeout",
             Self::Protocol => "protocol",
+            Self::Invariant => "invariant",
         }
     }
 
@@ -280,6 +286,12 @@ pub fn apply<R: Region>(
         },
         Request::Reset => {
             engine.reset();
+            Reply::Done
+        }
+        Request::Validate => {
+            engine
+                .validate()
+                .map_err(|e| Rejection::new(ErrorKind::Invariant, e.to_string()))?;
             Reply::Done
         }
     })

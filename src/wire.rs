@@ -28,6 +28,7 @@ mod opcode {
     pub const SESSION_STATUS: u32 = 10;
     pub const STATS: u32 = 11;
     pub const RESET: u32 = 12;
+    pub const VALIDATE: u32 = 13;
 }
 
 /// Reply kinds.
@@ -201,6 +202,7 @@ pub fn encode_request(request: &Request, page_size: u32, capacity: u32) -> Encod
         }
         Request::Stats => r.op = opcode::STATS,
         Request::Reset => r.op = opcode::RESET,
+        Request::Validate => r.op = opcode::VALIDATE,
     }
     r.payload_len = payload.len() as u32;
     EncodedRequest {
@@ -306,6 +308,7 @@ pub fn decode_request(r: &WireRequest, payload: &[u8]) -> Result<Request, Reject
         }
         opcode::STATS => none().map(|()| Request::Stats)?,
         opcode::RESET => none().map(|()| Request::Reset)?,
+        opcode::VALIDATE => none().map(|()| Request::Validate)?,
         op => {
             return Err(Rejection::new(
                 ErrorKind::UnknownOp,
@@ -519,6 +522,7 @@ mod tests {
             },
             Request::Stats,
             Request::Reset,
+            Request::Validate,
         ]
     }
 

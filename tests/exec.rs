@@ -1,20 +1,50 @@
 //! `radixd exec`: the JSON-lines interface of DESIGN §4, driven through the
 //! real binary one line at a time (which also proves answers are flushed
-//! before the next request is read).
+//! before the next request is read). Every scenario runs twice: on the
+//! in-process engine, and with `--connect` through a real daemon; the
+//! answers must be the same.
 
 mod common;
 
-use common::Exec;
+use common::{Daemon, Exec};
 use serde_json::{json, Value};
 
-fn exec(page_size: u32, capacity: u32) -> Exec {
-    Exec::start(&[
-        "--page-size",
-        &page_size.to_string(),
-        "--capacity",
-        &capacity.to_string(),
-    ])
+/// Runs `$scenario(&mut Exec)` against both backends.
+macro_rules! both {
+    ($scenario:ident, $page_size:expr, $capacity:expr) => {
+        mod $scenario {
+            use super::*;
+
+            fn args() -> Vec<String> {
+                let (p, c): (u32, u32) = ($page_size, $capacity);
+                vec![
+                    "--page-size".into(),
+                    p.to_string(),
+                    "--capacity".into(),
+                    c.to_string(),
+                ]
+            }
+
+            #[test]
+            fn in_process() {
+                let a = args();
+                let a: Vec<&str> = a.iter().map(String::as_str).collect();
+                super::$scenario(&mut Exec::start(&a));
+            }
+
+            #[test]
+            fn through_the_daemon() {
+                let a = args();
+                let daemon = Daemon::start(&a.iter().map(String::as_str).collect::<Vec<_>>());
+                super::$scenario(&mut Exec::start(&["--connect", &daemon.name]));
+            }
+        }
+    };
 }
+
+both!(every_op_answers_as_the_design_says, 2, 8);
+both!(sessions_over_exec, 2, 16);
+both!(errors_are_typed_and_change_nothing, 1, 4);
 
 fn error_kind(answer: &Value) -> &str {
     assert_eq!(answer["ok"], false, "expected an error, got {answer}");
@@ -23,9 +53,7 @@ fn error_kind(answer: &Value) -> &str {
 }
 
 /// A full session: every op and its exact answer.
-#[test]
-fn every_op_answers_as_the_design_says() {
-    let mut x = exec(2, 8);
+fn every_op_answers_as_the_design_says(x: &mut Exec) {
     assert_eq!(
         x.call(json!({"op":"alloc","n":3})),
         json!({"ok":true,"pages":[0,1,2]})
@@ -102,9 +130,7 @@ fn every_op_answers_as_the_design_says() {
     );
 }
 
-#[test]
-fn sessions_over_exec() {
-    let mut x = exec(2, 16);
+fn sessions_over_exec(x: &mut Exec) {
     let pages = x.call(json!({"op":"alloc","n":3}))["pages"].clone();
     let c = x.call(
         json!({"op":"session_commit","session":"chat-1","tokens":[1,2,3,4,5,6,7],"pages":pages}),
@@ -136,9 +162,7 @@ fn sessions_over_exec() {
 }
 
 /// Every error kind, each answered in order and changing nothing.
-#[test]
-fn errors_are_typed_and_change_nothing() {
-    let mut x = exec(1, 4);
+fn errors_are_typed_and_change_nothing(x: &mut Exec) {
     x.call(json!({"op":"alloc","n":2}));
     x.call(json!({"op":"insert","tokens":[5],"pages":[0]}));
     let before = x.call(json!({"op":"stats"}));

@@ -60,3 +60,69 @@ impl Drop for Exec {
         let _ = self.child.wait();
     }
 }
+
+/// A `radixd serve` child on a segment name of its own, stopped (SIGTERM)
+/// when dropped.
+pub struct Daemon {
+    pub name: String,
+    child: Child,
+}
+
+impl Daemon {
+    /// Starts a daemon with `args` after `--name` and waits until a client
+    /// can connect.
+    pub fn start(args: &[&str]) -> Self {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "radixd-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        Self::start_named(&name, args)
+    }
+
+    /// Starts a daemon on segment `name`.
+    pub fn start_named(name: &str, args: &[&str]) -> Self {
+        let child = radixd()
+            .args(["serve", "--name", name])
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn radixd serve");
+        let daemon = Self {
+            name: name.to_owned(),
+            child,
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while radixd::Client::connect(name).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "daemon {name} did not come up"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        daemon
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Kills the daemon with `signal` and reaps it.
+    pub fn kill(&mut self, signal: i32) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe { libc::kill(self.pid(), signal) };
+        self.child.wait().expect("wait for daemon")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill(libc::SIGTERM);
+        }
+    }
+}

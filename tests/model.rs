@@ -442,11 +442,16 @@ impl Model {
                 let i = s % pages.len();
                 pages[i] = s as u32 % (self.cap + 2);
             }
-            14 if !pages.is_empty() => pages.push(pages[s % pages.len()]),
-            15 => {
-                let other = self.owned_by((client + 1) % CLIENTS);
-                if let Some(&p) = other.first() {
-                    pages.push(p);
+            // A page named twice.
+            14 if pages.len() >= 2 => {
+                let (i, n) = (s % pages.len(), pages.len());
+                pages[(i + 1) % n] = pages[i];
+            }
+            // Another client's page.
+            15 if !pages.is_empty() => {
+                if let Some(&p) = self.owned_by((client + 1) % CLIENTS).first() {
+                    let i = s % pages.len();
+                    pages[i] = p;
                 }
             }
             _ => {}
@@ -559,8 +564,13 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// A handle for a lock/unlock op: a known one (maybe stale) or a bogus one.
 fn pick_handle(m: &Model, which: u8) -> u64 {
-    if which < 200 && !m.handles.is_empty() {
-        return m.handles[which as usize % m.handles.len()].0;
+    let n = m.handles.len();
+    // Mostly recent handles (likely live), some old (likely stale).
+    if which < 128 && n > 0 {
+        return m.handles[n - 1 - which as usize % n.min(6)].0;
+    }
+    if which < 200 && n > 0 {
+        return m.handles[which as usize % n].0;
     }
     let bogus = match which % 4 {
         0 => Handle {
@@ -791,7 +801,11 @@ fn run(p: u32, cap: u32, ops: &[Op]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    // PROPTEST_CASES still overrides, for longer soak runs.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(400),
+        ..ProptestConfig::default()
+    })]
 
     /// 400 cases × 300 ops = 120k ops against the model.
     #[test]

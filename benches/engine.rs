@@ -44,7 +44,9 @@ fn engine(page_size: u32, capacity: u32) -> Engine {
 /// Allocates and inserts `key` (whole pages), unlocked unless `lock`;
 /// returns its pages.
 fn put(e: &mut Engine, key: &[u32], lock: bool) -> Vec<u32> {
-    let pages = e.alloc(CLIENT, (key.len() / e.page_size() as usize) as u64).unwrap();
+    let pages = e
+        .alloc(CLIENT, (key.len() / e.page_size() as usize) as u64)
+        .unwrap();
     e.insert(CLIENT, key, &pages, lock).unwrap();
     pages
 }
@@ -59,13 +61,17 @@ fn bench_match(c: &mut Criterion) {
             // Reused across iterations, as a server would.
             let mut pages = Vec::with_capacity(n / p as usize);
             g.throughput(Throughput::Elements(n as u64));
-            g.bench_with_input(BenchmarkId::new(format!("P{p}"), n), &prompt, |b, prompt| {
-                b.iter(|| {
-                    let m = e.match_prefix(CLIENT, black_box(prompt), false, &mut pages);
-                    debug_assert_eq!(m.len, n);
-                    m
-                })
-            });
+            g.bench_with_input(
+                BenchmarkId::new(format!("P{p}"), n),
+                &prompt,
+                |b, prompt| {
+                    b.iter(|| {
+                        let m = e.match_prefix(CLIENT, black_box(prompt), false, &mut pages);
+                        debug_assert_eq!(m.len, n);
+                        m
+                    })
+                },
+            );
         }
     }
     // Baseline: comparing the prompt with a stored copy, the least any
@@ -186,27 +192,39 @@ fn bench_evict(c: &mut Criterion) {
     // O(M × K) nodes, a resumable one about M + K.
     const K: u32 = 10_000;
     const M: u32 = 10_000;
-    bench_evict_layout(&mut g, "skip_10k_locked_10k_leaves", engine(P, K + M), u64::from(M), |e| {
-        for i in 0..K + M {
-            put(e, &tokens(10 + i, P as usize), i % 2 == 0);
-        }
-    });
+    bench_evict_layout(
+        &mut g,
+        "skip_10k_locked_10k_leaves",
+        engine(P, K + M),
+        u64::from(M),
+        |e| {
+            for i in 0..K + M {
+                put(e, &tokens(10 + i, P as usize), i % 2 == 0);
+            }
+        },
+    );
 
     // (b) N = 1000 chains of depth D = 100 one-page nodes, each built by
     // inserting growing prefixes; evict everything. Each chain's leaf must
     // come before its ancestors, so the scan visits each node once.
     const N: u32 = 1000;
     const D: usize = 100;
-    bench_evict_layout(&mut g, "chains_1000x100", engine(P, N * D as u32), u64::from(N) * D as u64, |e| {
-        let p = P as usize;
-        for c in 0..N {
-            let key = tokens(10 + c, D * p);
-            let pages = e.alloc(CLIENT, D as u64).unwrap();
-            for d in 1..=D {
-                e.insert(CLIENT, &key[..d * p], &pages[..d], false).unwrap();
+    bench_evict_layout(
+        &mut g,
+        "chains_1000x100",
+        engine(P, N * D as u32),
+        u64::from(N) * D as u64,
+        |e| {
+            let p = P as usize;
+            for c in 0..N {
+                let key = tokens(10 + c, D * p);
+                let pages = e.alloc(CLIENT, D as u64).unwrap();
+                for d in 1..=D {
+                    e.insert(CLIENT, &key[..d * p], &pages[..d], false).unwrap();
+                }
             }
-        }
-    });
+        },
+    );
     g.finish();
 }
 

@@ -1,7 +1,8 @@
 //! Model-based property test of the cache engine.
 //!
 //! Random operation sequences (3 clients, page sizes 1..=4, capacities
-//! 4..=32, a 3-token alphabet so prefixes collide) run against the engine and
+//! 4..=32, a 3-token alphabet so prefixes collide; and a wide variant with
+//! P = 1, 48..=96 pages and 24 tokens) run against the engine and
 //! against an uncompressed per-page trie that is obviously correct. Every
 //! result is predicted exactly: pages handed out by `alloc`, `cached`/`len`
 //! of `insert`, length and pages of `match_prefix`, which page eviction takes,
@@ -92,7 +93,10 @@ impl Model {
     }
 
     fn reset(&mut self) {
-        let (handles, recent) = (std::mem::take(&mut self.handles), std::mem::take(&mut self.recent));
+        let (handles, recent) = (
+            std::mem::take(&mut self.handles),
+            std::mem::take(&mut self.recent),
+        );
         *self = Self {
             handles,
             recent,
@@ -175,10 +179,9 @@ impl Model {
     }
 
     fn has_child(&self, k: &[u32]) -> bool {
-        let mut after = self.trie.range::<[u32], _>((
-            std::ops::Bound::Excluded(k),
-            std::ops::Bound::Unbounded,
-        ));
+        let mut after = self
+            .trie
+            .range::<[u32], _>((std::ops::Bound::Excluded(k), std::ops::Bound::Unbounded));
         after.next().is_some_and(|(c, _)| c.starts_with(k))
     }
 
@@ -374,7 +377,11 @@ impl Model {
         let p = self.p as u64;
         let total = self.trie.len() as u64;
         let protected = self.protected_pages() as u64;
-        let owned = self.state.iter().filter(|s| matches!(s, PageState::Owned(_))).count();
+        let owned = self
+            .state
+            .iter()
+            .filter(|s| matches!(s, PageState::Owned(_)))
+            .count();
         let mut labels: Vec<u64> = self.trie.values().map(|m| m.label).collect();
         labels.sort_unstable();
         labels.dedup();
@@ -524,35 +531,36 @@ enum Op {
     },
 }
 
-fn tokens(max: usize) -> impl Strategy<Value = Vec<u32>> {
-    prop::collection::vec(0u32..3, 0..=max)
+fn tokens(alphabet: u32, max: usize) -> impl Strategy<Value = Vec<u32>> {
+    prop::collection::vec(0..alphabet, 0..=max)
 }
 
 fn sel() -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(any::<u8>(), 1..4)
 }
 
-fn op() -> impl Strategy<Value = Op> {
+/// An op whose fresh tokens come from `0..alphabet`.
+fn op(alphabet: u32) -> impl Strategy<Value = Op> {
     let client = 0..CLIENTS;
     prop_oneof![
         6 => (client.clone(), 0u8..12).prop_map(|(client, n)| Op::Alloc { client, n }),
         2 => (client.clone(), sel(), 0u8..16)
             .prop_map(|(client, sel, mode)| Op::Free { client, sel, mode }),
-        10 => (client.clone(), any::<u8>(), any::<u8>(), tokens(MAX_KEY), any::<bool>(),
+        10 => (client.clone(), any::<u8>(), any::<u8>(), tokens(alphabet, MAX_KEY), any::<bool>(),
                prop::bool::weighted(0.8), sel(), 0u8..16)
             .prop_map(|(client, base, cut, tail, lock, prealloc, sel, mode)| Op::Insert {
                 client, base, cut, tail, lock, prealloc, sel, mode
             }),
-        6 => (client.clone(), any::<u8>(), any::<u8>(), tokens(MAX_KEY), any::<bool>())
+        6 => (client.clone(), any::<u8>(), any::<u8>(), tokens(alphabet, MAX_KEY), any::<bool>())
             .prop_map(|(client, base, cut, tail, lock)| Op::Match { client, base, cut, tail, lock }),
-        1 => (any::<u8>(), any::<u8>(), tokens(MAX_KEY))
+        1 => (any::<u8>(), any::<u8>(), tokens(alphabet, MAX_KEY))
             .prop_map(|(base, cut, tail)| Op::Peek { base, cut, tail }),
         3 => (client.clone(), any::<u8>()).prop_map(|(client, which)| Op::Lock { client, which }),
         4 => (client.clone(), any::<u8>()).prop_map(|(client, which)| Op::Unlock { client, which }),
         3 => (0u8..40).prop_map(|tokens| Op::Evict { tokens }),
         1 => client.clone().prop_map(|client| Op::Release { client }),
         1 => Just(Op::Reset),
-        3 => (client.clone(), 0..SESSIONS.len(), prop::bool::weighted(0.2), tokens(6), sel(), 0u8..16)
+        3 => (client.clone(), 0..SESSIONS.len(), prop::bool::weighted(0.2), tokens(alphabet, 6), sel(), 0u8..16)
             .prop_map(|(client, sid, restart, tail, sel, mode)| Op::Commit {
                 client, sid, restart, tail, sel, mode
             }),
@@ -613,7 +621,11 @@ fn check_stats(e: &Engine, m: &Model) {
 
 /// Runs the model's alloc and the engine's and compares them.
 fn alloc_both(e: &mut Engine, m: &mut Model, client: u32, n: u64) {
-    assert_eq!(e.alloc(client, n), m.alloc(client, n), "alloc({client}, {n})");
+    assert_eq!(
+        e.alloc(client, n),
+        m.alloc(client, n),
+        "alloc({client}, {n})"
+    );
 }
 
 fn run(p: u32, cap: u32, ops: &[Op]) {
@@ -640,7 +652,11 @@ fn run(p: u32, cap: u32, ops: &[Op]) {
                     .map(|(_, p)| p)
                     .collect();
                 m.fault(client, &mut pages, sel, mode);
-                assert_eq!(e.free(client, &pages), m.free(client, &pages), "free {pages:?}");
+                assert_eq!(
+                    e.free(client, &pages),
+                    m.free(client, &pages),
+                    "free {pages:?}"
+                );
             }
             Op::Insert {
                 client,
@@ -696,7 +712,11 @@ fn run(p: u32, cap: u32, ops: &[Op]) {
                     _ => assert_eq!(handle, None),
                 }
             }
-            Op::Peek { base, cut, ref tail } => {
+            Op::Peek {
+                base,
+                cut,
+                ref tail,
+            } => {
                 let key = m.key(base, cut, tail);
                 let want = m.walk(&key);
                 assert_eq!(e.peek(&key, &mut buf), want.len() * m.p);
@@ -712,8 +732,9 @@ fn run(p: u32, cap: u32, ops: &[Op]) {
             }
             Op::Unlock { client, which } => {
                 let raw = pick_handle(&m, which);
-                let want = m.resolve(raw).and_then(|l| {
-                    match m.locks.get_mut(&(client, l)) {
+                let want = m
+                    .resolve(raw)
+                    .and_then(|l| match m.locks.get_mut(&(client, l)) {
                         None => Err(HandleError::NotLocked(raw)),
                         Some(c) => {
                             *c -= 1;
@@ -722,8 +743,7 @@ fn run(p: u32, cap: u32, ops: &[Op]) {
                             }
                             Ok(())
                         }
-                    }
-                });
+                    });
                 assert_eq!(e.unlock(client, raw), want, "unlock {raw:#x}");
             }
             Op::Evict { tokens } => {
@@ -786,9 +806,10 @@ fn run(p: u32, cap: u32, ops: &[Op]) {
             }
             Op::Status { sid } => {
                 let id = SESSIONS[sid];
-                let want = m.sessions.get(id).map(|&(_, l)| {
-                    l.map_or(0, |l| m.label_end(l).unwrap().len() as u64)
-                });
+                let want = m
+                    .sessions
+                    .get(id)
+                    .map(|&(_, l)| l.map_or(0, |l| m.label_end(l).unwrap().len() as u64));
                 let got = e.session_status(id).map(|s| s.resident_tokens).ok();
                 assert_eq!(got, want, "status {id}");
             }
@@ -800,10 +821,17 @@ fn run(p: u32, cap: u32, ops: &[Op]) {
     }
 }
 
+/// `PROPTEST_CASES` overrides the default, for longer soak runs.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 proptest! {
-    // PROPTEST_CASES still overrides, for longer soak runs.
     #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(400),
+        cases: cases(400),
         ..ProptestConfig::default()
     })]
 
@@ -812,8 +840,25 @@ proptest! {
     fn engine_matches_model(
         p in 1u32..=4,
         cap in 4u32..=32,
-        ops in prop::collection::vec(op(), 300),
+        ops in prop::collection::vec(op(3), 300),
     ) {
         run(p, cap, &ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(150),
+        ..ProptestConfig::default()
+    })]
+
+    /// 150 cases × 300 ops = 45k more ops on a wide, shallow tree: many
+    /// siblings under one parent churn the child table (backward-shift deletion) and the LRU with many leaves.
+    #[test]
+    fn wide_tree_matches_model(
+        cap in 48u32..=96,
+        ops in prop::collection::vec(op(24), 300),
+    ) {
+        run(1, cap, &ops);
     }
 }

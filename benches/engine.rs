@@ -1,0 +1,232 @@
+//! Criterion benches of the cache engine's hot paths.
+//!
+//! - `match`: match of a cached 1K/4K/32K-token prompt at P = 1, 16, 64,
+//!   beside a `memcmp` of the same tokens as the floor any match pays;
+//! - `insert_suffix`: insert of a new 1K/4K/32K-token suffix under a cached
+//!   1K-token prefix (pages allocated outside the timed part);
+//! - `evict`: eviction of 100k pages (P = 16) spread over 10k leaves;
+//! - `evict_skip` / `evict_chains`: the adversarial scan layouts of
+//!   DESIGN.md §2 (locked leaves interleaved with evictable ones; deep chains
+//!   whose leaf goes before its ancestors). Each prints `evict_scanned` once so
+//!   the O(M + K) scan is visible next to the timings.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use radixd::engine::{Config, Engine};
+
+const PAGE_SIZES: [u32; 3] = [1, 16, 64];
+const LENGTHS: [usize; 3] = [1024, 4096, 32768];
+const CLIENT: u32 = 0;
+
+/// `n` tokens from a cheap LCG, offset by `seed` so keys differ from the
+/// first token on.
+fn tokens(seed: u32, n: usize) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+    let mut out = vec![seed];
+    out.extend((1..n).map(|_| {
+        x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        x >> 8
+    }));
+    out.truncate(n);
+    out
+}
+
+fn engine(page_size: u32, capacity: u32) -> Engine {
+    Engine::new(Config {
+        page_size,
+        capacity,
+    })
+    .unwrap()
+}
+
+/// Allocates and inserts `key` (whole pages), unlocked unless `lock`;
+/// returns its pages.
+fn put(e: &mut Engine, key: &[u32], lock: bool) -> Vec<u32> {
+    let pages = e
+        .alloc(CLIENT, (key.len() / e.page_size() as usize) as u64)
+        .unwrap();
+    e.insert(CLIENT, key, &pages, lock).unwrap();
+    pages
+}
+
+fn bench_match(c: &mut Criterion) {
+    let mut g = c.benchmark_group("match");
+    for &p in &PAGE_SIZES {
+        for &n in &LENGTHS {
+            let prompt = tokens(1, n);
+            let mut e = engine(p, (n / p as usize) as u32 + 1);
+            put(&mut e, &prompt, false);
+            // Reused across iterations, as a server would.
+            let mut pages = Vec::with_capacity(n / p as usize);
+            g.throughput(Throughput::Elements(n as u64));
+            g.bench_with_input(
+                BenchmarkId::new(format!("P{p}"), n),
+                &prompt,
+                |b, prompt| {
+                    b.iter(|| {
+                        let m = e.match_prefix(CLIENT, black_box(prompt), false, &mut pages);
+                        debug_assert_eq!(m.len, n);
+                        m
+                    })
+                },
+            );
+        }
+    }
+    // Baseline: comparing the prompt with a stored copy, the least any
+    // exact-token match can cost.
+    for &n in &LENGTHS {
+        let (prompt, stored) = (tokens(1, n), tokens(1, n));
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_with_input(BenchmarkId::new("memcmp", n), &prompt, |b, prompt| {
+            b.iter(|| black_box(prompt.as_slice()) == black_box(stored.as_slice()))
+        });
+    }
+    g.finish();
+}
+
+fn bench_insert(c: &mut Criterion) {
+    // Inserts per engine fill: the pages for them are allocated up front,
+    // outside the timed part, then the engine is reset.
+    const BATCH: usize = 16;
+    const PREFIX: usize = 1024;
+    let mut g = c.benchmark_group("insert_suffix");
+    for &p in &PAGE_SIZES {
+        for &n in &LENGTHS {
+            let prefix = tokens(1, PREFIX);
+            let keys: Vec<Vec<u32>> = (0..BATCH as u32)
+                .map(|j| [prefix.as_slice(), &tokens(100 + j, n)].concat())
+                .collect();
+            let cap = ((PREFIX + BATCH * n) / p as usize) as u32;
+            let mut e = engine(p, cap);
+            g.throughput(Throughput::Elements(n as u64));
+            g.bench_function(BenchmarkId::new(format!("P{p}"), n), |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    let mut left = iters as usize;
+                    while left > 0 {
+                        let k = left.min(BATCH);
+                        e.reset();
+                        let cached = put(&mut e, &prefix, false);
+                        // The prefix's own page ids (a no-op), then new ones.
+                        let pages: Vec<Vec<u32>> = (0..k)
+                            .map(|_| {
+                                let new = e.alloc(CLIENT, (n / p as usize) as u64).unwrap();
+                                [cached.as_slice(), &new].concat()
+                            })
+                            .collect();
+                        let t = Instant::now();
+                        for (key, pages) in keys.iter().zip(&pages) {
+                            let ins = e.insert(CLIENT, black_box(key), pages, false).unwrap();
+                            debug_assert_eq!(ins.cached, PREFIX);
+                            black_box(ins);
+                        }
+                        total += t.elapsed();
+                        left -= k;
+                    }
+                    total
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+/// Times `evict(everything)` on engines that `fill` builds, untimed, before
+/// each iteration; prints `evict_scanned` of the first run.
+fn bench_evict_layout(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    mut e: Engine,
+    pages: u64,
+    fill: impl Fn(&mut Engine),
+) {
+    let p = u64::from(e.page_size());
+    let mut reported = false;
+    g.throughput(Throughput::Elements(pages));
+    g.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                e.reset();
+                fill(&mut e);
+                let t = Instant::now();
+                let freed = e.evict(black_box(pages * p));
+                total += t.elapsed();
+                assert_eq!(freed, pages * p);
+                if !reported {
+                    let s = e.stats();
+                    eprintln!(
+                        "{name}: evicted {} pages, evict_scanned = {} list nodes",
+                        s.evicted_pages, s.evict_scanned
+                    );
+                    reported = true;
+                }
+            }
+            total
+        })
+    });
+}
+
+fn bench_evict(c: &mut Criterion) {
+    const P: u32 = 16;
+    let mut g = c.benchmark_group("evict");
+    // Each iteration rebuilds its layout (milliseconds), so few samples.
+    g.sample_size(10);
+
+    // 100k pages in 10k leaves of 10 pages under one shared 1-page prefix.
+    bench_evict_layout(&mut g, "100k_pages", engine(P, 100_001), 100_000, |e| {
+        let root = tokens(1, P as usize);
+        let root_page = put(e, &root, true);
+        for i in 0..10_000 {
+            let key = [root.as_slice(), &tokens(10 + i, 10 * P as usize)].concat();
+            // The prefix's own page id, so no duplicate page is allocated.
+            let pages = [root_page.as_slice(), &e.alloc(CLIENT, 10).unwrap()].concat();
+            e.insert(CLIENT, &key, &pages, false).unwrap();
+        }
+    });
+
+    // (a) K = 10k locked one-page leaves interleaved in LRU order with
+    // M = 10k unlocked ones; evict all M. A restarting scan would visit
+    // O(M × K) nodes, a resumable one about M + K.
+    const K: u32 = 10_000;
+    const M: u32 = 10_000;
+    bench_evict_layout(
+        &mut g,
+        "skip_10k_locked_10k_leaves",
+        engine(P, K + M),
+        u64::from(M),
+        |e| {
+            for i in 0..K + M {
+                put(e, &tokens(10 + i, P as usize), i % 2 == 0);
+            }
+        },
+    );
+
+    // (b) N = 1000 chains of depth D = 100 one-page nodes, each built by
+    // inserting growing prefixes; evict everything. Each chain's leaf must
+    // come before its ancestors, so the scan visits each node once.
+    const N: u32 = 1000;
+    const D: usize = 100;
+    bench_evict_layout(
+        &mut g,
+        "chains_1000x100",
+        engine(P, N * D as u32),
+        u64::from(N) * D as u64,
+        |e| {
+            let p = P as usize;
+            for c in 0..N {
+                let key = tokens(10 + c, D * p);
+                let pages = e.alloc(CLIENT, D as u64).unwrap();
+                for d in 1..=D {
+                    e.insert(CLIENT, &key[..d * p], &pages[..d], false).unwrap();
+                }
+            }
+        },
+    );
+    g.finish();
+}
+
+criterion_group!(benches, bench_match, bench_insert, bench_evict);
+criterion_main!(benches);

@@ -52,6 +52,13 @@ impl Exec {
     pub fn call(&mut self, request: Value) -> Value {
         self.raw(request.to_string().as_bytes())
     }
+
+    /// Kills the process with `signal` and reaps it.
+    pub fn kill(&mut self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+        let _ = self.child.wait();
+    }
 }
 
 impl Drop for Exec {

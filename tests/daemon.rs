@@ -1,0 +1,352 @@
+//! `radixd serve` with real client processes: dead clients are reaped, a
+//! dead daemon fails every call fast and is replaced over its stale segment,
+//! garbage in a request slot is answered without harm, and big prompts fit.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use common::{radixd, Daemon, Exec};
+use proptest::prelude::*;
+use radixd::segment::{read_info, Info, Layout, RING_CAPACITY};
+use radixd::wire::{WireReply, WireRequest};
+use radixd::{Client, ClientError};
+use radixd_ipc::{Consumer, Doorbell, Offset, Producer, Segment, INFO_OFFSET};
+use serde_json::json;
+
+const RECLAIM_DEADLINE: Duration = Duration::from_secs(1);
+
+fn connect(d: &Daemon) -> Client {
+    Client::connect(&d.name).expect("connect")
+}
+
+#[test]
+fn a_killed_client_s_locks_and_pages_come_back_and_others_keep_theirs() {
+    let daemon = Daemon::start(&["--page-size", "1", "--capacity", "64"]);
+    let mut other = connect(&daemon);
+    let mine = other.alloc(2).unwrap();
+    let kept = other.insert(&[9, 9], &mine, true).unwrap().handle.unwrap();
+
+    let mut victim = Exec::start(&["--connect", &daemon.name]);
+    let pages = victim.call(json!({"op":"alloc","n":4}))["pages"].clone();
+    let r = victim.call(json!({"op":"insert","tokens":[1,2,3,4],"pages":pages,"lock":true}));
+    assert_eq!(r["ok"], true);
+    assert_eq!(victim.call(json!({"op":"alloc","n":3}))["ok"], true);
+    let commit =
+        json!({"op":"session_commit","session":"s","tokens":[1,2],"pages":[pages[0], pages[1]]});
+    assert_eq!(victim.call(commit)["ok"], true);
+    let (s, sessions) = other.stats().unwrap();
+    assert_eq!((s.protected_tokens, s.owned_pages, sessions), (6, 3, 1));
+
+    victim.kill(libc::SIGKILL);
+    let killed = Instant::now();
+    loop {
+        let (s, sessions) = other.stats().unwrap();
+        if (s.protected_tokens, s.owned_pages, sessions) == (2, 0, 0) {
+            break;
+        }
+        assert!(
+            killed.elapsed() < RECLAIM_DEADLINE,
+            "not reclaimed within 1 s: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The dead client's insert stays cached (evictable); ours stays locked.
+    assert_eq!(other.match_prefix(&[1, 2, 3, 4], false).unwrap().len, 4);
+    assert_eq!(other.evict(100).unwrap(), 4);
+    other.unlock(kept).unwrap();
+    other.validate().unwrap();
+}
+
+#[test]
+fn a_killed_daemon_fails_calls_fast_and_a_new_one_takes_over() {
+    let mut daemon = Daemon::start(&["--page-size", "4", "--capacity", "32"]);
+    let mut client = connect(&daemon);
+    let pages = client.alloc(2).unwrap();
+    client
+        .insert(&[1, 2, 3, 4, 5, 6, 7, 8], &pages, false)
+        .unwrap();
+
+    daemon.kill(libc::SIGKILL);
+    let killed = Instant::now();
+    assert_eq!(client.stats(), Err(ClientError::DaemonGone));
+    assert!(
+        killed.elapsed() < RECLAIM_DEADLINE,
+        "took {:?}",
+        killed.elapsed()
+    );
+    // Every later call fails the same way, never hangs.
+    assert_eq!(client.alloc(1), Err(ClientError::DaemonGone));
+    assert!(matches!(
+        Client::connect(&daemon.name),
+        Err(ClientError::Open(_))
+    ));
+
+    // A new daemon takes the stale name over; clients reconnect to it.
+    let _fresh = Daemon::start_named(&daemon.name, &["--page-size", "4", "--capacity", "32"]);
+    let mut again = Client::connect(&daemon.name).unwrap();
+    let (s, _) = again.stats().unwrap();
+    assert_eq!((s.total_tokens, s.free_pages), (0, 32));
+    assert_eq!(
+        client.stats(),
+        Err(ClientError::DaemonGone),
+        "old handle stays dead"
+    );
+}
+
+#[test]
+fn a_live_name_is_refused_and_sigterm_removes_the_segment() {
+    let mut daemon = Daemon::start(&[]);
+    let out = radixd()
+        .args(["serve", "--name", &daemon.name])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already serves"));
+    let path = format!("/dev/shm/{}", daemon.name);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert!(daemon.kill(libc::SIGTERM).success());
+    assert!(std::fs::metadata(&path).is_err(), "segment left behind");
+}
+
+#[test]
+fn mode_widens_the_segment_to_a_group() {
+    let daemon = Daemon::start(&["--mode", "0660"]);
+    let meta = std::fs::metadata(format!("/dev/shm/{}", daemon.name)).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+}
+
+#[test]
+fn exec_connect_to_nothing_exits_2() {
+    let out = radixd()
+        .args(["exec", "--connect", "radixd-test-no-such-daemon"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!out.stderr.is_empty());
+}
+
+#[test]
+fn a_million_token_prompt_round_trips() {
+    let daemon = Daemon::start(&["--page-size", "16", "--capacity", "65536"]);
+    let mut c = connect(&daemon);
+    let tokens: Vec<u32> = (0..1_000_000).collect();
+    let pages = c.alloc(1_000_000 / 16).unwrap();
+    let r = c.insert(&tokens, &pages, true).unwrap();
+    assert_eq!((r.cached, r.len), (0, 1_000_000));
+    let m = c.match_prefix(&tokens, false).unwrap();
+    assert_eq!(m.len, 1_000_000);
+    assert_eq!(m.pages, pages);
+    c.unlock(r.handle.unwrap()).unwrap();
+    c.validate().unwrap();
+}
+
+#[test]
+fn several_client_processes_share_one_cache() {
+    let daemon = Daemon::start(&["--page-size", "2", "--capacity", "4096"]);
+    let system: Vec<u32> = (1000..1064).collect();
+    let mut schedulers: Vec<Exec> = (0..4)
+        .map(|_| Exec::start(&["--connect", &daemon.name]))
+        .collect();
+    for round in 0..20u32 {
+        for (i, x) in schedulers.iter_mut().enumerate() {
+            let mut prompt = system.clone();
+            prompt.extend([i as u32, round, 7, 7]);
+            let m = x.call(json!({"op":"match","tokens":prompt,"lock":true}));
+            let hit = m["len"].as_u64().unwrap() as usize;
+            if round > 0 || i > 0 {
+                assert!(hit >= system.len(), "the shared system prompt is cached");
+            }
+            let mut pages: Vec<u64> = serde_json::from_value(m["pages"].clone()).unwrap();
+            let fresh = x.call(json!({"op":"alloc","n":(prompt.len() - hit) / 2}));
+            pages.extend(
+                fresh["pages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| p.as_u64().unwrap()),
+            );
+            let r = x.call(json!({"op":"insert","tokens":prompt,"pages":pages}));
+            assert_eq!(r["ok"], true, "{r}");
+            if !m["handle"].is_null() {
+                assert_eq!(
+                    x.call(json!({"op":"unlock","handle":m["handle"]}))["ok"],
+                    true
+                );
+            }
+        }
+    }
+    let mut c = connect(&daemon);
+    let (s, _) = c.stats().unwrap();
+    assert_eq!(s.protected_tokens, 0);
+    assert_eq!(s.free_pages + s.owned_pages + s.total_tokens / 2, 4096);
+    c.validate().unwrap();
+}
+
+#[test]
+fn stat_prints_live_figures() {
+    let daemon = Daemon::start(&[]);
+    let mut c = connect(&daemon);
+    c.alloc(3).unwrap();
+    let out = radixd()
+        .args(["stat", &daemon.name, "--interval", "0.05"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "clients     1 connected",
+        "3 owned by clients",
+        "requests",
+        "p99",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+}
+
+/// A raw view of one client's rings, as a buggy or hostile client would
+/// write them.
+struct Raw {
+    segment: Segment,
+    layout: Layout,
+    slot: u32,
+}
+
+impl Raw {
+    fn new(name: &str, slot: u32) -> Self {
+        let segment = Segment::open_unverified(name).unwrap();
+        let info: &Info = segment.get(Offset::new(INFO_OFFSET)).unwrap();
+        let layout = Layout::new(read_info(info).unwrap()).unwrap();
+        Self {
+            segment,
+            layout,
+            slot,
+        }
+    }
+
+    fn scratch_len(&self) -> u64 {
+        self.layout.config.scratch_bytes
+    }
+
+    /// Posts `record` (after writing `payload` at `at`) and waits for the
+    /// answer.
+    fn post(&self, record: WireRequest, at: u64, payload: &[u8]) -> WireReply {
+        let c = self.layout.ipc.client(self.slot).unwrap();
+        let s = &self.segment;
+        let cap = u64::from(RING_CAPACITY);
+        let scratch = s.scratch(c.scratch, c.scratch_len).unwrap();
+        let _ = scratch.write_bytes(at, payload);
+        // SAFETY: the test holds the slot's claim (through an idle Client)
+        // and uses these views one call at a time.
+        let requests: Producer<'_, WireRequest> = unsafe {
+            Producer::new(
+                s.get(c.request_header).unwrap(),
+                s.slice(c.request_slots, cap).unwrap(),
+            )
+        }
+        .unwrap();
+        // SAFETY: as above.
+        let replies: Consumer<'_, WireReply> = unsafe {
+            Consumer::new(
+                s.get(c.response_header).unwrap(),
+                s.slice(c.response_slots, cap).unwrap(),
+            )
+        }
+        .unwrap();
+        assert!(requests.push(record).is_ok());
+        let doorbell: &Doorbell = s.get(self.layout.ipc.daemon_doorbell).unwrap();
+        doorbell.ring();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(reply) = replies.pop().unwrap() {
+                return reply;
+            }
+            assert!(Instant::now() < deadline, "no answer to {record:?}");
+            std::thread::yield_now();
+        }
+    }
+
+    fn corrupt_request_ring(&self) {
+        let c = self.layout.ipc.client(self.slot).unwrap();
+        let header = self.segment.get(c.request_header).unwrap();
+        header.reset();
+        let raw = self.segment.region(c.request_header.get(), 8).unwrap();
+        // SAFETY: the first 8 bytes of the header are the ring's head counter,
+        // 8-aligned inside the mapping; garbage there is the fault tested.
+        unsafe { raw.cast::<u64>().as_ptr().write_volatile(1 << 40) };
+    }
+}
+
+fn field() -> impl Strategy<Value = u32> {
+    prop_oneof![
+        0u32..16,
+        Just(u32::MAX),
+        Just(1 << 23),
+        any::<u32>(),
+        (1u32 << 22)..(1 << 24)
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn garbage_in_a_request_slot_gets_an_answer_and_changes_nothing(
+        records in proptest::collection::vec(
+            (0u32..16, 0u32..4, any::<u64>(), field(), field(), field(), field(), field(), field(),
+             proptest::collection::vec(any::<u8>(), 0..64)),
+            200,
+        )
+    ) {
+        let daemon = Daemon::start(&["--page-size", "2", "--capacity", "32", "--scratch-bytes", "65536"]);
+        let mut client = connect(&daemon);
+        let pages = client.alloc(2).unwrap();
+        client.insert(&[1, 2, 3, 4], &pages, true).unwrap();
+        let raw = Raw::new(&daemon.name, client.slot());
+        for (i, (op, flags, arg, poff, plen, nt, np, roff, rlen, bytes)) in records.into_iter().enumerate() {
+            let record = WireRequest {
+                seq: i as u64,
+                op,
+                flags,
+                arg: arg % 64,
+                payload_off: poff % (raw.scratch_len() as u32 + 64),
+                payload_len: plen,
+                n_tokens: nt,
+                n_pages: np,
+                reply_off: roff,
+                reply_len: rlen,
+                _reserved: [0; 4],
+            };
+            let before = client.stats().unwrap();
+            let reply = raw.post(record, u64::from(record.payload_off), &bytes);
+            prop_assert_eq!(reply.seq, i as u64);
+            if reply.status != 0 {
+                prop_assert_eq!(client.stats().unwrap(), before, "rejected {:?} changed state", record);
+            }
+        }
+        client.validate().unwrap();
+    }
+}
+
+#[test]
+fn a_corrupt_ring_harms_only_its_own_client() {
+    let daemon = Daemon::start(&["--page-size", "1", "--capacity", "16"]);
+    let mut bad = connect(&daemon);
+    bad.timeout = Duration::from_millis(300);
+    let mut good = connect(&daemon);
+    let raw = Raw::new(&daemon.name, bad.slot());
+    raw.corrupt_request_ring();
+    let doorbell: &Doorbell = raw.segment.get(raw.layout.ipc.daemon_doorbell).unwrap();
+    doorbell.ring();
+    assert_eq!(good.alloc(2).unwrap().len(), 2);
+    assert!(bad.stats().is_err(), "a broken ring gets no answers");
+    good.validate().unwrap();
+    // Reconnecting gives the client a clean slot.
+    drop(bad);
+    let mut again = connect(&daemon);
+    assert_eq!(again.stats().unwrap().0.owned_pages, 2);
+}

@@ -294,7 +294,8 @@ mod tests {
     fn offsets_are_aligned_disjoint_and_hash_is_sensitive() {
         let l = SegmentLayout::<[u64; 4], [u64; 2]>::new(cfg()).unwrap();
         assert_eq!(l.daemon_doorbell.get(), 64);
-        assert_eq!(l.slots.get(), 128);
+        assert_eq!(l.info, INFO_OFFSET);
+        assert_eq!(l.slots.get(), INFO_OFFSET + INFO_BYTES);
         assert_eq!(l.clients_base % 4096, 0);
         let c0 = l.client(0).unwrap();
         let c3 = l.client(3).unwrap();

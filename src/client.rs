@@ -155,6 +155,7 @@ impl Client {
         if layout.ipc.hash != segment.info().layout_hash || layout.ipc.total_size != segment.len() {
             return Err(ClientError::LayoutMismatch);
         }
+        protect_engine(&segment, &layout)?;
         let claim = segment.claim_slot(layout.ipc.slots, config.clients, |claim| {
             // A fresh claim starts with empty rings, whatever the slot's
             // previous owner left behind.
@@ -510,6 +511,28 @@ impl Client {
             other => Err(unexpected(other)),
         }
     }
+}
+
+/// Maps the user area (live stats and engine) read-only in this process: a
+/// client reads them at most, and a stray write of its own should fault
+/// here rather than corrupt the cache every client shares.
+fn protect_engine(segment: &Segment, layout: &Layout) -> Result<(), ClientError> {
+    let len = layout.ipc.total_size - layout.ipc.user;
+    let start = segment
+        .region(layout.ipc.user, len)
+        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+    // SAFETY: the range is page aligned (the user area starts on a page and
+    // the segment size is a page multiple) and lies inside our mapping;
+    // nothing in this process writes it, so dropping write access breaks no
+    // reference.
+    let rc = unsafe { libc::mprotect(start.as_ptr().cast(), len as usize, libc::PROT_READ) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        return Err(ClientError::Protocol(format!(
+            "cannot map the engine read-only: {err}"
+        )));
+    }
+    Ok(())
 }
 
 fn unexpected(reply: Reply) -> ClientError {

@@ -188,6 +188,21 @@ fn several_client_processes_share_one_cache() {
 }
 
 #[test]
+fn a_client_sees_the_engine_read_only() {
+    let daemon = Daemon::start(&["--page-size", "4", "--capacity", "64"]);
+    let _client = connect(&daemon);
+    // Our own mapping of the segment: the client blocks read-write, the
+    // stats and engine that follow them read-only.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let perms: Vec<&str> = maps
+        .lines()
+        .filter(|l| l.ends_with(&format!("/dev/shm/{}", daemon.name)))
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(perms, ["rw-s", "r--s"], "{maps}");
+}
+
+#[test]
 fn stat_prints_live_figures() {
     let daemon = Daemon::start(&[]);
     let mut c = connect(&daemon);

@@ -64,7 +64,7 @@ pub struct LiveStats {
     /// Dead clients cleaned up.
     pub reaped: AtomicU64,
     /// Engine figures, as [`Stats`] plus sessions, refreshed as they change.
-    pub engine: [AtomicU64; 9],
+    pub engine: [AtomicU64; Stats::LEN + 1],
     pub _pad: [AtomicU64; 3],
     /// Service time per request, log-linear buckets ([`bucket_of`]).
     pub service_ns: [AtomicU64; HISTOGRAM_BUCKETS],
@@ -101,17 +101,7 @@ pub fn bucket_floor(bucket: usize) -> u64 {
 impl LiveStats {
     /// Publishes the engine's figures.
     pub fn set_engine(&self, s: &Stats, sessions: u64) {
-        let values = [
-            s.total_tokens,
-            s.evictable_tokens,
-            s.protected_tokens,
-            s.free_pages,
-            s.owned_pages,
-            s.nodes,
-            s.evict_scanned,
-            s.evicted_pages,
-            sessions,
-        ];
+        let values = s.to_array().into_iter().chain([sessions]);
         for (slot, v) in self.engine.iter().zip(values) {
             // Relaxed: independent gauges, read as a best-effort snapshot.
             slot.store(v, Ordering::Relaxed);
@@ -120,23 +110,16 @@ impl LiveStats {
 
     /// Reads the engine's figures back.
     pub fn engine(&self) -> (Stats, u64) {
-        // Relaxed: independent gauges.
-        let v: Vec<u64> = self
-            .engine
-            .iter()
-            .map(|x| x.load(Ordering::Relaxed))
-            .collect();
-        let stats = Stats {
-            total_tokens: v[0],
-            evictable_tokens: v[1],
-            protected_tokens: v[2],
-            free_pages: v[3],
-            owned_pages: v[4],
-            nodes: v[5],
-            evict_scanned: v[6],
-            evicted_pages: v[7],
-        };
-        (stats, v[8])
+        let mut figures = [0u64; Stats::LEN];
+        for (v, slot) in figures.iter_mut().zip(&self.engine) {
+            // Relaxed: independent gauges.
+            *v = slot.load(Ordering::Relaxed);
+        }
+        // Relaxed: as above.
+        (
+            Stats::from_array(figures),
+            self.engine[Stats::LEN].load(Ordering::Relaxed),
+        )
     }
 }
 

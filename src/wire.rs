@@ -135,7 +135,7 @@ pub fn reply_need(request: &Request, page_size: u32, capacity: u32) -> usize {
 }
 
 /// Size of the stats answer.
-const STATS_BYTES: usize = 9 * 8;
+const STATS_BYTES: usize = (Stats::LEN + 1) * 8;
 
 /// Encodes `request` for an engine of `page_size` and `capacity`.
 pub fn encode_request(request: &Request, page_size: u32, capacity: u32) -> EncodedRequest {
@@ -379,17 +379,7 @@ pub fn encode_reply(seq: u64, result: &Result<Reply, Rejection>) -> (WireReply, 
         }
         Ok(Reply::Stats { stats: s, sessions }) => {
             w.kind = kind::STATS;
-            for x in [
-                s.total_tokens,
-                s.evictable_tokens,
-                s.protected_tokens,
-                s.free_pages,
-                s.owned_pages,
-                s.nodes,
-                s.evict_scanned,
-                s.evicted_pages,
-                *sessions,
-            ] {
+            for x in s.to_array().into_iter().chain([*sessions]) {
                 payload.extend_from_slice(&x.to_le_bytes());
             }
         }
@@ -465,22 +455,15 @@ pub fn decode_reply(w: &WireReply, payload: &[u8]) -> Result<Result<Reply, Rejec
             if payload.len() != STATS_BYTES {
                 return Err(BadReply("stats payload has the wrong size".into()));
             }
-            let x: Vec<u64> = payload
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                .collect();
+            let mut x = [0u64; Stats::LEN + 1];
+            for (v, c) in x.iter_mut().zip(payload.chunks_exact(8)) {
+                *v = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            }
+            let mut figures = [0u64; Stats::LEN];
+            figures.copy_from_slice(&x[..Stats::LEN]);
             Reply::Stats {
-                stats: Stats {
-                    total_tokens: x[0],
-                    evictable_tokens: x[1],
-                    protected_tokens: x[2],
-                    free_pages: x[3],
-                    owned_pages: x[4],
-                    nodes: x[5],
-                    evict_scanned: x[6],
-                    evicted_pages: x[7],
-                },
-                sessions: x[8],
+                stats: Stats::from_array(figures),
+                sessions: x[Stats::LEN],
             }
         }
         k => return Err(BadReply(format!("unknown reply kind {k}"))),

@@ -118,6 +118,41 @@ pub struct Stats {
     pub evicted_pages: u64,
 }
 
+impl Stats {
+    /// Number of figures.
+    pub const LEN: usize = 8;
+
+    /// The figures in declaration order, for compact transport.
+    pub fn to_array(&self) -> [u64; Self::LEN] {
+        [
+            self.total_tokens,
+            self.evictable_tokens,
+            self.protected_tokens,
+            self.free_pages,
+            self.owned_pages,
+            self.nodes,
+            self.evict_scanned,
+            self.evicted_pages,
+        ]
+    }
+
+    /// The inverse of [`Stats::to_array`].
+    pub fn from_array(a: [u64; Self::LEN]) -> Self {
+        let [total_tokens, evictable_tokens, protected_tokens, free_pages, owned_pages, nodes, evict_scanned, evicted_pages] =
+            a;
+        Self {
+            total_tokens,
+            evictable_tokens,
+            protected_tokens,
+            free_pages,
+            owned_pages,
+            nodes,
+            evict_scanned,
+            evicted_pages,
+        }
+    }
+}
+
 /// A radix-tree prefix cache over a region `R`.
 pub struct Engine<R = HeapRegion> {
     arena: Arena<R>,

@@ -22,8 +22,14 @@ use crate::op::{ErrorKind, Rejection, Reply, Request};
 use crate::segment::{read_info, Info, Layout, PROTOCOL_VERSION, RING_CAPACITY};
 use crate::wire::{self, WireReply, WireRequest};
 
-/// How long a client spins for an answer before it sleeps.
+/// How long a client spins for an answer before it sleeps (when the host
+/// has a core to spare; otherwise it yields a few times and sleeps at once,
+/// leaving the cores to the daemon and the other clients).
 const SPIN_WINDOW: Duration = Duration::from_micros(50);
+/// Yields before sleeping on an oversubscribed host.
+const YIELDS: u32 = 4;
+/// Round trips between two looks at the host's load.
+const DETECT_EVERY: u64 = 256;
 /// Longest single sleep before the daemon's liveness is checked again.
 const SLEEP: Duration = Duration::from_millis(10);
 /// How long `connect` waits for a daemon that is still starting.
@@ -113,7 +119,9 @@ pub struct Client {
     seq: u64,
     /// Longest wait for an answer.
     pub timeout: Duration,
+    /// How to wait, refreshed every [`DETECT_EVERY`] round trips.
     spin: Spin,
+    round_trips: u64,
 }
 
 /// This client's rings, doorbells and scratch.
@@ -177,6 +185,7 @@ impl Client {
             seq: 0,
             timeout: Duration::from_secs(30),
             spin: Spin::detect(),
+            round_trips: 0,
         };
         client.port()?; // fail now, not at the first call, on a broken layout
         client.seq = u64::from(claim.generation) << 32;
@@ -289,6 +298,10 @@ impl Client {
         half: usize,
         answers: &mut Vec<Result<Reply, Rejection>>,
     ) -> Result<(), ClientError> {
+        self.round_trips += 1;
+        if self.round_trips % DETECT_EVERY == 0 {
+            self.spin = Spin::detect();
+        }
         let first_seq = self.seq;
         self.seq += batch.len() as u64;
         let port = self.port()?;
@@ -334,24 +347,27 @@ impl Client {
         Ok(())
     }
 
-    /// The next answer: spin a little, then sleep in short timeouts, each
-    /// followed by a liveness check of the daemon.
+    /// The next answer: spin a little (or, on an oversubscribed host, yield
+    /// a few times), then sleep in short naps, each followed by a liveness
+    /// check of the daemon.
     fn wait(&self, port: &Port<'_>, deadline: Instant) -> Result<WireReply, ClientError> {
+        let oversubscribed = self.spin == Spin::YIELD_ONLY;
         let start = Instant::now();
-        let mut spins = 0u32;
+        let mut tries = 0u32;
         loop {
             match port.replies.pop() {
                 Ok(Some(reply)) => return Ok(reply),
                 Ok(None) => {}
                 Err(e) => return Err(ClientError::Protocol(e.to_string())),
             }
-            spins += 1;
-            if spins % 64 != 0 || start.elapsed() < SPIN_WINDOW {
-                if self.spin == Spin::YIELD_ONLY {
+            tries += 1;
+            if oversubscribed {
+                if tries <= YIELDS {
                     yield_now();
-                } else {
-                    spin_loop();
+                    continue;
                 }
+            } else if tries % 64 != 0 || start.elapsed() < SPIN_WINDOW {
+                spin_loop();
                 continue;
             }
             port.doorbell.sleep(|| port.replies.has_work(), Some(SLEEP));

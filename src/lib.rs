@@ -10,7 +10,10 @@
 //! - [`daemon`]: `radixd serve`, the engine behind the rings.
 //! - [`client`]: [`Client`], a scheduler's connection to the daemon.
 //! - [`replay`]: trace replay under LRU, LFU, S3-FIFO and the engine.
+//! - [`bench`]: latency under contention, shared memory against a Unix
+//!   socket.
 
+pub mod bench;
 pub mod client;
 pub mod daemon;
 pub mod engine;

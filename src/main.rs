@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use radixd::bench::{self, BenchArgs, WorkerArgs};
 use radixd::daemon::{self, ServeConfig};
 use radixd::engine::{Config, Engine};
 use radixd::exec::{self, Local};
@@ -33,6 +34,11 @@ enum Command {
     Stat(StatArgs),
     /// Replay a Mooncake trace under cache policies and print hit rates.
     Replay(ReplayArgs),
+    /// Latency under contention: shared memory against a Unix socket.
+    Bench(BenchArgs),
+    /// One client process of `radixd bench` (internal).
+    #[command(hide = true)]
+    BenchWorker(WorkerArgs),
 }
 
 #[derive(clap::Args)]
@@ -160,6 +166,11 @@ fn main() -> ExitCode {
                 .unwrap_or_default(),
         )
         .map_err(|e| e.to_string()),
+        Command::Bench(args) => {
+            let mut out = io::stdout().lock();
+            bench::run(&args, &mut out).map_err(|e| e.to_string())
+        }
+        Command::BenchWorker(args) => bench::worker(&args).map_err(|e| e.to_string()),
         Command::Replay(args) => {
             let mut out = io::BufWriter::new(io::stdout().lock());
             replay::run(&args, &mut out).map_err(|e| e.to_string())

@@ -1,0 +1,119 @@
+//! `radixd bench` smoke runs with tiny sizes: both transports, `--compare`,
+//! `--json`, a trace workload, and bad flags. No timing is asserted.
+
+mod common;
+
+use common::radixd;
+use serde_json::Value;
+
+fn bench(args: &[&str]) -> std::process::Output {
+    radixd()
+        .arg("bench")
+        .args(args)
+        .output()
+        .expect("run radixd bench")
+}
+
+#[test]
+fn compare_json_reports_every_op_for_both_transports() {
+    let out = bench(&[
+        "--compare",
+        "--json",
+        "--clients",
+        "1,2",
+        "--requests",
+        "60",
+        "--prompt-tokens",
+        "64",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 4, "shm and uds for 1 and 2 clients");
+    for (run, (transport, clients)) in
+        runs.iter()
+            .zip([("shm", 1), ("uds", 1), ("shm", 2), ("uds", 2)])
+    {
+        assert_eq!(run["transport"], transport);
+        assert_eq!(run["clients"], clients);
+        let ops = run["ops"].as_object().unwrap();
+        // 60 steps per client: match, alloc and insert each time, an evict
+        // on step 50.
+        assert_eq!(ops["match"]["count"], 60 * clients);
+        assert_eq!(ops["alloc"]["count"], 60 * clients);
+        assert_eq!(ops["evict"]["count"], clients);
+        let total: u64 = ops.values().map(|o| o["count"].as_u64().unwrap()).sum();
+        assert_eq!(run["requests"].as_u64().unwrap(), total);
+        assert_eq!(run["rejected"], 0);
+        assert!(ops["match"]["p50_us"].as_f64().unwrap() > 0.0);
+    }
+    // Both transports served the same requests, so they hit the same.
+    assert_eq!(runs[0]["hit_rate"], runs[1]["hit_rate"]);
+}
+
+#[test]
+fn the_table_shows_ratios_and_a_trace_workload_runs() {
+    let dir = std::env::temp_dir().join(format!("radixd-bench-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.jsonl");
+    let line = |ids: &str| {
+        format!(
+            "{{\"timestamp\":0,\"input_length\":100,\"output_length\":1,\"hash_ids\":[{ids}]}}\n"
+        )
+    };
+    std::fs::write(&trace, line("1,2") + &line("1,3") + &line("4")).unwrap();
+    let out = bench(&[
+        "--compare",
+        "--requests",
+        "20",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--block-size",
+        "32",
+        "--prompt-tokens",
+        "64",
+        "--page-size",
+        "4",
+        "--plot",
+        dir.join("p.svg").to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "shm, 1 client(s)",
+        "uds, 1 client(s)",
+        "p99.9 µs",
+        "uds/shm, match: p50",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing:\n{text}");
+    }
+    let svg = std::fs::read_to_string(dir.join("p.svg")).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("shm p50") && svg.contains("uds p99"));
+}
+
+#[test]
+fn bad_flags_exit_2() {
+    for args in [
+        &["--clients", "0"][..],
+        &["--requests", "0"],
+        &["--page-size", "0"],
+        &["--transport", "tcp"],
+        &["--connect", "x", "--transport", "uds"],
+        &["--trace", "/no/such/trace.jsonl"],
+    ] {
+        let out = bench(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(!out.stderr.is_empty());
+    }
+}

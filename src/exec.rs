@@ -225,16 +225,16 @@ pub fn render(result: Result<Reply, Rejection>) -> String {
         }) => {
             json!({"ok": true, "resident_tokens": resident_tokens, "idle_ms": idle_ms})
         }
+        // Exactly the fields of DESIGN §4 (and issue 5's `sessions`); the
+        // rest of `Stats` is for the Rust API and `radixd stat`.
         Ok(Reply::Stats { stats: s, sessions }) => json!({
             "ok": true,
             "total_tokens": s.total_tokens,
             "evictable_tokens": s.evictable_tokens,
             "protected_tokens": s.protected_tokens,
             "free_pages": s.free_pages,
-            "owned_pages": s.owned_pages,
             "nodes": s.nodes,
             "evict_scanned": s.evict_scanned,
-            "evicted_pages": s.evicted_pages,
             "sessions": sessions,
         }),
     };

@@ -109,6 +109,26 @@ fn every_op_answers_as_the_design_says(x: &mut Exec) {
         assert_eq!(stats[k], json!(v), "{k} in {stats}");
     }
     assert!(stats["evict_scanned"].is_u64());
+    let keys: Vec<&str> = stats
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "ok",
+            "total_tokens",
+            "evictable_tokens",
+            "protected_tokens",
+            "free_pages",
+            "nodes",
+            "evict_scanned",
+            "sessions"
+        ],
+        "the stats answer has exactly the fields of DESIGN §4 plus sessions"
+    );
     assert_eq!(
         x.call(json!({"op":"evict","tokens":3})),
         json!({"ok":true,"evicted":4})
@@ -283,7 +303,7 @@ fn a_batch_on_stdin_gets_one_answer_per_line_in_order() {
     assert_eq!(lines[0], json!({"ok":true,"pages":[0]}));
     assert_eq!(lines[1]["error"], "unknown_op");
     assert_eq!(lines[2]["error"], "malformed");
-    assert_eq!(lines[3]["owned_pages"], 1);
+    assert_eq!(lines[3]["free_pages"], 7, "one of 8 pages is owned");
 }
 
 #[test]

@@ -206,17 +206,8 @@ pub fn render(result: Result<Reply, Rejection>) -> String {
             }
             v
         }
-        Ok(Reply::Matched {
-            len,
-            pages,
-            handle,
-            locked,
-        }) => {
-            let mut v = json!({"ok": true, "len": len, "pages": pages});
-            if locked {
-                v["handle"] = json!(handle);
-            }
-            v
+        Ok(Reply::Matched { len, pages, handle }) => {
+            json!({"ok": true, "len": len, "pages": pages, "handle": handle})
         }
         Ok(Reply::Evicted(tokens)) => json!({"ok": true, "evicted": tokens}),
         Ok(Reply::Session {

@@ -63,12 +63,12 @@ pub enum Reply {
         handle: Option<u64>,
         locked: bool,
     },
-    /// `match`; `handle` is meaningful only when `locked`.
+    /// `match`: the handle covers the matched tokens (`None`: nothing
+    /// matched), locked when the request asked.
     Matched {
         len: u64,
         pages: Vec<u32>,
         handle: Option<u64>,
-        locked: bool,
     },
     /// `evict`: tokens evicted.
     Evicted(u64),
@@ -244,7 +244,6 @@ pub fn apply<R: Region>(
                 len: r.len as u64,
                 pages,
                 handle: r.handle.map(|h| h.to_raw()),
-                locked: lock,
             }
         }
         Request::Lock { handle } => {

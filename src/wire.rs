@@ -355,15 +355,10 @@ pub fn encode_reply(seq: u64, result: &Result<Reply, Rejection>) -> (WireReply, 
             (w.a, w.b) = (*cached, *len);
             set_handle(&mut w, *handle, *locked);
         }
-        Ok(Reply::Matched {
-            len,
-            pages,
-            handle,
-            locked,
-        }) => {
+        Ok(Reply::Matched { len, pages, handle }) => {
             w.kind = kind::MATCHED;
             w.a = *len;
-            set_handle(&mut w, *handle, *locked);
+            set_handle(&mut w, *handle, false);
             push_u32s(&mut payload, pages);
         }
         Ok(Reply::Evicted(tokens)) => {
@@ -444,7 +439,6 @@ pub fn decode_reply(w: &WireReply, payload: &[u8]) -> Result<Result<Reply, Rejec
             len: w.a,
             pages: words()?,
             handle,
-            locked,
         },
         kind::EVICTED => Reply::Evicted(w.a),
         kind::SESSION => Reply::Session {
@@ -544,7 +538,11 @@ mod tests {
                 len: 4,
                 pages: vec![1],
                 handle: None,
-                locked: true,
+            }),
+            Ok(Reply::Matched {
+                len: 4,
+                pages: vec![1],
+                handle: Some(7),
             }),
             Ok(Reply::Evicted(16)),
             Ok(Reply::Session {

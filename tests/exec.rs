@@ -77,9 +77,23 @@ fn every_op_answers_as_the_design_says(x: &mut Exec) {
     );
     let h2 = m["handle"].as_u64().expect("handle");
     assert_ne!(h, h2);
+    // Without lock the handle still names the node covering the match
+    // (SGLang's `last_node`), for a later `lock`.
+    let m3 = x.call(json!({"op":"match","tokens":[1,2,3],"lock":false}));
     assert_eq!(
-        x.call(json!({"op":"match","tokens":[1,2,3],"lock":false})),
-        json!({"ok":true,"len":2,"pages":[0]})
+        (m3["len"].clone(), m3["pages"].clone()),
+        (json!(2), json!([0]))
+    );
+    let h3 = m3["handle"].as_u64().expect("handle without lock");
+    assert_eq!(x.call(json!({"op":"lock","handle":h3})), json!({"ok":true}));
+    assert_eq!(x.call(json!({"op":"stats"}))["protected_tokens"], json!(6));
+    assert_eq!(
+        x.call(json!({"op":"unlock","handle":h3})),
+        json!({"ok":true})
+    );
+    assert_eq!(
+        x.call(json!({"op":"match","tokens":[9,9],"lock":false})),
+        json!({"ok":true,"len":0,"pages":[],"handle":null})
     );
     assert_eq!(
         x.call(json!({"op":"match","tokens":[9,9],"lock":true})),

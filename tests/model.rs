@@ -704,12 +704,14 @@ fn run(p: u32, cap: u32, ops: &[Op]) {
                 let Matched { len, handle } = e.match_prefix(client, &key, lock, &mut buf);
                 let (wlen, wpages, node) = m.match_prefix(&key);
                 assert_eq!((len, &buf), (wlen, &wpages), "match {key:?}");
-                match (lock, node) {
-                    (true, Some(l)) => {
-                        m.note_handle(l, handle.expect("locked match: no handle"));
-                        m.lock_label(client, l);
+                match node {
+                    Some(l) => {
+                        m.note_handle(l, handle.expect("a match of something has a handle"));
+                        if lock {
+                            m.lock_label(client, l);
+                        }
                     }
-                    _ => assert_eq!(handle, None),
+                    None => assert_eq!(handle, None),
                 }
             }
             Op::Peek {

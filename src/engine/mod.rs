@@ -92,8 +92,8 @@ pub struct Inserted {
 pub struct Matched {
     /// Tokens of the longest cached page-aligned prefix.
     pub len: usize,
-    /// The locked node covering exactly those tokens, when a lock was asked
-    /// for and something matched.
+    /// The node covering exactly those tokens (locked when a lock was asked
+    /// for); `None` when nothing matched.
     pub handle: Option<Handle>,
 }
 
@@ -348,8 +348,9 @@ impl<R: Region> Engine<R> {
 
     /// Finds the longest cached page-aligned prefix of `tokens`, writes its
     /// page ids to `pages` (cleared first) and marks the path as just used.
-    /// A match that ends inside an edge splits it there, so with `lock` the
-    /// handle covers exactly the matched tokens.
+    /// A match that ends inside an edge splits it there, so the handle covers
+    /// exactly the matched tokens; with `lock` it is also locked (SGLang's
+    /// `match_prefix` then `inc_lock_ref(last_node)` in one step).
     pub fn match_prefix(
         &mut self,
         client: ClientId,
@@ -362,7 +363,11 @@ impl<R: Region> Engine<R> {
         let walk = self.arena.walk(key, pages);
         let node = self.arena.settle(walk);
         self.arena.touch(node);
-        let handle = (lock && node != ROOT).then(|| self.lock_node(client, node));
+        let handle = match (node == ROOT, lock) {
+            (true, _) => None,
+            (false, true) => Some(self.lock_node(client, node)),
+            (false, false) => Some(self.handle_of(node)),
+        };
         Matched {
             len: walk.pages * self.page_size() as usize,
             handle,
@@ -379,6 +384,10 @@ impl<R: Region> Engine<R> {
     fn lock_node(&mut self, client: ClientId, node: u32) -> Handle {
         self.arena.lock_path(node);
         *self.locks.entry((client, node)).or_insert(0) += 1;
+        self.handle_of(node)
+    }
+
+    fn handle_of(&self, node: u32) -> Handle {
         Handle {
             index: node,
             generation: self.arena.nodes()[node as usize].generation,

@@ -17,7 +17,7 @@ use radixd_ipc::{
     Spin, INFO_OFFSET,
 };
 
-use crate::engine::{Handle, Stats};
+use crate::engine::{Handle, Stats, TreeReader};
 use crate::op::{ErrorKind, Rejection, Reply, Request};
 use crate::segment::{read_info, Info, Layout, PROTOCOL_VERSION, RING_CAPACITY};
 use crate::wire::{self, WireReply, WireRequest};
@@ -58,6 +58,8 @@ pub enum ClientError {
     TooLarge { bytes: usize, room: usize },
     /// The daemon broke the protocol.
     Protocol(String),
+    /// A lock-free read kept colliding with the daemon's writes.
+    Contended,
 }
 
 impl fmt::Display for ClientError {
@@ -80,6 +82,7 @@ impl fmt::Display for ClientError {
                 )
             }
             Self::Protocol(m) => write!(f, "protocol error: {m}"),
+            Self::Contended => write!(f, "the tree kept changing under the read; try again"),
         }
     }
 }
@@ -389,6 +392,26 @@ impl Client {
         } else {
             ClientError::DaemonGone
         }
+    }
+
+    /// The longest cached prefix of `tokens` and its pages, read straight
+    /// from the shared tree: no round trip, no lock, no LRU touch (for
+    /// scoring requests; `match_prefix` is what a scheduler acts on).
+    pub fn peek(&self, tokens: &[u32]) -> Result<(usize, Vec<u32>), ClientError> {
+        let base = self
+            .segment
+            .region(self.layout.engine_at, self.layout.engine.size() as u64)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        // SAFETY: the engine region lies inside our mapping (checked just
+        // now), which lives as long as `self` and therefore the reader; it
+        // is page aligned (the layout puts it after a page-aligned stats
+        // page), and the reader only copies out of it.
+        let reader = unsafe { TreeReader::new(base, self.layout.engine) };
+        let mut pages = Vec::new();
+        let len = reader
+            .peek(tokens, &mut pages)
+            .ok_or(ClientError::Contended)?;
+        Ok((len, pages))
     }
 
     /// Takes `n` pages from the pool, evicting as needed.

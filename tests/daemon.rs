@@ -365,3 +365,57 @@ fn a_corrupt_ring_harms_only_its_own_client() {
     let mut again = connect(&daemon);
     assert_eq!(again.stats().unwrap().0.owned_pages, 2);
 }
+
+#[test]
+fn peek_reads_the_shared_tree_without_a_round_trip_even_under_churn() {
+    let daemon = Daemon::start(&["--page-size", "4", "--capacity", "256"]);
+    let mut c = connect(&daemon);
+    let stable: Vec<u32> = (0..64).collect();
+    let pages = c.alloc(16).unwrap();
+    let h = c.insert(&stable, &pages, true).unwrap().handle.unwrap();
+    assert_eq!(c.peek(&stable).unwrap(), (64, pages.clone()));
+    assert_eq!(
+        c.peek(&[0, 1, 2, 3, 9, 9, 9, 9]).unwrap(),
+        (4, pages[..1].to_vec())
+    );
+    let before = c.stats().unwrap();
+    // Another client splits, grows and evicts the tree meanwhile; the locked
+    // prefix must read back exactly, every time, or not at all.
+    let name = daemon.name.clone();
+    let churn = std::thread::spawn(move || {
+        let mut other = Client::connect(&name).unwrap();
+        for i in 0..400u32 {
+            let key: Vec<u32> = (0..32)
+                .map(|t| if t < 8 { t } else { 1000 + i * 7 + t })
+                .collect();
+            let m = other.match_prefix(&key, false).unwrap();
+            let mut pages = m.pages.clone();
+            if let Ok(fresh) = other.alloc(((key.len() - m.len) / 4) as u64) {
+                pages.extend(fresh);
+                other.insert(&key, &pages, false).unwrap();
+            }
+            if i % 16 == 0 {
+                other.evict(64).unwrap();
+            }
+        }
+    });
+    let mut seen = 0;
+    while !churn.is_finished() {
+        match c.peek(&stable) {
+            Ok(found) => {
+                assert_eq!(found, (64, pages.clone()), "a peek returned a torn answer");
+                seen += 1;
+            }
+            Err(ClientError::Contended) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    churn.join().unwrap();
+    assert!(seen > 0);
+    assert!(
+        c.stats().unwrap().0.evicted_pages > before.0.evicted_pages,
+        "the churn evicted"
+    );
+    c.unlock(h).unwrap();
+    c.validate().unwrap();
+}

@@ -470,3 +470,28 @@ fn chains_are_evicted_leaf_first_in_one_pass() {
     assert_eq!(e.stats().evict_scanned, u64::from(n * d));
     ok(&e);
 }
+
+#[test]
+fn a_tree_reader_sees_what_the_engine_sees() {
+    use radixd::engine::{Region, TreeReader};
+    let mut e = engine(2, 64);
+    put(&mut e, A, &[1, 2, 3, 4, 5, 6]);
+    put(&mut e, A, &[1, 2, 3, 4, 9, 9]);
+    put(&mut e, A, &[7, 7]);
+    let base = std::ptr::NonNull::new(e.region().as_ptr()).unwrap();
+    // SAFETY: the engine's own heap region, alive and unchanged while read.
+    let reader = unsafe { TreeReader::new(base, e.layout()) };
+    for key in [
+        &[1, 2, 3, 4, 5, 6, 8][..],
+        &[1, 2, 3, 4, 9],
+        &[1, 2, 3],
+        &[7, 7, 7],
+        &[8],
+        &[],
+    ] {
+        let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+        let len = reader.peek(key, &mut theirs);
+        assert_eq!(len, Some(e.peek(key, &mut mine)), "{key:?}");
+        assert_eq!(theirs, mine, "{key:?}");
+    }
+}

@@ -8,6 +8,7 @@ use super::layout::{
     ROOT,
 };
 use super::region::{Region, REGION_ALIGN};
+use radixd_ipc::SeqLock;
 
 /// An engine region and the layout that carves it.
 pub(crate) struct Arena<R> {
@@ -33,6 +34,10 @@ impl<R: Region> Arena<R> {
     /// Writes an empty cache over the whole region: every page free (handed
     /// out in id order first, as SGLang's allocator does), only the root live.
     pub fn format(&mut self) {
+        self.structural(Self::format_inner);
+    }
+
+    fn format_inner(&mut self) {
         let l = self.layout;
         *self.hdr_mut() = Header {
             layout_version: LAYOUT_VERSION,
@@ -114,15 +119,33 @@ impl<R: Region> Arena<R> {
         unsafe { std::slice::from_raw_parts_mut(self.region.as_ptr().add(at).cast::<T>(), len) }
     }
 
+    /// The sequence word readers in other processes check (see
+    /// [`TreeReader`](super::TreeReader)).
+    pub fn seq(&self) -> &SeqLock {
+        // SAFETY: offset 0 of a REGION_ALIGN-aligned region, which the layout
+        // leaves to the sequence word alone; `SeqLock` is one atomic, valid
+        // for any bits and shared through `&` only.
+        unsafe { &self.slice::<SeqLock>(0, 1)[0] }
+    }
+
+    /// Runs a change to what readers of the tree see (links, page lists,
+    /// tokens, the child table) inside a write of the sequence word.
+    pub fn structural<T>(&mut self, change: impl FnOnce(&mut Self) -> T) -> T {
+        self.seq().begin_write();
+        let result = change(self);
+        self.seq().end_write();
+        result
+    }
+
     pub fn hdr(&self) -> &Header {
         // SAFETY: the header sits at offset 0 of a REGION_ALIGN-aligned
         // region at least `layout.size()` bytes long (checked in `new`).
-        unsafe { &self.slice::<Header>(0, 1)[0] }
+        unsafe { &self.slice::<Header>(self.layout.header_at, 1)[0] }
     }
 
     pub fn hdr_mut(&mut self) -> &mut Header {
         // SAFETY: as in `hdr`; `&mut self` makes the reference unique.
-        unsafe { &mut self.slice_mut::<Header>(0, 1)[0] }
+        unsafe { &mut self.slice_mut::<Header>(self.layout.header_at, 1)[0] }
     }
 
     pub fn nodes(&self) -> &[Node] {

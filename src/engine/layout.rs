@@ -2,7 +2,7 @@
 //! array starts.
 //!
 //! ```text
-//! [Header][Node; capacity + 1][Page; capacity][free ring: u32; capacity]
+//! [SeqLock][Header][Node; capacity + 1][Page; capacity][free ring: u32; capacity]
 //!         [Bucket; 2^k >= 2 * (capacity + 1)][tokens: u32; capacity * page_size]
 //! ```
 //!
@@ -27,7 +27,7 @@ pub const MAX_PAGE_SIZE: u32 = 1024;
 pub const MAX_CAPACITY: u32 = 1 << 30;
 
 /// Identifies this layout; bumped whenever a record changes shape.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Engine-wide scalars at the start of the region.
 #[repr(C)]
@@ -141,6 +141,7 @@ pub struct EngineLayout {
     pub(crate) capacity: u32,
     pub(crate) node_cap: u32,
     pub(crate) buckets: u32,
+    pub(crate) header_at: usize,
     pub(crate) nodes_at: usize,
     pub(crate) pages_at: usize,
     pub(crate) free_at: usize,
@@ -169,7 +170,10 @@ impl EngineLayout {
         let buckets = (2 * node_cap as u64).next_power_of_two();
         let buckets = u32::try_from(buckets).map_err(|_| ConfigError::Capacity(capacity))?;
         let (cap, nodes) = (capacity as usize, node_cap as usize);
-        let nodes_at = align_up(size_of::<Header>());
+        // The sequence word has a cache line of its own at offset 0, where
+        // `format` (which rewrites the header) never touches it.
+        let header_at = REGION_ALIGN;
+        let nodes_at = align_up(header_at + size_of::<Header>());
         let pages_at = align_up(nodes_at + nodes * size_of::<Node>());
         let free_at = align_up(pages_at + cap * size_of::<Page>());
         let buckets_at = align_up(free_at + cap * size_of::<u32>());
@@ -187,6 +191,7 @@ impl EngineLayout {
             capacity,
             node_cap,
             buckets,
+            header_at,
             nodes_at,
             pages_at,
             free_at,

@@ -20,6 +20,7 @@ mod error;
 pub mod layout;
 mod lru;
 mod pool;
+mod reader;
 mod region;
 mod session;
 mod table;
@@ -30,6 +31,7 @@ use std::collections::HashMap;
 
 pub use error::{ConfigError, HandleError, InvariantError, PageError};
 pub use layout::EngineLayout;
+pub use reader::TreeReader;
 pub use region::{HeapRegion, Region, REGION_ALIGN};
 pub use session::{SessionError, SessionStatus};
 
@@ -200,6 +202,11 @@ impl<R: Region> Engine<R> {
     /// The region the engine lives in.
     pub fn region(&self) -> &R {
         self.arena.region()
+    }
+
+    /// Where everything sits in the region (for a [`TreeReader`]).
+    pub fn layout(&self) -> EngineLayout {
+        self.arena.layout
     }
 
     fn aligned(&self, len: usize) -> usize {

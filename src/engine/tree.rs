@@ -75,6 +75,10 @@ impl<R: Region> Arena<R> {
     /// pages (and the child's place under its parent, key and lock count);
     /// `child` keeps the rest, its identity and its handles.
     fn split(&mut self, child: u32, at: u32, upper: u32) -> u32 {
+        self.structural(|a| a.split_inner(child, at, upper))
+    }
+
+    fn split_inner(&mut self, child: u32, at: u32, upper: u32) -> u32 {
         let c = self.nodes()[child as usize];
         let upper_last = self.pages()[at as usize].prev;
         self.pages_mut()[upper_last as usize].next = NIL;
@@ -108,6 +112,10 @@ impl<R: Region> Arena<R> {
     /// Hangs a new leaf under `parent` holding `pages` (claimed by the caller)
     /// with the tokens `key`, one page per `page_size` tokens.
     pub fn add_leaf(&mut self, parent: u32, key: &[u32], pages: &[u32]) -> u32 {
+        self.structural(|a| a.add_leaf_inner(parent, key, pages))
+    }
+
+    fn add_leaf_inner(&mut self, parent: u32, key: &[u32], pages: &[u32]) -> u32 {
         let p = self.page_size();
         let leaf = self.node_alloc();
         let mut prev = NIL;
@@ -185,6 +193,13 @@ impl<R: Region> Arena<R> {
     /// still ahead (see the LRU invariant in `lru`), so evicting M leaves past
     /// K locked or inner nodes visits O(M + K) list nodes.
     pub fn evict_pages(&mut self, want: u64) -> u64 {
+        if want == 0 {
+            return 0;
+        }
+        self.structural(|a| a.evict_pages_inner(want))
+    }
+
+    fn evict_pages_inner(&mut self, want: u64) -> u64 {
         let mut freed = 0;
         let mut scanned = 0;
         let mut cursor = self.hdr().lru_oldest;

@@ -153,7 +153,7 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
                 continue;
             };
             if word != port.seen {
-                adopt(&mut engine, port, index, word);
+                adopt(&mut engine, port, index, word, live);
             }
             if word.1 != ACTIVE || port.broken {
                 continue;
@@ -243,13 +243,35 @@ fn adopt<R: crate::engine::Region>(
     port: &mut Port<'_>,
     index: u32,
     word: (u32, u32),
+    live: &LiveStats,
 ) {
-    if port.seen.1 == ACTIVE {
-        engine.release_client(client_id(index));
+    forget(engine, port, index, live);
+    if word.1 == ACTIVE {
+        // Relaxed: a gauge; the daemon is its only writer. Counted here, before
+        // the client's first request is answered, so `stat` never misses a
+        // client that has had an answer.
+        live.clients.fetch_add(1, Ordering::Relaxed);
     }
     port.seen = word;
     port.pending = None;
     port.broken = false;
+}
+
+/// Drops whatever the client the port last saw active holds, and stops
+/// counting it as connected.
+fn forget<R: crate::engine::Region>(
+    engine: &mut Engine<R>,
+    port: &mut Port<'_>,
+    index: u32,
+    live: &LiveStats,
+) {
+    if port.seen.1 == ACTIVE {
+        engine.release_client(client_id(index));
+        // Relaxed: a gauge; see `adopt`.
+        live.clients.fetch_sub(1, Ordering::Relaxed);
+    }
+    port.seen = (0, 0);
+    port.pending = None;
 }
 
 /// Answers up to [`BATCH`] requests of one active slot; returns how many.
@@ -285,7 +307,7 @@ fn drain<R: crate::engine::Region>(
         // client: release the old one first (see `adopt`).
         match word(index) {
             Some(w) if w != port.seen => {
-                adopt(engine, port, index, w);
+                adopt(engine, port, index, w, live);
                 if w.1 != ACTIVE {
                     break;
                 }
@@ -382,23 +404,18 @@ fn sweep<R: crate::engine::Region, L: radixd_ipc::SlotLocks>(
     slots: &radixd_ipc::SlotTable<'_, L>,
     live: &LiveStats,
 ) {
-    let mut clients = 0;
     for status in slots.occupied() {
         let Some(port) = ports.get_mut(status.index as usize) else {
             continue;
         };
         if status.is_dead() {
-            engine.release_client(client_id(status.index));
-            port.seen = (0, 0);
-            port.pending = None;
+            // Only requests of a slot seen active are answered, so a client
+            // the daemon never saw active holds nothing to release.
+            forget(engine, port, status.index, live);
             if slots.reclaim(status).is_ok() {
                 // Relaxed: a statistics counter.
                 live.reaped.fetch_add(1, Ordering::Relaxed);
             }
-        } else if status.state == ACTIVE {
-            clients += 1;
         }
     }
-    // Relaxed: a gauge.
-    live.clients.store(clients, Ordering::Relaxed);
 }

@@ -52,6 +52,15 @@ fn a_killed_client_s_locks_and_pages_come_back_and_others_keep_theirs() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+    let out = radixd()
+        .args(["stat", &daemon.name, "--interval", "0.01"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("clients     1 connected, 1 reaped after dying"),
+        "{text}"
+    );
     // The dead client's insert stays cached (evictable); ours stays locked.
     assert_eq!(other.match_prefix(&[1, 2, 3, 4], false).unwrap().len, 4);
     assert_eq!(other.evict(100).unwrap(), 4);
@@ -220,6 +229,24 @@ fn stat_prints_live_figures() {
         "p99",
     ] {
         assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    // A client that leaves stops counting, and its pages go back.
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = radixd()
+            .args(["stat", &daemon.name, "--interval", "0.01"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("clients     0 connected") && text.contains("0 owned by clients") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the client still counts:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -11,6 +11,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use radixd_ipc::copy;
 use radixd_ipc::sync::{spin_loop, yield_now, Ordering};
 use radixd_ipc::{
     ClaimError, Consumer, Doorbell, Offset, OpenError, Producer, RingHeader, Scratch, Segment,
@@ -268,10 +269,10 @@ impl Client {
             .collect();
         if let Some(big) = encoded
             .iter()
-            .find(|e| e.payload.len() > half || e.reply_need > half)
+            .find(|e| e.payload_len() > half || e.reply_need > half)
         {
             return Err(ClientError::TooLarge {
-                bytes: big.payload.len().max(big.reply_need),
+                bytes: big.payload_len().max(big.reply_need),
                 room: half,
             });
         }
@@ -281,10 +282,10 @@ impl Client {
             // As many as fit the ring and both halves of the scratch.
             let (mut payload, mut reply, mut n) = (0, 0, 0);
             for e in rest.iter().take(RING_CAPACITY as usize) {
-                if payload + e.payload.len() > half || reply + e.reply_need > half {
+                if payload + e.payload_len() > half || reply + e.reply_need > half {
                     break;
                 }
-                payload += e.payload.len();
+                payload += e.payload_len();
                 reply += e.reply_need;
                 n += 1;
             }
@@ -297,7 +298,7 @@ impl Client {
 
     fn round_trip(
         &mut self,
-        batch: &[wire::EncodedRequest],
+        batch: &[wire::EncodedRequest<'_>],
         half: usize,
         answers: &mut Vec<Result<Reply, Rejection>>,
     ) -> Result<(), ClientError> {
@@ -316,10 +317,15 @@ impl Client {
             record.payload_off = payload_at as u32;
             record.reply_off = reply_at as u32;
             record.reply_len = e.reply_need as u32;
+            // Straight from the caller's slices into the window: no staging.
+            let words = (e.tokens.len() + e.pages.len()) * 4;
+            let at = payload_at as u64;
             port.scratch
-                .write_bytes(payload_at as u64, &e.payload)
+                .write_u32s(at, e.tokens)
+                .and_then(|()| port.scratch.write_u32s(at + e.tokens.len() as u64 * 4, e.pages))
+                .and_then(|()| port.scratch.write_bytes(at + words as u64, e.session))
                 .map_err(|e| ClientError::Protocol(e.to_string()))?;
-            payload_at += e.payload.len();
+            payload_at += e.payload_len();
             reply_at += e.reply_need;
             windows.push(record.reply_off);
             if port.requests.push(record).is_err() {
@@ -425,7 +431,7 @@ impl Client {
     /// Returns owned pages to the pool.
     pub fn free(&mut self, pages: &[u32]) -> Result<(), ClientError> {
         self.done(Request::Free {
-            pages: pages.to_vec(),
+            pages: copy::to_vec(pages),
         })
     }
 
@@ -437,8 +443,8 @@ impl Client {
         lock: bool,
     ) -> Result<InsertResult, ClientError> {
         let request = Request::Insert {
-            tokens: tokens.to_vec(),
-            pages: pages.to_vec(),
+            tokens: copy::to_vec(tokens),
+            pages: copy::to_vec(pages),
             lock,
         };
         match self.call(&request)? {
@@ -459,7 +465,7 @@ impl Client {
     /// The longest cached prefix of `tokens`, optionally locked.
     pub fn match_prefix(&mut self, tokens: &[u32], lock: bool) -> Result<MatchResult, ClientError> {
         match self.call(&Request::Match {
-            tokens: tokens.to_vec(),
+            tokens: copy::to_vec(tokens),
             lock,
         })? {
             Reply::Matched {
@@ -504,8 +510,8 @@ impl Client {
     ) -> Result<InsertResult, ClientError> {
         let request = Request::SessionCommit {
             session: session.to_owned(),
-            tokens: tokens.to_vec(),
-            pages: pages.to_vec(),
+            tokens: copy::to_vec(tokens),
+            pages: copy::to_vec(pages),
         };
         match self.call(&request)? {
             Reply::Inserted { cached, len, .. } => Ok(InsertResult {

@@ -25,7 +25,7 @@ use crate::op::{self, ErrorKind, Rejection};
 use crate::segment::{
     bucket_of, write_info, Info, Layout, LayoutProblem, LiveStats, SegmentConfig, ShmRegion,
 };
-use crate::wire::{self, WireReply, WireRequest};
+use crate::wire::{self, ScratchWindow, WireReply, WireRequest};
 
 /// How often liveness, session TTLs and published figures are refreshed.
 pub const SWEEP: Duration = Duration::from_millis(50);
@@ -140,7 +140,6 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
     // with the Acquire load of `ready` in `Client::connect`.
     info.ready.store(1, Ordering::Release);
 
-    let mut buf = Vec::new();
     let mut last_sweep = Instant::now();
     let mut last_work = Instant::now();
     let mut spin = Spin::detect();
@@ -158,7 +157,7 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
             if word.1 != ACTIVE || port.broken {
                 continue;
             }
-            work += drain(&mut engine, port, index, &mut buf, live, |i| {
+            work += drain(&mut engine, port, index, live, |i| {
                 slots.word(i).ok()
             });
         }
@@ -279,7 +278,6 @@ fn drain<R: crate::engine::Region>(
     engine: &mut Engine<R>,
     port: &mut Port<'_>,
     index: u32,
-    buf: &mut Vec<u8>,
     live: &LiveStats,
     word: impl Fn(u32) -> Option<(u32, u32)>,
 ) -> usize {
@@ -315,7 +313,7 @@ fn drain<R: crate::engine::Region>(
             _ => {}
         }
         let start = Instant::now();
-        let reply = answer(engine, client_id(index), &port.scratch, &record, buf);
+        let reply = answer(engine, client_id(index), &port.scratch, &record);
         let ns = start.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
         // Relaxed: statistics counters, no ordering with anything.
         live.service_ns[bucket_of(ns)].fetch_add(1, Ordering::Relaxed);
@@ -342,7 +340,6 @@ fn answer<R: crate::engine::Region>(
     client: ClientId,
     scratch: &Scratch<'_>,
     record: &WireRequest,
-    buf: &mut Vec<u8>,
 ) -> WireReply {
     let window_ok = record
         .reply_off
@@ -354,14 +351,9 @@ fn answer<R: crate::engine::Region>(
             "reply window lies outside the scratch area",
         ))
     } else {
-        scratch
-            .read_bytes(
-                u64::from(record.payload_off),
-                u64::from(record.payload_len),
-                buf,
-            )
+        ScratchWindow::new(scratch, record.payload_off, record.payload_len)
             .map_err(|e| Rejection::new(ErrorKind::Malformed, format!("payload window: {e}")))
-            .and_then(|()| wire::decode_request(record, buf))
+            .and_then(|window| wire::decode_request(record, &window))
             .and_then(|request| {
                 let need = wire::reply_need(&request, engine.page_size(), engine.capacity());
                 if need > record.reply_len as usize {

@@ -8,11 +8,58 @@
 //! answer arrives. Everything the daemon reads is untrusted: [`decode_request`]
 //! checks every field of a copied record against the copied payload and
 //! answers a typed [`Rejection`], never a panic.
+//!
+//! Payload words are in the host's byte order: both ends always share a
+//! host, and so a prompt travels by plain copies, never word by word.
 
 use std::mem::size_of;
 
+use radixd_ipc::{copy, Scratch, ScratchError};
+
 use crate::engine::Stats;
 use crate::op::{ErrorKind, Rejection, Reply, Request};
+
+/// A request's payload window in a client's scratch area, checked to lie
+/// inside it; [`decode_request`] copies each piece out once.
+pub struct ScratchWindow<'a> {
+    scratch: &'a Scratch<'a>,
+    at: u64,
+    len: usize,
+}
+
+impl<'a> ScratchWindow<'a> {
+    /// The `len` bytes at `at`, or why they are not all inside `scratch`.
+    pub fn new(scratch: &'a Scratch<'a>, at: u32, len: u32) -> Result<Self, ScratchError> {
+        scratch.contains(u64::from(at), u64::from(len))?;
+        Ok(Self {
+            scratch,
+            at: u64::from(at),
+            len: len as usize,
+        })
+    }
+}
+
+impl Payload for ScratchWindow<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn words(&self, at: usize, n: usize) -> Result<Vec<u32>, Rejection> {
+        let mut out = Vec::new();
+        self.scratch
+            .read_u32s(self.at + at as u64, n as u64, &mut out)
+            .map_err(|e| malformed(format!("payload window: {e}")))?;
+        Ok(out)
+    }
+
+    fn bytes(&self, at: usize, n: usize) -> Result<Vec<u8>, Rejection> {
+        let mut out = Vec::new();
+        self.scratch
+            .read_bytes(self.at + at as u64, n as u64, &mut out)
+            .map_err(|e| malformed(format!("payload window: {e}")))?;
+        Ok(out)
+    }
+}
 
 /// Operation codes.
 mod opcode {
@@ -101,26 +148,91 @@ unsafe impl radixd_ipc::Plain for WireRequest {}
 // SAFETY: as for `WireRequest`.
 unsafe impl radixd_ipc::Plain for WireReply {}
 
-/// A request record and its payload, ready to be written to the scratch.
-pub struct EncodedRequest {
+/// A request record and the pieces of its payload, borrowed from the
+/// request, ready to be copied into a scratch window (or a byte stream).
+pub struct EncodedRequest<'r> {
     pub record: WireRequest,
-    pub payload: Vec<u8>,
     /// Bytes of reply window the answer can need.
     pub reply_need: usize,
+    pub tokens: &'r [u32],
+    pub pages: &'r [u32],
+    pub session: &'r [u8],
 }
 
-fn push_u32s(out: &mut Vec<u8>, xs: &[u32]) {
-    out.reserve(xs.len() * 4);
-    for x in xs {
-        out.extend_from_slice(&x.to_le_bytes());
+impl EncodedRequest<'_> {
+    /// Payload bytes: `tokens ++ pages ++ session`.
+    pub fn payload_len(&self) -> usize {
+        (self.tokens.len() + self.pages.len()) * 4 + self.session.len()
+    }
+
+    /// The payload as one buffer, for transports that need one.
+    pub fn payload(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.payload_len());
+        push_u32s(&mut out, self.tokens);
+        push_u32s(&mut out, self.pages);
+        out.extend_from_slice(self.session);
+        out
     }
 }
 
+/// Where [`decode_request`] reads a payload from: a private buffer, or a
+/// window of shared memory. Each piece is read exactly once, after the
+/// record (a private copy) has been checked against [`Payload::len`], so a
+/// peer writing the window meanwhile can garble values but never lengths.
+pub trait Payload {
+    /// Bytes in the window.
+    fn len(&self) -> usize;
+    /// Whether the window is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies out `n` words at byte `at`; `at + 4n <= len()`.
+    fn words(&self, at: usize, n: usize) -> Result<Vec<u32>, Rejection>;
+    /// Copies out `n` bytes at byte `at`; `at + n <= len()`.
+    fn bytes(&self, at: usize, n: usize) -> Result<Vec<u8>, Rejection>;
+}
+
+impl Payload for [u8] {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+
+    fn words(&self, at: usize, n: usize) -> Result<Vec<u32>, Rejection> {
+        self.get(at..at + n * 4)
+            .map(u32s)
+            .ok_or_else(|| malformed("payload piece out of range"))
+    }
+
+    fn bytes(&self, at: usize, n: usize) -> Result<Vec<u8>, Rejection> {
+        self.get(at..at + n)
+            .map(copy::to_vec)
+            .ok_or_else(|| malformed("payload piece out of range"))
+    }
+}
+
+/// Appends `xs` in host byte order, in chunks that stay clear of the slow large
+/// copy (see [`radixd_ipc::copy`]).
+fn push_u32s(out: &mut Vec<u8>, xs: &[u32]) {
+    const WORDS: usize = copy::CHUNK / 4;
+    let start = out.len();
+    out.resize(start + xs.len() * 4, 0);
+    for (bytes, words) in out[start..].chunks_mut(copy::CHUNK).zip(xs.chunks(WORDS)) {
+        for (b, x) in bytes.chunks_exact_mut(4).zip(words) {
+            b.copy_from_slice(&x.to_ne_bytes());
+        }
+    }
+}
+
+/// The words of `bytes` (host byte order) (whose length is a multiple of 4).
 fn u32s(bytes: &[u8]) -> Vec<u32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    const WORDS: usize = copy::CHUNK / 4;
+    let mut out = vec![0; bytes.len() / 4];
+    for (words, chunk) in out.chunks_mut(WORDS).zip(bytes.chunks(copy::CHUNK)) {
+        for (x, b) in words.iter_mut().zip(chunk.chunks_exact(4)) {
+            *x = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+        }
+    }
+    out
 }
 
 /// Bytes the successful answer to `request` needs in its reply window, on
@@ -138,17 +250,16 @@ pub fn reply_need(request: &Request, page_size: u32, capacity: u32) -> usize {
 const STATS_BYTES: usize = (Stats::LEN + 1) * 8;
 
 /// Encodes `request` for an engine of `page_size` and `capacity`.
-pub fn encode_request(request: &Request, page_size: u32, capacity: u32) -> EncodedRequest {
-    let mut r = WireRequest::default();
-    let mut payload = Vec::new();
-    let reply_need = reply_need(request, page_size, capacity).max(MIN_REPLY_WINDOW);
-    let mut put = |r: &mut WireRequest, tokens: &[u32], pages: &[u32], session: &str| {
-        r.n_tokens = tokens.len() as u32;
-        r.n_pages = pages.len() as u32;
-        push_u32s(&mut payload, tokens);
-        push_u32s(&mut payload, pages);
-        payload.extend_from_slice(session.as_bytes());
+pub fn encode_request(request: &Request, page_size: u32, capacity: u32) -> EncodedRequest<'_> {
+    let mut e = EncodedRequest {
+        record: WireRequest::default(),
+        reply_need: reply_need(request, page_size, capacity).max(MIN_REPLY_WINDOW),
+        tokens: &[],
+        pages: &[],
+        session: &[],
     };
+    let r = &mut e.record;
+    let lock = |lock: bool| if lock { FLAG_LOCK } else { 0 };
     match request {
         Request::Alloc { n } => {
             r.op = opcode::ALLOC;
@@ -156,21 +267,21 @@ pub fn encode_request(request: &Request, page_size: u32, capacity: u32) -> Encod
         }
         Request::Free { pages } => {
             r.op = opcode::FREE;
-            put(&mut r, &[], pages, "");
+            e.pages = pages;
         }
         Request::Insert {
             tokens,
             pages,
-            lock,
+            lock: l,
         } => {
             r.op = opcode::INSERT;
-            r.flags = if *lock { FLAG_LOCK } else { 0 };
-            put(&mut r, tokens, pages, "");
+            r.flags = lock(*l);
+            (e.tokens, e.pages) = (tokens, pages);
         }
-        Request::Match { tokens, lock } => {
+        Request::Match { tokens, lock: l } => {
             r.op = opcode::MATCH;
-            r.flags = if *lock { FLAG_LOCK } else { 0 };
-            put(&mut r, tokens, &[], "");
+            r.flags = lock(*l);
+            e.tokens = tokens;
         }
         Request::Lock { handle } => {
             r.op = opcode::LOCK;
@@ -190,35 +301,36 @@ pub fn encode_request(request: &Request, page_size: u32, capacity: u32) -> Encod
             pages,
         } => {
             r.op = opcode::SESSION_COMMIT;
-            put(&mut r, tokens, pages, session);
+            (e.tokens, e.pages, e.session) = (tokens, pages, session.as_bytes());
         }
         Request::SessionRelease { session } => {
             r.op = opcode::SESSION_RELEASE;
-            put(&mut r, &[], &[], session);
+            e.session = session.as_bytes();
         }
         Request::SessionStatus { session } => {
             r.op = opcode::SESSION_STATUS;
-            put(&mut r, &[], &[], session);
+            e.session = session.as_bytes();
         }
         Request::Stats => r.op = opcode::STATS,
         Request::Reset => r.op = opcode::RESET,
         Request::Validate => r.op = opcode::VALIDATE,
     }
-    r.payload_len = payload.len() as u32;
-    EncodedRequest {
-        record: r,
-        payload,
-        reply_need,
-    }
+    e.record.n_tokens = e.tokens.len() as u32;
+    e.record.n_pages = e.pages.len() as u32;
+    e.record.payload_len = e.payload_len() as u32;
+    e
 }
 
 fn malformed(message: impl Into<String>) -> Rejection {
     Rejection::new(ErrorKind::Malformed, message)
 }
 
-/// Decodes a request record (copied out of the ring) and its payload
-/// (copied out of the scratch window the record names).
-pub fn decode_request(r: &WireRequest, payload: &[u8]) -> Result<Request, Rejection> {
+/// Decodes a request record (copied out of the ring) and its payload (the
+/// scratch window the record names, read piece by piece).
+pub fn decode_request<P: Payload + ?Sized>(
+    r: &WireRequest,
+    payload: &P,
+) -> Result<Request, Rejection> {
     if r.flags & !FLAG_LOCK != 0 {
         return Err(malformed(format!("unknown request flags {:#x}", r.flags)));
     }
@@ -240,21 +352,21 @@ pub fn decode_request(r: &WireRequest, payload: &[u8]) -> Result<Request, Reject
             payload.len()
         )));
     }
-    let tokens = || u32s(&payload[..tokens_end]);
-    let pages = || u32s(&payload[tokens_end..pages_end]);
-    let tail = &payload[pages_end..];
+    let tokens = || payload.words(0, r.n_tokens as usize);
+    let pages = || payload.words(tokens_end, r.n_pages as usize);
+    let tail = payload.len() - pages_end;
     let lock = r.flags & FLAG_LOCK != 0;
     let session = || -> Result<String, Rejection> {
-        if tail.is_empty() || tail.len() > MAX_SESSION_ID {
+        if tail == 0 || tail > MAX_SESSION_ID {
             return Err(malformed(format!(
                 "session id must be 1..={MAX_SESSION_ID} bytes"
             )));
         }
-        String::from_utf8(tail.to_vec()).map_err(|_| malformed("session id is not UTF-8"))
+        String::from_utf8(payload.bytes(pages_end, tail)?)
+            .map_err(|_| malformed("session id is not UTF-8"))
     };
     let exact = |tokens: bool, pages: bool, rest: bool| {
-        let ok =
-            (tokens || r.n_tokens == 0) && (pages || r.n_pages == 0) && (rest || tail.is_empty());
+        let ok = (tokens || r.n_tokens == 0) && (pages || r.n_pages == 0) && (rest || tail == 0);
         if ok {
             Ok(())
         } else {
@@ -266,20 +378,20 @@ pub fn decode_request(r: &WireRequest, payload: &[u8]) -> Result<Request, Reject
         opcode::ALLOC => none().map(|()| Request::Alloc { n: r.arg })?,
         opcode::FREE => {
             exact(false, true, false)?;
-            Request::Free { pages: pages() }
+            Request::Free { pages: pages()? }
         }
         opcode::INSERT => {
             exact(true, true, false)?;
             Request::Insert {
-                tokens: tokens(),
-                pages: pages(),
+                tokens: tokens()?,
+                pages: pages()?,
                 lock,
             }
         }
         opcode::MATCH => {
             exact(true, false, false)?;
             Request::Match {
-                tokens: tokens(),
+                tokens: tokens()?,
                 lock,
             }
         }
@@ -290,8 +402,8 @@ pub fn decode_request(r: &WireRequest, payload: &[u8]) -> Result<Request, Reject
             exact(true, true, true)?;
             Request::SessionCommit {
                 session: session()?,
-                tokens: tokens(),
-                pages: pages(),
+                tokens: tokens()?,
+                pages: pages()?,
             }
         }
         opcode::SESSION_RELEASE => {
@@ -507,8 +619,29 @@ mod tests {
     fn every_request_round_trips() {
         for request in requests() {
             let e = encode_request(&request, 1, 64);
-            assert_eq!(decode_request(&e.record, &e.payload), Ok(request));
+            assert_eq!(e.payload().len(), e.record.payload_len as usize);
+            assert_eq!(
+                decode_request(&e.record, e.payload().as_slice()),
+                Ok(request.clone())
+            );
         }
+    }
+
+    #[test]
+    fn a_scratch_window_at_any_offset_decodes_like_a_buffer() {
+        let mut mem = vec![0u64; 512];
+        let base = std::ptr::NonNull::new(mem.as_mut_ptr().cast::<u8>()).unwrap();
+        // SAFETY: `mem` outlives `scratch` and is touched only through it.
+        let scratch = unsafe { Scratch::from_raw(base, 4096) };
+        for (i, request) in requests().into_iter().enumerate() {
+            let e = encode_request(&request, 1, 64);
+            let at = (i * 37 % 100) as u32;
+            scratch.write_bytes(u64::from(at), &e.payload()).unwrap();
+            let window = ScratchWindow::new(&scratch, at, e.record.payload_len).unwrap();
+            assert_eq!(decode_request(&e.record, &window), Ok(request));
+        }
+        assert!(ScratchWindow::new(&scratch, 4000, 97).is_err());
+        assert!(ScratchWindow::new(&scratch, u32::MAX, u32::MAX).is_err());
     }
 
     #[test]
@@ -561,57 +694,55 @@ mod tests {
 
     #[test]
     fn garbage_records_are_rejected_not_trusted() {
-        let good = encode_request(
-            &Request::Insert {
-                tokens: vec![1, 2],
-                pages: vec![3],
-                lock: false,
-            },
-            1,
-            64,
-        );
+        let insert = Request::Insert {
+            tokens: vec![1, 2],
+            pages: vec![3],
+            lock: false,
+        };
+        let good = encode_request(&insert, 1, 64);
+        let good_payload = good.payload();
         let cases: Vec<(WireRequest, &[u8])> = vec![
             (
                 WireRequest {
                     op: 99,
                     ..good.record
                 },
-                &good.payload,
+                &good_payload,
             ),
             (
                 WireRequest {
                     flags: 0x80,
                     ..good.record
                 },
-                &good.payload,
+                &good_payload,
             ),
             (
                 WireRequest {
                     n_tokens: u32::MAX,
                     ..good.record
                 },
-                &good.payload,
+                &good_payload,
             ),
             (
                 WireRequest {
                     n_pages: 1000,
                     ..good.record
                 },
-                &good.payload,
+                &good_payload,
             ),
             (
                 WireRequest {
                     payload_len: 3,
                     ..good.record
                 },
-                &good.payload,
+                &good_payload,
             ),
             (
                 WireRequest {
                     op: opcode::STATS,
                     ..good.record
                 },
-                &good.payload,
+                &good_payload,
             ),
             (
                 WireRequest {
@@ -638,6 +769,6 @@ mod tests {
             payload_len: 2,
             ..WireRequest::default()
         };
-        assert!(decode_request(&bad_utf8, &[0xff, 0xfe]).is_err());
+        assert!(decode_request(&bad_utf8, &[0xff, 0xfe][..]).is_err());
     }
 }

@@ -7,6 +7,7 @@
 //! `liveness`, `scratch`) are compiled out under `--cfg loom`; the protocols
 //! (`ring`, `doorbell`, `slots`) run unchanged under loom through [`sync`].
 
+pub mod copy;
 pub mod doorbell;
 pub mod layout;
 #[cfg(not(loom))]

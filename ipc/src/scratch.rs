@@ -7,6 +7,8 @@ use core::fmt;
 use core::marker::PhantomData;
 use core::ptr::NonNull;
 
+use crate::copy::copy_bytes;
+
 /// Errors of scratch access.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScratchError {
@@ -19,13 +21,6 @@ pub enum ScratchError {
         /// Region size.
         size: u64,
     },
-    /// Offset not a multiple of the element size.
-    Misaligned {
-        /// Requested byte offset.
-        offset: u64,
-        /// Required alignment.
-        align: u64,
-    },
 }
 
 impl fmt::Display for ScratchError {
@@ -36,9 +31,6 @@ impl fmt::Display for ScratchError {
                     f,
                     "scratch access {offset}+{len} outside region of {size} bytes"
                 )
-            }
-            Self::Misaligned { offset, align } => {
-                write!(f, "scratch offset {offset} not aligned to {align}")
             }
         }
     }
@@ -87,10 +79,7 @@ impl<'a> Scratch<'a> {
         self.len == 0
     }
 
-    fn check(&self, offset: u64, bytes: u64, align: u64) -> Result<usize, ScratchError> {
-        if offset % align != 0 {
-            return Err(ScratchError::Misaligned { offset, align });
-        }
+    fn check(&self, offset: u64, bytes: u64) -> Result<usize, ScratchError> {
         let oob = ScratchError::OutOfBounds {
             offset,
             len: bytes,
@@ -103,20 +92,23 @@ impl<'a> Scratch<'a> {
         usize::try_from(offset).map_err(|_| oob)
     }
 
+    /// Whether `len` bytes at `offset` lie inside the region.
+    pub fn contains(&self, offset: u64, len: u64) -> Result<(), ScratchError> {
+        self.check(offset, len).map(|_| ())
+    }
+
     /// Copies `data` into the region at byte `offset`.
     pub fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<(), ScratchError> {
-        let at = self.check(offset, data.len() as u64, 1)?;
+        let at = self.check(offset, data.len() as u64)?;
         // SAFETY: `check` proved `offset + data.len() <= len`; source and
         // destination cannot overlap (`data` is private memory).
-        unsafe {
-            core::ptr::copy_nonoverlapping(data.as_ptr(), self.base.as_ptr().add(at), data.len())
-        };
+        unsafe { copy_bytes(data.as_ptr(), self.base.as_ptr().add(at), data.len()) };
         Ok(())
     }
 
     /// Copies `len` bytes at `offset` out into `out` (replacing its contents).
     pub fn read_bytes(&self, offset: u64, len: u64, out: &mut Vec<u8>) -> Result<(), ScratchError> {
-        let at = self.check(offset, len, 1)?;
+        let at = self.check(offset, len)?;
         let n = usize::try_from(len).map_err(|_| ScratchError::OutOfBounds {
             offset,
             len,
@@ -127,31 +119,27 @@ impl<'a> Scratch<'a> {
         // SAFETY: source range checked above; `out` has capacity `n` and is
         // private, so no overlap; bytes are valid for any bit pattern.
         unsafe {
-            core::ptr::copy_nonoverlapping(self.base.as_ptr().add(at), out.as_mut_ptr(), n);
+            copy_bytes(self.base.as_ptr().add(at), out.as_mut_ptr(), n);
             out.set_len(n);
         }
         Ok(())
     }
 
-    /// Copies `data` (e.g. token ids) into the region at byte `offset`,
-    /// which must be 4-aligned.
+    /// Copies `data` (e.g. token ids) into the region at byte `offset`, in
+    /// the host's byte order. The offset needs no alignment: words are
+    /// copied as bytes.
     pub fn write_u32s(&self, offset: u64, data: &[u32]) -> Result<(), ScratchError> {
         let bytes = (data.len() as u64).saturating_mul(4);
-        let at = self.check(offset, bytes, 4)?;
-        // SAFETY: range checked above (the base is page aligned, offset is
-        // 4-aligned); private source, no overlap.
-        unsafe {
-            core::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                self.base.as_ptr().add(at).cast::<u32>(),
-                data.len(),
-            )
-        };
+        let at = self.check(offset, bytes)?;
+        // SAFETY: range checked above (`bytes` is exactly the slice's size);
+        // private source, no overlap.
+        unsafe { copy_bytes(data.as_ptr().cast(), self.base.as_ptr().add(at), data.len() * 4) };
         Ok(())
     }
 
-    /// Copies `count` `u32`s at byte `offset` out into `out` (replacing its
-    /// contents). The caller validates the copied values afterwards.
+    /// Copies `count` `u32`s (host byte order) at byte `offset`, aligned or
+    /// not, out into `out` (replacing its contents). The caller validates
+    /// the copied values afterwards.
     pub fn read_u32s(
         &self,
         offset: u64,
@@ -164,18 +152,14 @@ impl<'a> Scratch<'a> {
             size: self.len,
         };
         let bytes = count.checked_mul(4).ok_or(oob)?;
-        let at = self.check(offset, bytes, 4)?;
+        let at = self.check(offset, bytes)?;
         let n = usize::try_from(count).map_err(|_| oob)?;
         out.clear();
         out.reserve(n);
-        // SAFETY: source range and alignment checked above (page-aligned
-        // base); `out` has capacity `n`, private; u32 accepts any bits.
+        // SAFETY: source range checked above; `out` has capacity for `n`
+        // words (`bytes` bytes), private; u32 accepts any bits.
         unsafe {
-            core::ptr::copy_nonoverlapping(
-                self.base.as_ptr().add(at).cast::<u32>(),
-                out.as_mut_ptr(),
-                n,
-            );
+            copy_bytes(self.base.as_ptr().add(at), out.as_mut_ptr().cast(), n * 4);
             out.set_len(n);
         }
         Ok(())
@@ -187,7 +171,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bounds_and_alignment() {
+    fn bounds_and_unaligned_words() {
         let mut buf = vec![0u64; 16]; // 128 bytes, 8-aligned
         let ptr = NonNull::new(buf.as_mut_ptr().cast::<u8>()).unwrap();
         // SAFETY: `buf` outlives `s` and is only used through it.
@@ -196,13 +180,10 @@ mod tests {
         let mut out = Vec::new();
         s.read_u32s(8, 3, &mut out).unwrap();
         assert_eq!(out, [1, 2, 3]);
-        assert_eq!(
-            s.read_u32s(2, 1, &mut out),
-            Err(ScratchError::Misaligned {
-                offset: 2,
-                align: 4
-            })
-        );
+        // Words at an odd offset read back as written.
+        s.write_u32s(33, &[0xdead_beef, 7]).unwrap();
+        s.read_u32s(33, 2, &mut out).unwrap();
+        assert_eq!(out, [0xdead_beef, 7]);
         assert!(matches!(
             s.read_u32s(124, 2, &mut out),
             Err(ScratchError::OutOfBounds { .. })

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use radixd_ipc::copy;
 use radixd_ipc::sync::{AtomicU32, Ordering};
 use serde::{Deserialize, Serialize};
 
@@ -650,7 +651,7 @@ fn scheduler_step(
     let (len, mut pages, handle) = match timed(
         "match",
         Request::Match {
-            tokens: prompt.to_vec(),
+            tokens: copy::to_vec(prompt),
             lock: true,
         },
     ) {
@@ -670,7 +671,7 @@ fn scheduler_step(
         timed(
             "insert",
             Request::Insert {
-                tokens: prompt.to_vec(),
+                tokens: copy::to_vec(prompt),
                 pages,
                 lock: false,
             },

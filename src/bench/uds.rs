@@ -159,7 +159,7 @@ impl Backend for UdsClient {
     fn call(&mut self, request: Request) -> Result<Reply, Rejection> {
         let e = wire::encode_request(&request, self.page_size, self.capacity);
         let gone = |e: io::Error| Rejection::new(ErrorKind::DaemonGone, e.to_string());
-        write_frame(&mut self.writer, &to_bytes(&e.record), &e.payload).map_err(gone)?;
+        write_frame(&mut self.writer, &to_bytes(&e.record), &e.payload()).map_err(gone)?;
         read_frame(&mut self.reader, &mut self.buf).map_err(gone)?;
         let (head, payload) = self.buf.split_at(64);
         let reply: WireReply =

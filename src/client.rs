@@ -322,7 +322,10 @@ impl Client {
             let at = payload_at as u64;
             port.scratch
                 .write_u32s(at, e.tokens)
-                .and_then(|()| port.scratch.write_u32s(at + e.tokens.len() as u64 * 4, e.pages))
+                .and_then(|()| {
+                    port.scratch
+                        .write_u32s(at + e.tokens.len() as u64 * 4, e.pages)
+                })
                 .and_then(|()| port.scratch.write_bytes(at + words as u64, e.session))
                 .map_err(|e| ClientError::Protocol(e.to_string()))?;
             payload_at += e.payload_len();

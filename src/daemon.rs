@@ -157,9 +157,7 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
             if word.1 != ACTIVE || port.broken {
                 continue;
             }
-            work += drain(&mut engine, port, index, live, |i| {
-                slots.word(i).ok()
-            });
+            work += drain(&mut engine, port, index, live, |i| slots.word(i).ok());
         }
         let now = Instant::now();
         if work > 0 {
@@ -246,10 +244,9 @@ fn adopt<R: crate::engine::Region>(
 ) {
     forget(engine, port, index, live);
     if word.1 == ACTIVE {
-        // Relaxed: a gauge; the daemon is its only writer. Counted here, before
-        // the client's first request is answered, so `stat` never misses a
-        // client that has had an answer.
-        live.clients.fetch_add(1, Ordering::Relaxed);
+        // Counted here, before the client's first request is answered, so
+        // `stat` never misses a client that has had an answer.
+        LiveStats::bump(&live.clients, 1);
     }
     port.seen = word;
     port.pending = None;
@@ -266,8 +263,7 @@ fn forget<R: crate::engine::Region>(
 ) {
     if port.seen.1 == ACTIVE {
         engine.release_client(client_id(index));
-        // Relaxed: a gauge; see `adopt`.
-        live.clients.fetch_sub(1, Ordering::Relaxed);
+        LiveStats::bump(&live.clients, -1);
     }
     port.seen = (0, 0);
     port.pending = None;
@@ -315,11 +311,10 @@ fn drain<R: crate::engine::Region>(
         let start = Instant::now();
         let reply = answer(engine, client_id(index), &port.scratch, &record);
         let ns = start.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
-        // Relaxed: statistics counters, no ordering with anything.
-        live.service_ns[bucket_of(ns)].fetch_add(1, Ordering::Relaxed);
-        live.requests.fetch_add(1, Ordering::Relaxed);
+        LiveStats::bump(&live.service_ns[bucket_of(ns)], 1);
+        LiveStats::bump(&live.requests, 1);
         if reply.status != 0 {
-            live.rejected.fetch_add(1, Ordering::Relaxed);
+            LiveStats::bump(&live.rejected, 1);
         }
         answered += 1;
         if let Err(reply) = port.replies.push(reply) {
@@ -405,8 +400,7 @@ fn sweep<R: crate::engine::Region, L: radixd_ipc::SlotLocks>(
             // the daemon never saw active holds nothing to release.
             forget(engine, port, status.index, live);
             if slots.reclaim(status).is_ok() {
-                // Relaxed: a statistics counter.
-                live.reaped.fetch_add(1, Ordering::Relaxed);
+                LiveStats::bump(&live.reaped, 1);
             }
         }
     }

@@ -100,6 +100,16 @@ pub fn bucket_floor(bucket: usize) -> u64 {
 
 impl LiveStats {
     /// Publishes the engine's figures.
+    /// Adds `n` to one of these counters. The daemon is their only writer,
+    /// so a load and a store do: no locked read-modify-write on the request
+    /// path.
+    pub fn bump(counter: &AtomicU64, n: i64) {
+        // Relaxed: statistics; readers take best-effort snapshots and no
+        // other write happens to the counter.
+        let v = counter.load(Ordering::Relaxed).wrapping_add_signed(n);
+        counter.store(v, Ordering::Relaxed);
+    }
+
     pub fn set_engine(&self, s: &Stats, sessions: u64) {
         let values = s.to_array().into_iter().chain([sessions]);
         for (slot, v) in self.engine.iter().zip(values) {

@@ -487,7 +487,7 @@ pub fn encode_reply(seq: u64, result: &Result<Reply, Rejection>) -> (WireReply, 
         Ok(Reply::Stats { stats: s, sessions }) => {
             w.kind = kind::STATS;
             for x in s.to_array().into_iter().chain([*sessions]) {
-                payload.extend_from_slice(&x.to_le_bytes());
+                payload.extend_from_slice(&x.to_ne_bytes());
             }
         }
     }
@@ -563,7 +563,7 @@ pub fn decode_reply(w: &WireReply, payload: &[u8]) -> Result<Result<Reply, Rejec
             }
             let mut x = [0u64; Stats::LEN + 1];
             for (v, c) in x.iter_mut().zip(payload.chunks_exact(8)) {
-                *v = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+                *v = u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
             }
             let mut figures = [0u64; Stats::LEN];
             figures.copy_from_slice(&x[..Stats::LEN]);

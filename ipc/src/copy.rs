@@ -31,19 +31,6 @@ pub unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
     }
 }
 
-/// `dst.copy_from_slice(src)`, chunked.
-///
-/// # Panics
-///
-/// When the lengths differ, as `copy_from_slice` does.
-pub fn copy_from_slice<T: Copy>(dst: &mut [T], src: &[T]) {
-    assert_eq!(dst.len(), src.len(), "copy between slices of unequal length");
-    let per = (CHUNK / core::mem::size_of::<T>().max(1)).max(1);
-    for (d, s) in dst.chunks_mut(per).zip(src.chunks(per)) {
-        d.copy_from_slice(s);
-    }
-}
-
 /// `src.to_vec()`, chunked.
 pub fn to_vec<T: Copy>(src: &[T]) -> Vec<T> {
     let per = (CHUNK / core::mem::size_of::<T>().max(1)).max(1);
@@ -73,9 +60,6 @@ mod tests {
         }
         let words: Vec<u32> = (0..5000).collect();
         assert_eq!(to_vec(&words), words);
-        let mut out = vec![0u32; 5000];
-        copy_from_slice(&mut out, &words);
-        assert_eq!(out, words);
         assert_eq!(to_vec::<()>(&[(); 3]).len(), 3);
     }
 }

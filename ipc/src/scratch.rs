@@ -133,7 +133,13 @@ impl<'a> Scratch<'a> {
         let at = self.check(offset, bytes)?;
         // SAFETY: range checked above (`bytes` is exactly the slice's size);
         // private source, no overlap.
-        unsafe { copy_bytes(data.as_ptr().cast(), self.base.as_ptr().add(at), data.len() * 4) };
+        unsafe {
+            copy_bytes(
+                data.as_ptr().cast(),
+                self.base.as_ptr().add(at),
+                data.len() * 4,
+            )
+        };
         Ok(())
     }
 

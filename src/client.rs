@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use radixd_ipc::copy;
 use radixd_ipc::sync::{spin_loop, yield_now, Ordering};
 use radixd_ipc::{
-    ClaimError, Consumer, Doorbell, Offset, OpenError, Producer, RingHeader, Scratch, Segment,
-    Spin, INFO_OFFSET,
+    ClaimError, Consumer, Doorbell, LoadSensor, Offset, OpenError, Producer, RingHeader, Scratch,
+    Segment, Spin, INFO_OFFSET,
 };
 
 use crate::engine::{Handle, Stats, TreeReader};
@@ -29,8 +29,8 @@ use crate::wire::{self, WireReply, WireRequest};
 const SPIN_WINDOW: Duration = Duration::from_micros(50);
 /// Yields before sleeping on an oversubscribed host.
 const YIELDS: u32 = 4;
-/// Round trips between two looks at the host's load.
-const DETECT_EVERY: u64 = 256;
+/// Time between two looks at the host's load.
+const SAMPLE_EVERY: Duration = Duration::from_millis(10);
 /// Longest single sleep before the daemon's liveness is checked again.
 const SLEEP: Duration = Duration::from_millis(10);
 /// How long `connect` waits for a daemon that is still starting.
@@ -123,9 +123,10 @@ pub struct Client {
     seq: u64,
     /// Longest wait for an answer.
     pub timeout: Duration,
-    /// How to wait, refreshed every [`DETECT_EVERY`] round trips.
-    spin: Spin,
-    round_trips: u64,
+    /// Whether to spin or yield while waiting, sampled every
+    /// [`SAMPLE_EVERY`] at most.
+    load: LoadSensor,
+    next_sample: Instant,
 }
 
 /// This client's rings, doorbells and scratch.
@@ -188,8 +189,8 @@ impl Client {
             slot: claim.index,
             seq: 0,
             timeout: Duration::from_secs(30),
-            spin: Spin::detect(),
-            round_trips: 0,
+            load: LoadSensor::new(),
+            next_sample: Instant::now() + SAMPLE_EVERY,
         };
         client.port()?; // fail now, not at the first call, on a broken layout
         client.seq = u64::from(claim.generation) << 32;
@@ -302,9 +303,10 @@ impl Client {
         half: usize,
         answers: &mut Vec<Result<Reply, Rejection>>,
     ) -> Result<(), ClientError> {
-        self.round_trips += 1;
-        if self.round_trips % DETECT_EVERY == 0 {
-            self.spin = Spin::detect();
+        let now = Instant::now();
+        if now >= self.next_sample {
+            self.next_sample = now + SAMPLE_EVERY;
+            self.load.sample();
         }
         let first_seq = self.seq;
         self.seq += batch.len() as u64;
@@ -338,7 +340,7 @@ impl Client {
             }
         }
         port.daemon.ring();
-        let deadline = Instant::now() + self.timeout;
+        let deadline = now + self.timeout;
         let mut buf = Vec::new();
         for (i, &window) in windows.iter().enumerate() {
             let reply = self.wait(&port, deadline)?;
@@ -363,7 +365,7 @@ impl Client {
     /// a few times), then sleep in short naps, each followed by a liveness
     /// check of the daemon.
     fn wait(&self, port: &Port<'_>, deadline: Instant) -> Result<WireReply, ClientError> {
-        let oversubscribed = self.spin == Spin::YIELD_ONLY;
+        let oversubscribed = self.load.spin() == Spin::YIELD_ONLY;
         let start = Instant::now();
         let mut tries = 0u32;
         loop {

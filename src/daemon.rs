@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use radixd_ipc::slots::ACTIVE;
 use radixd_ipc::sync::{spin_loop, yield_now, AtomicU32, Ordering};
 use radixd_ipc::{
-    Consumer, CreateError, Doorbell, Offset, Producer, RegionError, RingError, Scratch, Segment,
-    Spin, INFO_OFFSET,
+    Consumer, CreateError, Doorbell, LoadSensor, Offset, Producer, RegionError, RingError, Scratch,
+    Segment, Spin, INFO_OFFSET,
 };
 
 use crate::engine::{ClientId, ConfigError, Engine};
@@ -142,7 +142,7 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
 
     let mut last_sweep = Instant::now();
     let mut last_work = Instant::now();
-    let mut spin = Spin::detect();
+    let mut load = LoadSensor::new();
     // Relaxed: a plain flag set by the signal handler; nothing to order.
     while stop.load(Ordering::Relaxed) == 0 {
         let mut work = 0;
@@ -172,12 +172,12 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
                 engine.expire_sessions(ttl, now);
             }
             live.set_engine(&engine.stats(), engine.sessions() as u64);
-            spin = Spin::detect();
+            load.sample();
         }
         if work > 0 || config.busy_poll {
             spin_loop();
         } else if now.duration_since(last_work) < SPIN_WINDOW {
-            if spin == Spin::YIELD_ONLY {
+            if load.spin() == Spin::YIELD_ONLY {
                 yield_now();
             } else {
                 spin_loop();

@@ -83,27 +83,82 @@ impl Spin {
         spin_steps: 0,
         yield_steps: 4,
     };
+}
 
-    /// Picks [`Spin::DEFAULT`], or [`Spin::YIELD_ONLY`] when the host has
-    /// more runnable tasks than cores (read from `/proc/loadavg`; spinning
-    /// would only steal the CPU from the peer we wait for). Cheap enough to
-    /// call now and then, not on every wait.
-    #[cfg(not(loom))]
-    pub fn detect() -> Spin {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let runnable = std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .and_then(|s| {
-                let field = s.split_whitespace().nth(3)?;
-                field.split('/').next()?.parse::<usize>().ok()
-            })
-            .unwrap_or(0);
-        if runnable > cores {
+/// Chooses between [`Spin::DEFAULT`] and [`Spin::YIELD_ONLY`] from the
+/// host's count of runnable tasks (`/proc/loadavg`), sampled now and then:
+/// when more tasks want to run than there are cores, spinning only steals
+/// the CPU from the peer we wait for.
+///
+/// One sample is a poor witness: with a client and the daemon spinning on
+/// two cores, a passing kernel or shell task shows up in about one sample
+/// in five. So the sensor yields only when its last [`LoadSensor::WINDOW`]
+/// samples all saw more runnable tasks than cores, and spins again at the
+/// first sample that did not. It starts with its first sample in every
+/// place, so a host that is oversubscribed from the start yields at once.
+#[cfg(not(loom))]
+#[derive(Clone, Debug)]
+pub struct LoadSensor {
+    recent: [usize; LoadSensor::WINDOW],
+    next: usize,
+    cores: usize,
+}
+
+#[cfg(not(loom))]
+impl LoadSensor {
+    /// Samples the decision rests on.
+    pub const WINDOW: usize = 4;
+
+    /// A sensor primed with one sample.
+    pub fn new() -> Self {
+        let first = runnable_tasks();
+        Self {
+            recent: [first; Self::WINDOW],
+            next: 0,
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+        }
+    }
+
+    /// Takes a sample (a read of `/proc/loadavg`: a few microseconds, so
+    /// call it every few milliseconds, not on every wait) and decides.
+    pub fn sample(&mut self) -> Spin {
+        self.record(runnable_tasks())
+    }
+
+    fn record(&mut self, runnable: usize) -> Spin {
+        self.recent[self.next] = runnable;
+        self.next = (self.next + 1) % Self::WINDOW;
+        self.spin()
+    }
+
+    /// The decision from the samples taken so far.
+    pub fn spin(&self) -> Spin {
+        if self.recent.iter().all(|&n| n > self.cores) {
             Spin::YIELD_ONLY
         } else {
             Spin::DEFAULT
         }
     }
+}
+
+#[cfg(not(loom))]
+impl Default for LoadSensor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Tasks runnable on the host now (the reader included), or 0 when
+/// `/proc/loadavg` cannot be read (then the sensor never yields).
+#[cfg(not(loom))]
+fn runnable_tasks() -> usize {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| {
+            let field = s.split_whitespace().nth(3)?;
+            field.split('/').next()?.parse::<usize>().ok()
+        })
+        .unwrap_or(0)
 }
 
 impl Doorbell {
@@ -273,6 +328,33 @@ impl FutexWait<()> for Doorbell {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_load_sensor_yields_only_on_a_steady_crowd() {
+        let mut sensor = LoadSensor {
+            recent: [2; LoadSensor::WINDOW],
+            next: 0,
+            cores: 2,
+        };
+        assert_eq!(sensor.spin(), Spin::DEFAULT);
+        // A passing task in one sample, or three, changes nothing...
+        for _ in 0..LoadSensor::WINDOW - 1 {
+            assert_eq!(sensor.record(3), Spin::DEFAULT);
+        }
+        // ...a full window of them does...
+        assert_eq!(sensor.record(9), Spin::YIELD_ONLY);
+        assert_eq!(sensor.record(5), Spin::YIELD_ONLY);
+        // ...and one quiet sample brings the spinning back.
+        assert_eq!(sensor.record(2), Spin::DEFAULT);
+        // A host oversubscribed from the start yields at once.
+        let crowded = LoadSensor {
+            recent: [9; LoadSensor::WINDOW],
+            next: 0,
+            cores: 2,
+        };
+        assert_eq!(crowded.spin(), Spin::YIELD_ONLY);
+        assert!(runnable_tasks() >= 1, "the reader itself runs");
+    }
     use crate::sync::{Arc, AtomicU64};
     use std::time::Instant;
 

@@ -22,6 +22,8 @@ pub mod shm;
 pub mod slots;
 pub mod sync;
 
+#[cfg(not(loom))]
+pub use doorbell::LoadSensor;
 pub use doorbell::{Doorbell, Spin, Wake};
 pub use layout::{
     ClientRegions, LayoutBuilder, LayoutConfig, LayoutError, SegmentLayout, INFO_BYTES, INFO_OFFSET,

@@ -30,7 +30,7 @@ const SPIN_WINDOW: Duration = Duration::from_micros(50);
 /// Yields before sleeping on an oversubscribed host.
 const YIELDS: u32 = 4;
 /// Time between two looks at the host's load.
-const SAMPLE_EVERY: Duration = Duration::from_millis(10);
+const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 /// Longest single sleep before the daemon's liveness is checked again.
 const SLEEP: Duration = Duration::from_millis(10);
 /// How long `connect` waits for a daemon that is still starting.

@@ -107,7 +107,7 @@ pub struct LoadSensor {
 #[cfg(not(loom))]
 impl LoadSensor {
     /// Samples the decision rests on.
-    pub const WINDOW: usize = 4;
+    pub const WINDOW: usize = 3;
 
     /// A sensor primed with one sample.
     pub fn new() -> Self {

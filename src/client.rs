@@ -20,7 +20,7 @@ use radixd_ipc::{
 
 use crate::engine::{Handle, Stats, TreeReader};
 use crate::op::{ErrorKind, Rejection, Reply, Request};
-use crate::segment::{read_info, Info, Layout, PROTOCOL_VERSION, RING_CAPACITY};
+use crate::segment::{read_info, Info, Layout, LiveStats, PROTOCOL_VERSION, RING_CAPACITY};
 use crate::wire::{self, WireReply, WireRequest};
 
 /// How long a client spins for an answer before it sleeps (when the host
@@ -190,7 +190,7 @@ impl Client {
             seq: 0,
             timeout: Duration::from_secs(30),
             load: LoadSensor::new(),
-            next_sample: Instant::now() + SAMPLE_EVERY,
+            next_sample: Instant::now(),
         };
         client.port()?; // fail now, not at the first call, on a broken layout
         client.seq = u64::from(claim.generation) << 32;
@@ -306,6 +306,13 @@ impl Client {
         let now = Instant::now();
         if now >= self.next_sample {
             self.next_sample = now + SAMPLE_EVERY;
+            // Relaxed: a gauge; any recent value will do.
+            let clients = self
+                .segment
+                .get::<LiveStats>(Offset::new(self.layout.live_stats))
+                .map_or(0, |live| live.clients.load(Ordering::Relaxed));
+            // The connected clients and the daemon spin on each other.
+            self.load.set_peers(clients as usize + 1);
             self.load.sample();
         }
         let first_seq = self.seq;

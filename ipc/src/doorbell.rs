@@ -85,23 +85,25 @@ impl Spin {
     };
 }
 
-/// Chooses between [`Spin::DEFAULT`] and [`Spin::YIELD_ONLY`] from the
-/// host's count of runnable tasks (`/proc/loadavg`), sampled now and then:
-/// when more tasks want to run than there are cores, spinning only steals
-/// the CPU from the peer we wait for.
+/// Chooses between [`Spin::DEFAULT`] and [`Spin::YIELD_ONLY`]: when more
+/// tasks want to run than there are cores, spinning only steals the CPU
+/// from the peer we wait for.
 ///
-/// One sample is a poor witness: with a client and the daemon spinning on
-/// two cores, a passing kernel or shell task shows up in about one sample
-/// in five. So the sensor yields only when its last [`LoadSensor::WINDOW`]
-/// samples all saw more runnable tasks than cores, and spins again at the
-/// first sample that did not. It starts with its first sample in every
-/// place, so a host that is oversubscribed from the start yields at once.
+/// Two witnesses. The caller's own side (the peers of one service that spin
+/// on each other, e.g. a daemon and its clients) is counted exactly, and
+/// outnumbering the cores means yielding at once. Everyone else shows up in
+/// the host's count of runnable tasks (`/proc/loadavg`), sampled now and
+/// then; one sample is a poor witness (with two spinners on two cores a
+/// passing kernel or shell task shows up in about one sample in five), so
+/// that count makes the sensor yield only when its last
+/// [`LoadSensor::WINDOW`] samples all exceeded the cores.
 #[cfg(not(loom))]
 #[derive(Clone, Debug)]
 pub struct LoadSensor {
     recent: [usize; LoadSensor::WINDOW],
     next: usize,
     cores: usize,
+    peers: usize,
 }
 
 #[cfg(not(loom))]
@@ -116,7 +118,14 @@ impl LoadSensor {
             recent: [first; Self::WINDOW],
             next: 0,
             cores: std::thread::available_parallelism().map_or(1, usize::from),
+            peers: 0,
         }
+    }
+
+    /// Sets how many peers of the caller's own service spin (itself
+    /// included); cheap, so call it whenever the number changes.
+    pub fn set_peers(&mut self, peers: usize) {
+        self.peers = peers;
     }
 
     /// Takes a sample (a read of `/proc/loadavg`: a few microseconds, so
@@ -131,9 +140,9 @@ impl LoadSensor {
         self.spin()
     }
 
-    /// The decision from the samples taken so far.
+    /// The decision from the peers and the samples taken so far.
     pub fn spin(&self) -> Spin {
-        if self.recent.iter().all(|&n| n > self.cores) {
+        if self.peers > self.cores || self.recent.iter().all(|&n| n > self.cores) {
             Spin::YIELD_ONLY
         } else {
             Spin::DEFAULT
@@ -330,11 +339,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_load_sensor_yields_only_on_a_steady_crowd() {
+    fn the_load_sensor_yields_to_its_own_crowd_at_once_and_to_others_when_steady() {
         let mut sensor = LoadSensor {
             recent: [2; LoadSensor::WINDOW],
             next: 0,
             cores: 2,
+            peers: 2,
         };
         assert_eq!(sensor.spin(), Spin::DEFAULT);
         // A passing task in one sample, or three, changes nothing...
@@ -351,8 +361,15 @@ mod tests {
             recent: [9; LoadSensor::WINDOW],
             next: 0,
             cores: 2,
+            peers: 0,
         };
         assert_eq!(crowded.spin(), Spin::YIELD_ONLY);
+        // Our own spinners outnumbering the cores yield whatever the host
+        // count says, and stop yielding when they no longer do.
+        sensor.set_peers(3);
+        assert_eq!(sensor.spin(), Spin::YIELD_ONLY);
+        sensor.set_peers(2);
+        assert_eq!(sensor.spin(), Spin::DEFAULT);
         assert!(runnable_tasks() >= 1, "the reader itself runs");
     }
     use crate::sync::{Arc, AtomicU64};

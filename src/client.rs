@@ -312,7 +312,7 @@ impl Client {
                 .get::<LiveStats>(Offset::new(self.layout.live_stats))
                 .map_or(0, |live| live.clients.load(Ordering::Relaxed));
             // The connected clients and the daemon spin on each other.
-            self.load.set_peers(clients as usize + 1);
+            self.load.set_peers(clients.saturating_add(1));
             self.load.sample();
         }
         let first_seq = self.seq;

@@ -160,7 +160,8 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
             work += drain(&mut engine, port, index, live, |i| slots.word(i).ok());
         }
         // Relaxed: the daemon wrote this gauge itself (in `adopt`/`forget`).
-        load.set_peers(live.clients.load(Ordering::Relaxed) as usize + 1);
+        let clients = live.clients.load(Ordering::Relaxed);
+        load.set_peers(clients.saturating_add(1));
         let now = Instant::now();
         if work > 0 {
             last_work = now;

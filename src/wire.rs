@@ -39,23 +39,35 @@ impl<'a> ScratchWindow<'a> {
     }
 }
 
+impl ScratchWindow<'_> {
+    /// The scratch offset of `len` bytes at `at` within the window.
+    fn piece(&self, at: usize, len: Option<usize>) -> Result<u64, Rejection> {
+        match len.and_then(|len| at.checked_add(len)) {
+            Some(end) if end <= self.len => Ok(self.at + at as u64),
+            _ => Err(malformed("payload piece out of range")),
+        }
+    }
+}
+
 impl Payload for ScratchWindow<'_> {
     fn len(&self) -> usize {
         self.len
     }
 
     fn words(&self, at: usize, n: usize) -> Result<Vec<u32>, Rejection> {
+        let from = self.piece(at, n.checked_mul(4))?;
         let mut out = Vec::new();
         self.scratch
-            .read_u32s(self.at + at as u64, n as u64, &mut out)
+            .read_u32s(from, n as u64, &mut out)
             .map_err(|e| malformed(format!("payload window: {e}")))?;
         Ok(out)
     }
 
     fn bytes(&self, at: usize, n: usize) -> Result<Vec<u8>, Rejection> {
+        let from = self.piece(at, Some(n))?;
         let mut out = Vec::new();
         self.scratch
-            .read_bytes(self.at + at as u64, n as u64, &mut out)
+            .read_bytes(from, n as u64, &mut out)
             .map_err(|e| malformed(format!("payload window: {e}")))?;
         Ok(out)
     }
@@ -198,13 +210,15 @@ impl Payload for [u8] {
     }
 
     fn words(&self, at: usize, n: usize) -> Result<Vec<u32>, Rejection> {
-        self.get(at..at + n * 4)
+        n.checked_mul(4)
+            .and_then(|len| self.get(at..at.checked_add(len)?))
             .map(u32s)
             .ok_or_else(|| malformed("payload piece out of range"))
     }
 
     fn bytes(&self, at: usize, n: usize) -> Result<Vec<u8>, Rejection> {
-        self.get(at..at + n)
+        at.checked_add(n)
+            .and_then(|end| self.get(at..end))
             .map(copy::to_vec)
             .ok_or_else(|| malformed("payload piece out of range"))
     }
@@ -641,6 +655,15 @@ mod tests {
             assert_eq!(decode_request(&e.record, &window), Ok(request));
         }
         assert!(ScratchWindow::new(&scratch, 4000, 97).is_err());
+        // Pieces outside the window are refused even inside the scratch.
+        let window = ScratchWindow::new(&scratch, 8, 16).unwrap();
+        assert_eq!(window.words(0, 4).unwrap().len(), 4);
+        assert!(window.words(4, 4).is_err());
+        assert!(window.bytes(16, 1).is_err());
+        assert!(window.words(usize::MAX, 1).is_err());
+        assert!(window.words(0, usize::MAX).is_err());
+        assert!(<[u8] as Payload>::words(&[0; 8], 1, usize::MAX).is_err());
+        assert!(<[u8] as Payload>::bytes(&[0; 8], usize::MAX, 2).is_err());
         assert!(ScratchWindow::new(&scratch, u32::MAX, u32::MAX).is_err());
     }
 

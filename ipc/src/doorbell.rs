@@ -124,8 +124,8 @@ impl LoadSensor {
 
     /// Sets how many peers of the caller's own service spin (itself
     /// included); cheap, so call it whenever the number changes.
-    pub fn set_peers(&mut self, peers: usize) {
-        self.peers = peers;
+    pub fn set_peers(&mut self, peers: u64) {
+        self.peers = usize::try_from(peers).unwrap_or(usize::MAX);
     }
 
     /// Takes a sample (a read of `/proc/loadavg`: a few microseconds, so

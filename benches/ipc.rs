@@ -1,14 +1,14 @@
 //! Round trip of `match` on a cached 1K-token prompt (P=16) through a real
 //! daemon (running in a thread of this process) over shared memory, in
 //! busy-poll and default mode, against the same engine behind a Unix
-//! socket; then 4 clients in threads at once.
+//! socket; then 4 clients at once, as threads and as processes.
 
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use radixd::bench::{UdsClient, UdsServer};
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
+use radixd::bench::{run_once, BenchArgs, Transport, UdsClient, UdsServer};
 use radixd::daemon::{serve, ServeConfig};
 use radixd::engine::Config;
 use radixd::exec::Backend;
@@ -133,9 +133,47 @@ fn four_clients(c: &mut Criterion) {
     g.finish();
 }
 
+/// Four `radixd bench-worker` processes, released together, each running
+/// one scheduler step (match+lock, alloc, insert, unlock: 4 requests) per
+/// iteration over shm and over the Unix socket. Time is wall time from the
+/// release to the last report.
+fn four_processes(c: &mut Criterion) {
+    let mut g = c.benchmark_group("scheduler_step_4_processes");
+    g.throughput(Throughput::Elements(4));
+    g.sample_size(10);
+    // Linear: the slope over growing runs leaves out the fixed cost of
+    // starting the server and releasing the workers.
+    g.sampling_mode(SamplingMode::Linear);
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_radixd"));
+    for transport in [Transport::Shm, Transport::Uds] {
+        g.bench_function(transport.to_string(), |b| {
+            b.iter_custom(|iters| {
+                let args = BenchArgs {
+                    clients: vec![4],
+                    requests: u32::try_from(iters).unwrap_or(u32::MAX),
+                    prompt_tokens: PROMPT,
+                    page_size: PAGE,
+                    capacity: 65_536,
+                    transport,
+                    compare: false,
+                    busy_poll: false,
+                    json: true,
+                    connect: None,
+                    trace: None,
+                    block_size: 512,
+                    plot: None,
+                };
+                let report = run_once(&args, transport, 4, exe).expect("bench run");
+                Duration::from_secs_f64(report.seconds)
+            })
+        });
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = one_client, four_clients
+    targets = one_client, four_clients, four_processes
 }
 criterion_main!(benches);

@@ -221,10 +221,11 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
     } else {
         vec![args.transport]
     };
+    let exe = std::env::current_exe()?;
     let mut reports = Vec::new();
     for &clients in &args.clients {
         for &transport in &transports {
-            let report = run_once(args, transport, clients)?;
+            let report = run_once(args, transport, clients, &exe)?;
             if args.json {
                 writeln!(
                     out,
@@ -247,7 +248,15 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
     Ok(())
 }
 
-fn run_once(args: &BenchArgs, transport: Transport, clients: u32) -> Result<RunReport, BenchError> {
+/// One measurement: starts the server (unless `args.connect` names one),
+/// runs `clients` workers, each a process of `exe` (a `radixd` binary),
+/// and merges their reports.
+pub fn run_once(
+    args: &BenchArgs,
+    transport: Transport,
+    clients: u32,
+    exe: &Path,
+) -> Result<RunReport, BenchError> {
     let config = Config {
         page_size: args.page_size,
         capacity: args.capacity,
@@ -281,7 +290,7 @@ fn run_once(args: &BenchArgs, transport: Transport, clients: u32) -> Result<RunR
                 socket.display().to_string()
             }
         };
-        let result = run_workers(args, transport, clients, &target);
+        let result = run_workers(args, transport, clients, &target, exe);
         // Relaxed: a lone stop flag, polled by the daemon loop.
         stop.store(1, Ordering::Relaxed);
         if let Some(daemon) = daemon {
@@ -311,11 +320,11 @@ fn run_workers(
     transport: Transport,
     clients: u32,
     target: &str,
+    exe: &Path,
 ) -> Result<RunReport, BenchError> {
-    let exe = std::env::current_exe()?;
     let mut children: Vec<Child> = Vec::new();
     for worker in 0..clients {
-        let mut cmd = Command::new(&exe);
+        let mut cmd = Command::new(exe);
         cmd.args([
             "bench-worker",
             "--transport",

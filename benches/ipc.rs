@@ -106,6 +106,38 @@ fn one_client(c: &mut Criterion) {
     g.finish();
 }
 
+/// The default mode's case: one request every 100 µs, not back to back.
+/// Only the round trips are timed; the client idles (spinning, as a
+/// scheduler busy with its GPU work would) between them.
+fn paced(c: &mut Criterion) {
+    const GAP: Duration = Duration::from_micros(100);
+    let mut g = c.benchmark_group("round_trip/match_1k_p16_every_100us");
+    g.throughput(Throughput::Elements(1));
+    let tokens = prompt(2);
+    for (label, busy) in [("shm_busy_poll", true), ("shm_default", false)] {
+        with_daemon(busy, |name| {
+            let mut client = Client::connect(name).expect("connect");
+            warm(&mut client, &tokens);
+            g.bench_function(label, |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let idle = Instant::now();
+                        while idle.elapsed() < GAP {
+                            std::hint::spin_loop();
+                        }
+                        let start = Instant::now();
+                        black_box(client.match_prefix(&tokens, false).expect("match"));
+                        total += start.elapsed();
+                    }
+                    total
+                })
+            });
+        });
+    }
+    g.finish();
+}
+
 fn four_clients(c: &mut Criterion) {
     let mut g = c.benchmark_group("round_trip/match_1k_p16_4_threads");
     g.throughput(Throughput::Elements(4));
@@ -174,6 +206,6 @@ fn four_processes(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = one_client, four_clients, four_processes
+    targets = one_client, paced, four_clients, four_processes
 }
 criterion_main!(benches);

@@ -211,8 +211,23 @@ impl<R: Region> Arena<R> {
         &self.tokens()[at..at + p]
     }
 
+    /// Whether `page` holds exactly `key` (one page of tokens).
+    #[inline]
+    pub fn page_is(&self, page: u32, key: &[u32]) -> bool {
+        same_tokens(self.page_tokens(page), key)
+    }
+
     /// The region, for whoever maps it elsewhere.
     pub fn region(&self) -> &R {
         &self.region
     }
+}
+
+/// `a == b` for two pages of tokens, as a branch-free fold: it vectorizes
+/// for any page size and, unlike slice equality, never calls `bcmp`, whose
+/// call costs more than comparing a small page (P = 1 compares a token per
+/// page hop).
+#[inline]
+pub fn same_tokens(a: &[u32], b: &[u32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0, |diff, (x, y)| diff | (x ^ y)) == 0
 }

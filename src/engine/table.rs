@@ -44,7 +44,7 @@ impl<R: Region> Arena<R> {
             }
             if b.hash == hash {
                 let n = &nodes[b.node as usize];
-                if n.parent == parent && self.page_tokens(n.first_page) == page {
+                if n.parent == parent && self.page_is(n.first_page, page) {
                     return Some(b.node);
                 }
             }

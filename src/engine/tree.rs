@@ -52,7 +52,7 @@ impl<R: Region> Arena<R> {
                 if page == NIL {
                     break;
                 }
-                if pos + p > key.len() || self.page_tokens(page) != &key[pos..pos + p] {
+                if pos + p > key.len() || !self.page_is(page, &key[pos..pos + p]) {
                     walk.partial = Some((child, page, in_child));
                     return walk;
                 }

@@ -16,6 +16,7 @@ use std::ptr::NonNull;
 
 use radixd_ipc::SeqLock;
 
+use super::arena::same_tokens;
 use super::layout::{Bucket, EngineLayout, Node, Page, NIL, NODE_LIVE, PAGE_CACHED, ROOT};
 use super::table::child_hash;
 
@@ -147,7 +148,7 @@ impl TreeReader {
                         return Some(pos);
                     }
                     self.tokens(page, &mut scratch)?;
-                    if scratch[..] != key[pos..pos + p] {
+                    if !same_tokens(&scratch, &key[pos..pos + p]) {
                         return Some(pos);
                     }
                 }

@@ -120,7 +120,7 @@ impl TreeReader {
                 let n = self.node(b.node)?;
                 if n.state == NODE_LIVE && n.parent == parent {
                     self.tokens(n.first_page, scratch)?;
-                    if scratch == page_key {
+                    if same_tokens(scratch, page_key) {
                         return Some(Some(b.node));
                     }
                 }

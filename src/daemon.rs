@@ -175,7 +175,10 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
                 engine.expire_sessions(ttl, now);
             }
             live.set_engine(&engine.stats(), engine.sessions() as u64);
-            load.sample();
+            // An idle daemon has nothing to spin for: no need to look.
+            if now.duration_since(last_work) < SWEEP {
+                load.sample();
+            }
         }
         if work > 0 || config.busy_poll {
             spin_loop();

@@ -565,7 +565,12 @@ impl Segment {
         count: u32,
         prepare: impl FnMut(Claim),
     ) -> Result<Claim, ClaimError> {
-        let table = self.slots(offset, count).map_err(|_| ClaimError::Full)?;
+        let table = self
+            .slots(offset, count)
+            .map_err(|_| ClaimError::TableOutOfBounds {
+                offset: offset.get(),
+                count,
+            })?;
         let mut held = self.claim.lock().unwrap_or_else(|p| p.into_inner());
         if held.is_some() {
             return Err(ClaimError::AlreadyClaimed);
@@ -579,7 +584,10 @@ impl Segment {
     pub fn release_slot(&self, offset: Offset<ClientSlot>, count: u32) -> Result<(), SlotError> {
         let table = self
             .slots(offset, count)
-            .map_err(|_| SlotError::BadIndex(count))?;
+            .map_err(|_| SlotError::TableOutOfBounds {
+                offset: offset.get(),
+                count,
+            })?;
         let mut held = self.claim.lock().unwrap_or_else(|p| p.into_inner());
         match held.take() {
             Some(claim) => table.release(claim),
@@ -955,6 +963,33 @@ mod tests {
         assert!(table.locks_probe_ok());
         local.release_slot(l.slots, 3).unwrap();
         assert_eq!(table.occupied().count(), 0);
+    }
+
+    #[test]
+    fn slot_table_outside_the_segment_is_its_own_error() {
+        let l = layout();
+        let n = name("slot-oob");
+        let _daemon = Segment::create(&n, l.total_size, 0o600, l.hash).unwrap();
+        let client = Segment::open(&n, l.hash).unwrap();
+        let past_end = Offset::new(l.total_size);
+        let oob = ClaimError::TableOutOfBounds {
+            offset: l.total_size,
+            count: 3,
+        };
+        assert_eq!(client.claim_slot(past_end, 3, |_| {}), Err(oob));
+        // Too many slots for the segment, at a valid offset.
+        assert!(matches!(
+            client.claim_slot(l.slots, u32::MAX, |_| {}),
+            Err(ClaimError::TableOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            client.release_slot(past_end, 3),
+            Err(SlotError::TableOutOfBounds { .. })
+        ));
+        // Nothing was claimed: the real table still has room and no holder.
+        let claim = client.claim_slot(l.slots, 3, |_| {}).unwrap();
+        assert_eq!(claim.index, 0);
+        client.release_slot(l.slots, 3).unwrap();
     }
 
     impl<L: SlotLocks> SlotTable<'_, L> {

@@ -123,6 +123,13 @@ pub enum ClaimError {
     Full,
     /// This handle already holds a claim (one claim per open segment).
     AlreadyClaimed,
+    /// The slot table named by the layout does not lie inside the segment.
+    TableOutOfBounds {
+        /// Offset of the table in the segment.
+        offset: u64,
+        /// Number of slots.
+        count: u32,
+    },
     /// A lock operation failed.
     Liveness(LivenessError),
 }
@@ -132,6 +139,10 @@ impl fmt::Display for ClaimError {
         match self {
             Self::Full => f.write_str("no free client slot (segment full)"),
             Self::AlreadyClaimed => f.write_str("this segment handle already holds a client slot"),
+            Self::TableOutOfBounds { offset, count } => write!(
+                f,
+                "client slot table ({count} slots at offset {offset}) lies outside the segment"
+            ),
             Self::Liveness(e) => write!(f, "claiming a slot: {e}"),
         }
     }
@@ -154,6 +165,13 @@ pub enum SlotError {
     Stale,
     /// The owner is alive (its lock is held): not reclaimable.
     Alive,
+    /// The slot table named by the layout does not lie inside the segment.
+    TableOutOfBounds {
+        /// Offset of the table in the segment.
+        offset: u64,
+        /// Number of slots.
+        count: u32,
+    },
     /// A lock operation failed.
     Liveness(LivenessError),
 }
@@ -164,6 +182,10 @@ impl fmt::Display for SlotError {
             Self::BadIndex(i) => write!(f, "client slot index {i} out of range"),
             Self::Stale => f.write_str("client slot claim is stale"),
             Self::Alive => f.write_str("client slot owner is alive"),
+            Self::TableOutOfBounds { offset, count } => write!(
+                f,
+                "client slot table ({count} slots at offset {offset}) lies outside the segment"
+            ),
             Self::Liveness(e) => write!(f, "client slot: {e}"),
         }
     }

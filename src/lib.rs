@@ -12,8 +12,10 @@
 //! - [`replay`]: trace replay under LRU, LFU, S3-FIFO and the engine.
 //! - [`bench`]: latency under contention, shared memory against a Unix
 //!   socket.
+//! - [`chart`]: the SVG line charts of `replay --plot` and `bench --plot`.
 
 pub mod bench;
+pub mod chart;
 pub mod client;
 pub mod daemon;
 pub mod engine;

@@ -130,10 +130,16 @@ pub struct WorkerArgs {
 /// Why a benchmark failed.
 #[derive(Debug)]
 pub enum BenchError {
+    /// The arguments do not make a run.
     Args(String),
+    /// Spawning, waiting or writing failed.
     Io(io::Error),
+    /// The daemon or the socket server failed.
     Server(String),
+    /// A client process failed or sent a bad report.
     Worker(String),
+    /// The `--plot` SVG could not be drawn.
+    Plot(String),
 }
 
 impl fmt::Display for BenchError {
@@ -143,6 +149,7 @@ impl fmt::Display for BenchError {
             Self::Io(e) => write!(f, "I/O: {e}"),
             Self::Server(m) => write!(f, "server: {m}"),
             Self::Worker(m) => write!(f, "worker: {m}"),
+            Self::Plot(m) => write!(f, "drawing the plot: {m}"),
         }
     }
 }
@@ -243,7 +250,7 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
         }
     }
     if let Some(path) = &args.plot {
-        plot::draw(path, &reports).map_err(BenchError::Worker)?;
+        plot::draw(path, &reports).map_err(BenchError::Plot)?;
     }
     Ok(())
 }

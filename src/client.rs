@@ -181,7 +181,7 @@ impl Client {
         });
         let claim = claim.map_err(|e| match e {
             ClaimError::Full => ClientError::SegmentFull,
-            ClaimError::TableOutOfBounds { .. } => ClientError::LayoutMismatch,
+            ClaimError::Table(_) => ClientError::LayoutMismatch,
             e => ClientError::Protocol(e.to_string()),
         })?;
         let mut client = Self {

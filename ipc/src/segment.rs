@@ -22,7 +22,9 @@ use memmap2::MmapRaw;
 use crate::liveness::{self, OfdLocks, DAEMON_BYTE};
 use crate::scratch::Scratch;
 use crate::shm::{Offset, ShmSafe};
-use crate::slots::{Claim, ClaimError, ClientSlot, LivenessError, SlotError, SlotTable};
+use crate::slots::{
+    Claim, ClaimError, ClientSlot, LivenessError, SlotError, SlotTable, TableOutOfBounds,
+};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// Magic number at offset 0 ("RADIXSHM", little-endian).
@@ -557,6 +559,18 @@ impl Segment {
         Ok(SlotTable::new(slots, OfdLocks::new(self.file.as_fd())))
     }
 
+    /// The slot table for this process's own claim.
+    fn own_slots(
+        &self,
+        offset: Offset<ClientSlot>,
+        count: u32,
+    ) -> Result<SlotTable<'_, OfdLocks<'_>>, TableOutOfBounds> {
+        self.slots(offset, count).map_err(|_| TableOutOfBounds {
+            offset: offset.get(),
+            count,
+        })
+    }
+
     /// Claims a client slot for this process (at most one per handle).
     /// `prepare` runs before the claim is published (reset rings there).
     pub fn claim_slot(
@@ -565,12 +579,7 @@ impl Segment {
         count: u32,
         prepare: impl FnMut(Claim),
     ) -> Result<Claim, ClaimError> {
-        let table = self
-            .slots(offset, count)
-            .map_err(|_| ClaimError::TableOutOfBounds {
-                offset: offset.get(),
-                count,
-            })?;
+        let table = self.own_slots(offset, count)?;
         let mut held = self.claim.lock().unwrap_or_else(|p| p.into_inner());
         if held.is_some() {
             return Err(ClaimError::AlreadyClaimed);
@@ -582,12 +591,7 @@ impl Segment {
 
     /// Releases the claim taken by [`Segment::claim_slot`].
     pub fn release_slot(&self, offset: Offset<ClientSlot>, count: u32) -> Result<(), SlotError> {
-        let table = self
-            .slots(offset, count)
-            .map_err(|_| SlotError::TableOutOfBounds {
-                offset: offset.get(),
-                count,
-            })?;
+        let table = self.own_slots(offset, count)?;
         let mut held = self.claim.lock().unwrap_or_else(|p| p.into_inner());
         match held.take() {
             Some(claim) => table.release(claim),
@@ -972,19 +976,19 @@ mod tests {
         let _daemon = Segment::create(&n, l.total_size, 0o600, l.hash).unwrap();
         let client = Segment::open(&n, l.hash).unwrap();
         let past_end = Offset::new(l.total_size);
-        let oob = ClaimError::TableOutOfBounds {
+        let oob = ClaimError::Table(TableOutOfBounds {
             offset: l.total_size,
             count: 3,
-        };
+        });
         assert_eq!(client.claim_slot(past_end, 3, |_| {}), Err(oob));
         // Too many slots for the segment, at a valid offset.
         assert!(matches!(
             client.claim_slot(l.slots, u32::MAX, |_| {}),
-            Err(ClaimError::TableOutOfBounds { .. })
+            Err(ClaimError::Table(_))
         ));
         assert!(matches!(
             client.release_slot(past_end, 3),
-            Err(SlotError::TableOutOfBounds { .. })
+            Err(SlotError::Table(_))
         ));
         // Nothing was claimed: the real table still has room and no holder.
         let claim = client.claim_slot(l.slots, 3, |_| {}).unwrap();

@@ -116,6 +116,28 @@ pub struct Claim {
     pub generation: u32,
 }
 
+/// A slot table whose `count` slots at `offset` do not fit in the segment
+/// (a layout that does not match the segment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableOutOfBounds {
+    /// Offset of the table in the segment.
+    pub offset: u64,
+    /// Number of slots.
+    pub count: u32,
+}
+
+impl fmt::Display for TableOutOfBounds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self { offset, count } = self;
+        write!(
+            f,
+            "client slot table ({count} slots at offset {offset}) lies outside the segment"
+        )
+    }
+}
+
+impl std::error::Error for TableOutOfBounds {}
+
 /// Errors of [`SlotTable::claim`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClaimError {
@@ -123,13 +145,8 @@ pub enum ClaimError {
     Full,
     /// This handle already holds a claim (one claim per open segment).
     AlreadyClaimed,
-    /// The slot table named by the layout does not lie inside the segment.
-    TableOutOfBounds {
-        /// Offset of the table in the segment.
-        offset: u64,
-        /// Number of slots.
-        count: u32,
-    },
+    /// The slot table does not lie inside the segment.
+    Table(TableOutOfBounds),
     /// A lock operation failed.
     Liveness(LivenessError),
 }
@@ -139,16 +156,19 @@ impl fmt::Display for ClaimError {
         match self {
             Self::Full => f.write_str("no free client slot (segment full)"),
             Self::AlreadyClaimed => f.write_str("this segment handle already holds a client slot"),
-            Self::TableOutOfBounds { offset, count } => write!(
-                f,
-                "client slot table ({count} slots at offset {offset}) lies outside the segment"
-            ),
+            Self::Table(e) => e.fmt(f),
             Self::Liveness(e) => write!(f, "claiming a slot: {e}"),
         }
     }
 }
 
 impl std::error::Error for ClaimError {}
+
+impl From<TableOutOfBounds> for ClaimError {
+    fn from(e: TableOutOfBounds) -> Self {
+        Self::Table(e)
+    }
+}
 
 impl From<LivenessError> for ClaimError {
     fn from(e: LivenessError) -> Self {
@@ -165,13 +185,8 @@ pub enum SlotError {
     Stale,
     /// The owner is alive (its lock is held): not reclaimable.
     Alive,
-    /// The slot table named by the layout does not lie inside the segment.
-    TableOutOfBounds {
-        /// Offset of the table in the segment.
-        offset: u64,
-        /// Number of slots.
-        count: u32,
-    },
+    /// The slot table does not lie inside the segment.
+    Table(TableOutOfBounds),
     /// A lock operation failed.
     Liveness(LivenessError),
 }
@@ -182,16 +197,19 @@ impl fmt::Display for SlotError {
             Self::BadIndex(i) => write!(f, "client slot index {i} out of range"),
             Self::Stale => f.write_str("client slot claim is stale"),
             Self::Alive => f.write_str("client slot owner is alive"),
-            Self::TableOutOfBounds { offset, count } => write!(
-                f,
-                "client slot table ({count} slots at offset {offset}) lies outside the segment"
-            ),
+            Self::Table(e) => e.fmt(f),
             Self::Liveness(e) => write!(f, "client slot: {e}"),
         }
     }
 }
 
 impl std::error::Error for SlotError {}
+
+impl From<TableOutOfBounds> for SlotError {
+    fn from(e: TableOutOfBounds) -> Self {
+        Self::Table(e)
+    }
+}
 
 impl From<LivenessError> for SlotError {
     fn from(e: LivenessError) -> Self {

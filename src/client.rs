@@ -607,7 +607,7 @@ impl Drop for Client {
     }
 }
 
-impl crate::exec::Backend for Client {
+impl crate::op::Backend for Client {
     fn call(&mut self, request: Request) -> Result<Reply, Rejection> {
         Client::call(self, &request).map_err(|e| match e {
             ClientError::Rejected(r) => r,

@@ -2,35 +2,10 @@
 //! line, in order. A bad line gets an error answer and the stream goes on.
 
 use std::io::{self, BufRead, Write};
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use crate::engine::{ClientId, Engine, Region};
-use crate::op::{self, ErrorKind, Rejection, Reply, Request};
-
-/// Something that carries out requests: an in-process engine or a daemon.
-pub trait Backend {
-    /// Carries out one request.
-    fn call(&mut self, request: Request) -> Result<Reply, Rejection>;
-}
-
-/// An in-process engine serving one client.
-pub struct Local<R: Region> {
-    pub engine: Engine<R>,
-    pub client: ClientId,
-    /// Sessions idle for longer are released before each request.
-    pub session_ttl: Option<Duration>,
-}
-
-impl<R: Region> Backend for Local<R> {
-    fn call(&mut self, request: Request) -> Result<Reply, Rejection> {
-        if let Some(ttl) = self.session_ttl {
-            self.engine.expire_sessions(ttl, Instant::now());
-        }
-        op::apply(&mut self.engine, self.client, request)
-    }
-}
+use crate::op::{Backend, ErrorKind, Rejection, Reply, Request};
 
 /// Reads requests from `input` until it ends, answering each on `output`.
 /// Answers are flushed whenever no further input is already buffered, so an

@@ -14,17 +14,26 @@
 //!   socket.
 //! - [`chart`]: the SVG line charts of `replay --plot` and `bench --plot`.
 
-pub mod bench;
-pub mod chart;
 pub mod client;
 pub mod daemon;
 pub mod engine;
-pub mod exec;
 pub mod op;
-pub mod replay;
 pub mod segment;
-pub mod signal;
-pub mod stat;
 pub mod wire;
+
+// The command-line tools and what only they need (clap, serde_json,
+// plotters): a scheduler linking the library builds without them.
+#[cfg(feature = "cli")]
+pub mod bench;
+#[cfg(feature = "cli")]
+pub mod chart;
+#[cfg(feature = "cli")]
+pub mod exec;
+#[cfg(feature = "cli")]
+pub mod replay;
+#[cfg(feature = "cli")]
+pub mod signal;
+#[cfg(feature = "cli")]
+pub mod stat;
 
 pub use client::{Client, ClientError};

@@ -9,7 +9,8 @@ use clap::{Parser, Subcommand};
 use radixd::bench::{self, BenchArgs, WorkerArgs};
 use radixd::daemon::{self, ServeConfig};
 use radixd::engine::{Config, Engine};
-use radixd::exec::{self, Local};
+use radixd::exec;
+use radixd::op::Local;
 use radixd::replay::{self, ReplayArgs};
 use radixd::{signal, stat, Client};
 

@@ -2,6 +2,7 @@
 //! independent of how they travel (JSON lines, shared-memory rings).
 
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use crate::engine::{ClientId, Engine, HandleError, PageError, Region, SessionError, Stats};
 
@@ -294,4 +295,27 @@ pub fn apply<R: Region>(
             Reply::Done
         }
     })
+}
+
+/// Something that carries out requests: an in-process engine or a daemon.
+pub trait Backend {
+    /// Carries out one request.
+    fn call(&mut self, request: Request) -> Result<Reply, Rejection>;
+}
+
+/// An in-process engine serving one client.
+pub struct Local<R: Region> {
+    pub engine: Engine<R>,
+    pub client: ClientId,
+    /// Sessions idle for longer are released before each request.
+    pub session_ttl: Option<Duration>,
+}
+
+impl<R: Region> Backend for Local<R> {
+    fn call(&mut self, request: Request) -> Result<Reply, Rejection> {
+        if let Some(ttl) = self.session_ttl {
+            self.engine.expire_sessions(ttl, Instant::now());
+        }
+        apply(&mut self.engine, self.client, request)
+    }
 }

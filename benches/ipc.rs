@@ -11,7 +11,7 @@ use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throug
 use radixd::bench::{run_once, BenchArgs, Transport, UdsClient, UdsServer};
 use radixd::daemon::{serve, ServeConfig};
 use radixd::engine::Config;
-use radixd::exec::Backend;
+use radixd::op::Backend;
 use radixd::op::Request;
 use radixd::Client;
 use radixd_ipc::sync::{AtomicU32, Ordering};

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::daemon::{serve, ServeConfig};
 use crate::engine::Config;
-use crate::exec::Backend;
+use crate::op::Backend;
 use crate::op::{Reply, Request};
 use crate::replay::parse_trace;
 use crate::Client;

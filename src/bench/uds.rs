@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::engine::{Config, Engine};
-use crate::exec::Backend;
+use crate::op::Backend;
 use crate::op::{self, ErrorKind, Rejection, Reply, Request};
 use crate::wire::{self, WireReply, WireRequest};
 

@@ -51,9 +51,8 @@ fn with_daemon(busy_poll: bool, f: impl FnOnce(&str)) {
         capacity: 4096,
         max_clients: 8,
         scratch_bytes: 1 << 20,
-        mode: 0o600,
         busy_poll,
-        session_ttl: None,
+        ..ServeConfig::default()
     };
     let stop = AtomicU32::new(0);
     std::thread::scope(|s| {
@@ -184,8 +183,8 @@ fn four_processes(c: &mut Criterion) {
                     clients: vec![4],
                     requests: u32::try_from(iters).unwrap_or(u32::MAX),
                     prompt_tokens: PROMPT,
-                    page_size: PAGE,
-                    capacity: 65_536,
+                    page_size: Some(PAGE),
+                    capacity: Some(65_536),
                     transport,
                     compare: false,
                     busy_poll: false,

@@ -37,9 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         capacity: 16_384,
         max_clients: 8,
         scratch_bytes: 1 << 20,
-        mode: 0o600,
-        busy_poll: false,
-        session_ttl: None,
+        ..ServeConfig::default()
     };
     static STOP: AtomicU32 = AtomicU32::new(0);
     let daemon = std::thread::spawn(move || serve(&config, &STOP));

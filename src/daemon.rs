@@ -20,8 +20,8 @@ use radixd_ipc::{
     Segment, Spin, INFO_OFFSET,
 };
 
-use crate::engine::{ClientId, ConfigError, Engine};
-use crate::op::{self, ErrorKind, Rejection};
+use crate::engine::{ClientId, ConfigError, Engine, CORRUPT};
+use crate::op::{self, ErrorKind, Rejection, Request};
 use crate::segment::{
     bucket_of, write_info, Info, Layout, LayoutProblem, LiveStats, SegmentConfig, ShmRegion,
 };
@@ -51,29 +51,71 @@ pub struct ServeConfig {
     pub busy_poll: bool,
     /// Release sessions idle for longer than this.
     pub session_ttl: Option<Duration>,
+    /// Let clients `reset` the whole shared cache (off: `not_permitted`).
+    pub allow_reset: bool,
+}
+
+impl Default for ServeConfig {
+    /// The defaults of `radixd serve`.
+    fn default() -> Self {
+        Self {
+            name: "radixd".to_owned(),
+            page_size: 16,
+            capacity: 65_536,
+            max_clients: 16,
+            scratch_bytes: 16 << 20,
+            mode: 0o600,
+            busy_poll: false,
+            session_ttl: None,
+            allow_reset: false,
+        }
+    }
+}
+
+/// What a daemon that has started serves.
+#[derive(Clone, Debug)]
+pub struct Started {
+    /// The segment file.
+    pub path: std::path::PathBuf,
+    /// Its size in bytes (all of it reserved up front).
+    pub bytes: u64,
 }
 
 /// Why the daemon could not start or stopped early.
 #[derive(Debug)]
 pub enum ServeError {
     Layout(LayoutProblem),
-    Create(CreateError),
+    Create {
+        path: std::path::PathBuf,
+        error: CreateError,
+    },
     Region(RegionError),
     Ring(RingError),
     Engine(ConfigError),
+    /// The engine met shared data it cannot trust (a process wrote the
+    /// segment behind the daemon's back): the daemon stopped serving and
+    /// removed the segment.
+    Corrupted(String),
 }
 
 impl fmt::Display for ServeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Layout(e) => write!(f, "bad configuration: {e}"),
-            Self::Create(CreateError::AlreadyRunning) => {
-                write!(f, "a live daemon already serves this name")
+            Self::Create {
+                path,
+                error: CreateError::AlreadyRunning,
+            } => write!(f, "a live daemon already serves {}", path.display()),
+            Self::Create { path, error } => {
+                write!(f, "cannot create {}: {error}", path.display())
             }
-            Self::Create(e) => write!(f, "cannot create the segment: {e}"),
             Self::Region(e) => write!(f, "segment layout broken: {e}"),
             Self::Ring(e) => write!(f, "ring setup failed: {e}"),
             Self::Engine(e) => write!(f, "cannot build the engine: {e}"),
+            Self::Corrupted(m) => write!(
+                f,
+                "stopped: {m}; the segment was removed (restart the daemon)"
+            ),
         }
     }
 }
@@ -92,10 +134,22 @@ struct Port<'s> {
     pending: Option<WireReply>,
     /// The ring was found corrupt: ignored until the slot is claimed anew.
     broken: bool,
+    /// The engine stopped at corrupt shared data while serving this slot.
+    corrupt: Option<String>,
 }
 
 /// Runs the daemon until `stop` becomes non-zero.
 pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
+    serve_reporting(config, stop, |_| {})
+}
+
+/// [`serve`], calling `started` once the segment is created and ready (so
+/// a caller announces a daemon only once nothing can fail at start-up).
+pub fn serve_reporting(
+    config: &ServeConfig,
+    stop: &AtomicU32,
+    started: impl FnOnce(&Started),
+) -> Result<(), ServeError> {
     let seg_config = SegmentConfig {
         page_size: config.page_size,
         capacity: config.capacity,
@@ -109,7 +163,10 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
         config.mode,
         layout.ipc.hash,
     )
-    .map_err(ServeError::Create)?;
+    .map_err(|error| ServeError::Create {
+        path: std::path::Path::new(radixd_ipc::segment::SHM_DIR).join(&config.name),
+        error,
+    })?;
     let info: &Info = segment
         .get(Offset::new(INFO_OFFSET))
         .map_err(ServeError::Region)?;
@@ -139,6 +196,10 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
     // Release: publishes the configuration and the formatted engine; pairs
     // with the Acquire load of `ready` in `Client::connect`.
     info.ready.store(1, Ordering::Release);
+    started(&Started {
+        path: segment.path().to_owned(),
+        bytes: segment.len(),
+    });
 
     let mut last_sweep = Instant::now();
     let mut last_work = Instant::now();
@@ -157,7 +218,12 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
             if word.1 != ACTIVE || port.broken {
                 continue;
             }
-            work += drain(&mut engine, port, index, live, |i| slots.word(i).ok());
+            work += drain(&mut engine, port, index, live, config.allow_reset, |i| {
+                slots.word(i).ok()
+            });
+        }
+        if let Some(damage) = ports.iter_mut().find_map(|p| p.corrupt.take()) {
+            return Err(ServeError::Corrupted(damage));
         }
         // Relaxed: the daemon wrote this gauge itself (in `adopt`/`forget`).
         let clients = live.clients.load(Ordering::Relaxed);
@@ -171,8 +237,11 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
         if now.duration_since(last_sweep) >= SWEEP {
             last_sweep = now;
             sweep(&mut engine, &mut ports, &slots, live);
+            if let Some(damage) = ports.iter_mut().find_map(|p| p.corrupt.take()) {
+                return Err(ServeError::Corrupted(damage));
+            }
             if let Some(ttl) = config.session_ttl {
-                engine.expire_sessions(ttl, now);
+                guarded(|| engine.expire_sessions(ttl, now)).map_err(ServeError::Corrupted)?;
             }
             live.set_engine(&engine.stats(), engine.sessions() as u64);
             // An idle daemon has nothing to spin for: no need to look.
@@ -230,6 +299,7 @@ fn port<'s>(segment: &'s Segment, layout: &Layout, index: u32) -> Result<Port<'s
         seen: (0, 0),
         pending: None,
         broken: false,
+        corrupt: None,
     })
 }
 
@@ -268,7 +338,9 @@ fn forget<R: crate::engine::Region>(
     live: &LiveStats,
 ) {
     if port.seen.1 == ACTIVE {
-        engine.release_client(client_id(index));
+        if let Err(damage) = guarded(|| engine.release_client(client_id(index))) {
+            port.corrupt = Some(damage);
+        }
         LiveStats::bump(&live.clients, -1);
     }
     port.seen = (0, 0);
@@ -281,6 +353,7 @@ fn drain<R: crate::engine::Region>(
     port: &mut Port<'_>,
     index: u32,
     live: &LiveStats,
+    allow_reset: bool,
     word: impl Fn(u32) -> Option<(u32, u32)>,
 ) -> usize {
     if let Some(reply) = port.pending.take() {
@@ -315,7 +388,14 @@ fn drain<R: crate::engine::Region>(
             _ => {}
         }
         let start = Instant::now();
-        let reply = answer(engine, client_id(index), &port.scratch, &record);
+        let reply = answer(
+            engine,
+            client_id(index),
+            &port.scratch,
+            &record,
+            allow_reset,
+            &mut port.corrupt,
+        );
         let ns = start.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
         LiveStats::bump(&live.service_ns[bucket_of(ns)], 1);
         LiveStats::bump(&live.requests, 1);
@@ -341,6 +421,8 @@ fn answer<R: crate::engine::Region>(
     client: ClientId,
     scratch: &Scratch<'_>,
     record: &WireRequest,
+    allow_reset: bool,
+    corrupt: &mut Option<String>,
 ) -> WireReply {
     let window_ok = record
         .reply_off
@@ -366,7 +448,21 @@ fn answer<R: crate::engine::Region>(
                         ),
                     ));
                 }
-                op::apply(engine, client, request)
+                if matches!(request, Request::Reset) && !allow_reset {
+                    // One client must not wipe every other scheduler's
+                    // pages and locks unless the operator said so.
+                    return Err(Rejection::new(
+                        ErrorKind::NotPermitted,
+                        "reset of the shared cache is off (start the daemon with --allow-reset)",
+                    ));
+                }
+                guarded(|| op::apply(engine, client, request)).unwrap_or_else(|damage| {
+                    *corrupt = Some(damage);
+                    Err(Rejection::new(
+                        ErrorKind::Protocol,
+                        "the daemon found its engine corrupted and is stopping",
+                    ))
+                })
             })
     };
     let (mut reply, mut bytes) = wire::encode_reply(record.seq, &result);
@@ -388,6 +484,29 @@ fn answer<R: crate::engine::Region>(
     }
     reply.payload_len = bytes.len() as u32;
     reply
+}
+
+/// Runs an engine operation, turning a stop at corrupt shared data (see
+/// `engine::CORRUPT`) or any other panic into an error: the daemon then
+/// shuts down cleanly instead of dying with its segment in place.
+///
+/// The engine panics only where its shared data breaks an invariant it
+/// relies on (an index out of range, a loop in a list): the model tests
+/// check every operation against `validate()` on data the engine wrote
+/// itself, so a stop here means someone else wrote the segment.
+fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
+        let what = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_default();
+        if what.starts_with(CORRUPT) {
+            what
+        } else {
+            format!("{CORRUPT}: {what}")
+        }
+    })
 }
 
 /// Probes every occupied slot and reclaims the dead.

@@ -7,12 +7,13 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use radixd::bench::{self, BenchArgs, WorkerArgs};
-use radixd::daemon::{self, ServeConfig};
+use radixd::daemon::{self, ServeConfig, Started};
 use radixd::engine::{Config, Engine};
 use radixd::exec;
 use radixd::op::Local;
 use radixd::replay::{self, ReplayArgs};
 use radixd::{signal, stat, Client};
+use radixd_ipc::segment::human_bytes;
 
 #[derive(Parser)]
 #[command(
@@ -66,22 +67,50 @@ struct ServeArgs {
     #[arg(long, default_value = "0600", value_parser = octal)]
     mode: u32,
     /// Release sessions idle for this many seconds (off by default).
+    #[arg(long, value_parser = positive_seconds)]
+    session_ttl: Option<Duration>,
+    /// Let clients `reset` the whole shared cache (off: they get
+    /// `not_permitted`).
     #[arg(long)]
-    session_ttl: Option<f64>,
+    allow_reset: bool,
 }
 
 #[derive(clap::Args)]
 struct StatArgs {
-    /// Segment name of the daemon.
-    #[arg(default_value = DEFAULT_NAME)]
-    name: String,
-    /// Seconds between the two readings that give requests per second.
-    #[arg(long, default_value_t = 1.0)]
-    interval: f64,
+    /// Segment name of the daemon (or --name NAME).
+    #[arg(value_name = "NAME", conflicts_with = "name_flag")]
+    name: Option<String>,
+    /// Segment name of the daemon [default: radixd].
+    #[arg(long = "name", value_name = "NAME")]
+    name_flag: Option<String>,
+    /// Seconds between the two readings that give requests per second
+    /// (more than 0, at most 3600).
+    #[arg(long, default_value = "1", value_parser = interval)]
+    interval: Duration,
 }
 
 /// The segment name `serve`, `exec --connect` and `stat` use by default.
 const DEFAULT_NAME: &str = "radixd";
+
+/// Seconds as a duration: finite and more than zero.
+fn positive_seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(format!("{s} must be a finite number of seconds above 0"));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s}: {e}"))
+}
+
+/// `stat --interval`: above 0 and at most an hour.
+fn interval(s: &str) -> Result<Duration, String> {
+    let d = positive_seconds(s)?;
+    if d > Duration::from_secs(3600) {
+        return Err(format!("{s} s is longer than an hour"));
+    }
+    Ok(d)
+}
 
 fn octal(s: &str) -> Result<u32, String> {
     u32::from_str_radix(s.trim_start_matches("0o"), 8)
@@ -92,41 +121,50 @@ fn octal(s: &str) -> Result<u32, String> {
 
 #[derive(clap::Args)]
 struct ExecArgs {
-    /// Send the requests to the daemon serving this segment instead of an
-    /// in-process engine.
-    #[arg(long)]
+    /// Send the requests to the daemon serving this segment (also spelt
+    /// --name) instead of an in-process engine.
+    #[arg(long, visible_alias = "name", value_name = "NAME")]
     connect: Option<String>,
-    /// Tokens per KV page.
-    #[arg(long, default_value_t = 16)]
-    page_size: u32,
-    /// Pages in the KV pool.
-    #[arg(long, default_value_t = 65536)]
-    capacity: u32,
-    /// Release sessions idle for this many seconds (off by default).
+    /// Tokens per KV page [default: 16; with --connect, the daemon's].
     #[arg(long)]
-    session_ttl: Option<f64>,
-}
-
-fn seconds(s: Option<f64>) -> Result<Option<Duration>, String> {
-    s.map(|s| Duration::try_from_secs_f64(s).map_err(|e| format!("--session-ttl {s}: {e}")))
-        .transpose()
+    page_size: Option<u32>,
+    /// Pages in the KV pool [default: 65536; with --connect, the daemon's].
+    #[arg(long)]
+    capacity: Option<u32>,
+    /// Release sessions idle for this many seconds (off by default;
+    /// in-process only: a daemon has its own `serve --session-ttl`).
+    #[arg(long, value_parser = positive_seconds, conflicts_with = "connect")]
+    session_ttl: Option<Duration>,
 }
 
 fn exec(args: ExecArgs) -> Result<(), String> {
     if let Some(name) = args.connect {
-        let mut client = Client::connect(&name).map_err(|e| e.to_string())?;
+        let mut client = Client::connect(&name).map_err(|e| format!("{name}: {e}"))?;
+        // The daemon's configuration rules; a flag that contradicts it is
+        // an error rather than silently ignored.
+        let daemon = [
+            ("--page-size", args.page_size, client.page_size()),
+            ("--capacity", args.capacity, client.capacity()),
+        ];
+        for (flag, asked, has) in daemon {
+            if let Some(asked) = asked.filter(|a| *a != has) {
+                return Err(format!(
+                    "{flag} {asked} disagrees with the daemon {name} ({flag} {has}); leave it out"
+                ));
+            }
+        }
         return exec::run(&mut client, io::stdin().lock(), io::stdout().lock())
             .map_err(|e| e.to_string());
     }
     let config = Config {
-        page_size: args.page_size,
-        capacity: args.capacity,
+        page_size: args.page_size.unwrap_or(16),
+        capacity: args.capacity.unwrap_or(65_536),
     };
     let engine = Engine::new(config).map_err(|e| e.to_string())?;
     let mut local = Local {
         engine,
         client: 0,
-        session_ttl: seconds(args.session_ttl)?,
+        session_ttl: args.session_ttl,
     };
     exec::run(&mut local, io::stdin().lock(), io::stdout().lock()).map_err(|e| e.to_string())
 }
@@ -140,33 +178,53 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         scratch_bytes: args.scratch_bytes,
         mode: args.mode,
         busy_poll: args.busy_poll,
-        session_ttl: seconds(args.session_ttl)?,
+        session_ttl: args.session_ttl,
+        allow_reset: args.allow_reset,
     };
     signal::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
-    eprintln!(
-        "radixd: serving /dev/shm/{} (page size {}, {} pages, {} clients{})",
-        config.name,
-        config.page_size,
-        config.capacity,
-        config.max_clients,
-        if config.busy_poll { ", busy-poll" } else { "" }
-    );
-    daemon::serve(&config, &signal::STOP).map_err(|e| e.to_string())
+    // Announced only once the segment exists and is ready: a configuration
+    // error is never preceded by a "serving" line.
+    let announce = |started: &Started| {
+        eprintln!(
+            "radixd: serving {} ({}; page size {}, {} pages, {} clients{}{})",
+            started.path.display(),
+            human_bytes(started.bytes),
+            config.page_size,
+            config.capacity,
+            config.max_clients,
+            if config.busy_poll { ", busy-poll" } else { "" },
+            if config.allow_reset {
+                ", reset allowed"
+            } else {
+                ""
+            },
+        )
+    };
+    daemon::serve_reporting(&config, &signal::STOP, announce).map_err(|e| e.to_string())
+}
+
+/// Lets a write to a closed pipe end the process quietly, as it does for
+/// other Unix tools (`radixd stat | head -2`), instead of a panic or an
+/// error message. Not for `serve`, whose stderr is not what it serves.
+fn quiet_on_closed_pipe() {
+    // SAFETY: restoring a signal's default disposition at start-up, before
+    // any thread exists; no handler code is involved.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        quiet_on_closed_pipe();
+    }
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Exec(args) => exec(args),
-        Command::Stat(args) => stat::run(
-            &args.name,
-            seconds(Some(args.interval))
-                .ok()
-                .flatten()
-                .unwrap_or_default(),
-        )
-        .map_err(|e| e.to_string()),
+        Command::Stat(args) => {
+            let name = args.name.or(args.name_flag);
+            stat::run(name.as_deref().unwrap_or(DEFAULT_NAME), args.interval)
+                .map_err(|e| e.to_string())
+        }
         Command::Bench(args) => {
             let mut out = io::stdout().lock();
             bench::run(&args, &mut out).map_err(|e| e.to_string())

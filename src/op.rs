@@ -79,6 +79,42 @@ pub enum Reply {
     Stats { stats: Stats, sessions: u64 },
 }
 
+/// Longest session id, in bytes.
+pub const MAX_SESSION_ID: usize = 256;
+
+/// The one rule for session ids, wherever a request comes from: 1 to
+/// [`MAX_SESSION_ID`] bytes of UTF-8.
+pub fn check_session_id(id: &[u8]) -> Result<&str, Rejection> {
+    check_session_len(id.len())?;
+    std::str::from_utf8(id)
+        .map_err(|_| Rejection::new(ErrorKind::Malformed, "session id is not UTF-8"))
+}
+
+/// The length part of [`check_session_id`], for a reader that checks it
+/// before copying the id.
+pub fn check_session_len(len: usize) -> Result<(), Rejection> {
+    if (1..=MAX_SESSION_ID).contains(&len) {
+        Ok(())
+    } else {
+        Err(Rejection::new(
+            ErrorKind::Malformed,
+            format!("session id must be 1..={MAX_SESSION_ID} bytes, not {len}"),
+        ))
+    }
+}
+
+impl Request {
+    /// The session a request names, if any.
+    pub fn session(&self) -> Option<&str> {
+        match self {
+            Self::SessionCommit { session, .. }
+            | Self::SessionRelease { session }
+            | Self::SessionStatus { session } => Some(session),
+            _ => None,
+        }
+    }
+}
+
 /// What kind of failure a rejected request met; its wire name is what
 /// `radixd exec` prints as `"error"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -104,11 +140,14 @@ pub enum ErrorKind {
     Protocol = 15,
     /// `validate` found a broken invariant.
     Invariant = 16,
+    /// The daemon does not allow this operation (`reset` without
+    /// `--allow-reset`).
+    NotPermitted = 17,
 }
 
 impl ErrorKind {
     /// Every kind, for decoding.
-    pub const ALL: [ErrorKind; 16] = [
+    pub const ALL: [ErrorKind; 17] = [
         Self::UnknownOp,
         Self::Malformed,
         Self::PageOutOfRange,
@@ -125,6 +164,7 @@ impl ErrorKind {
         Self::Timeout,
         Self::Protocol,
         Self::Invariant,
+        Self::NotPermitted,
     ];
 
     /// The wire name.
@@ -146,6 +186,7 @@ impl ErrorKind {
             Self::Timeout => "timeout",
             Self::Protocol => "protocol",
             Self::Invariant => "invariant",
+            Self::NotPermitted => "not_permitted",
         }
     }
 
@@ -219,6 +260,9 @@ pub fn apply<R: Region>(
     client: ClientId,
     request: Request,
 ) -> Result<Reply, Rejection> {
+    if let Some(session) = request.session() {
+        check_session_id(session.as_bytes())?;
+    }
     Ok(match request {
         Request::Alloc { n } => Reply::Pages(engine.alloc(client, n)?),
         Request::Free { pages } => {

@@ -17,7 +17,7 @@ use std::mem::size_of;
 use radixd_ipc::{copy, Scratch, ScratchError};
 
 use crate::engine::Stats;
-use crate::op::{ErrorKind, Rejection, Reply, Request};
+use crate::op::{check_session_id, check_session_len, ErrorKind, Rejection, Reply, Request};
 
 /// A request's payload window in a client's scratch area, checked to lie
 /// inside it; [`decode_request`] copies each piece out once.
@@ -106,8 +106,6 @@ const FLAG_LOCK: u32 = 1;
 /// `flags` bit of a reply: `c` holds a handle.
 const FLAG_HANDLE: u32 = 2;
 
-/// Longest session id, in bytes.
-pub const MAX_SESSION_ID: usize = 256;
 /// Room a client leaves for an error message.
 pub const MIN_REPLY_WINDOW: usize = 512;
 
@@ -371,13 +369,9 @@ pub fn decode_request<P: Payload + ?Sized>(
     let tail = payload.len() - pages_end;
     let lock = r.flags & FLAG_LOCK != 0;
     let session = || -> Result<String, Rejection> {
-        if tail == 0 || tail > MAX_SESSION_ID {
-            return Err(malformed(format!(
-                "session id must be 1..={MAX_SESSION_ID} bytes"
-            )));
-        }
-        String::from_utf8(payload.bytes(pages_end, tail)?)
-            .map_err(|_| malformed("session id is not UTF-8"))
+        check_session_len(tail)?;
+        let bytes = payload.bytes(pages_end, tail)?;
+        check_session_id(&bytes).map(str::to_owned)
     };
     let exact = |tokens: bool, pages: bool, rest: bool| {
         let ok = (tokens || r.n_tokens == 0) && (pages || r.n_pages == 0) && (rest || tail == 0);

@@ -35,7 +35,9 @@ macro_rules! both {
             #[test]
             fn through_the_daemon() {
                 let a = args();
-                let daemon = Daemon::start(&a.iter().map(String::as_str).collect::<Vec<_>>());
+                let mut a: Vec<&str> = a.iter().map(String::as_str).collect();
+                a.push("--allow-reset"); // the scenarios reset, as in-process
+                let daemon = Daemon::start(&a);
                 super::$scenario(&mut Exec::start(&["--connect", &daemon.name]));
             }
         }
@@ -45,6 +47,25 @@ macro_rules! both {
 both!(every_op_answers_as_the_design_says, 2, 8);
 both!(sessions_over_exec, 2, 16);
 both!(errors_are_typed_and_change_nothing, 1, 4);
+both!(session_ids_follow_one_rule, 2, 8);
+
+/// Session ids are 1..=256 bytes wherever the request comes from.
+fn session_ids_follow_one_rule(x: &mut Exec) {
+    let long = "s".repeat(257);
+    let longest = "s".repeat(256);
+    for op in ["session_status", "session_release"] {
+        for bad in ["", long.as_str()] {
+            let answer = x.call(json!({"op":op,"session":bad}));
+            assert_eq!(error_kind(&answer), "malformed", "{op} {:?}", bad.len());
+        }
+        let answer = x.call(json!({"op":op,"session":longest}));
+        assert_eq!(error_kind(&answer), "unknown_session", "{op}");
+    }
+    let answer = x.call(json!({"op":"session_commit","session":"","tokens":[],"pages":[]}));
+    assert_eq!(error_kind(&answer), "malformed");
+    let answer = x.call(json!({"op":"session_commit","session":longest,"tokens":[],"pages":[]}));
+    assert_eq!(answer["ok"], true, "{answer}");
+}
 
 fn error_kind(answer: &Value) -> &str {
     assert_eq!(answer["ok"], false, "expected an error, got {answer}");

@@ -83,6 +83,16 @@ pub enum CreateError {
     InvalidSize(u64),
     /// A live daemon owns the name.
     AlreadyRunning,
+    /// The name is taken by a file that is not provably a radixd segment
+    /// (another program's file, a directory, a link): it is left alone.
+    NotASegment,
+    /// The file system holding segments has too little room.
+    NoSpace {
+        /// Bytes the segment needs.
+        needed: u64,
+        /// Bytes free for an unprivileged user when creation was tried.
+        free: u64,
+    },
     /// The OS refused access (e.g. another user's segment).
     PermissionDenied,
     /// Any other OS error.
@@ -156,6 +166,16 @@ impl fmt::Display for CreateError {
             Self::InvalidName => f.write_str("invalid segment name"),
             Self::InvalidSize(s) => write!(f, "invalid segment size {s}"),
             Self::AlreadyRunning => f.write_str("a live daemon already owns this segment"),
+            Self::NotASegment => f.write_str(
+                "the name is taken by a file that is not a radixd segment; it was left alone",
+            ),
+            Self::NoSpace { needed, free } => write!(
+                f,
+                "the segment needs {} but only {} are free there (enlarge the tmpfs, \
+                 e.g. docker --shm-size, or lower --capacity/--scratch-bytes)",
+                human_bytes(*needed),
+                human_bytes(*free)
+            ),
             Self::PermissionDenied => f.write_str("permission denied creating segment"),
             Self::Io(k) => write!(f, "creating segment: {k}"),
         }
@@ -168,7 +188,15 @@ impl fmt::Display for OpenError {
             Self::InvalidName => f.write_str("invalid segment name"),
             Self::NotFound => f.write_str("no such segment (is the daemon running?)"),
             Self::PermissionDenied => f.write_str("permission denied opening segment"),
-            Self::TooSmall { file, needed } => write!(f, "segment is {file} bytes, need {needed}"),
+            Self::TooSmall { file, needed } if *needed == HEADER_SIZE => {
+                write!(
+                    f,
+                    "not a radixd segment ({file} bytes, smaller than a header)"
+                )
+            }
+            Self::TooSmall { file, needed } => {
+                write!(f, "segment is {file} bytes, its header says {needed}")
+            }
             Self::NotReady => f.write_str("segment header not ready"),
             Self::BadMagic(m) => write!(f, "not a radixd segment (magic {m:#x})"),
             Self::VersionMismatch { expected, found } => {
@@ -216,6 +244,78 @@ impl From<io::Error> for OpenError {
             io::ErrorKind::PermissionDenied => Self::PermissionDenied,
             k => Self::Io(k),
         }
+    }
+}
+
+/// `bytes` for people: "279.3 MiB".
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Bytes an unprivileged user may still allocate in the file system of `dir`.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `statvfs` is a plain C struct for which all zero is valid.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `st` a valid out-pointer.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// Gives `file` `size` bytes of real storage now, so that a full tmpfs is a
+/// clean error here instead of a SIGBUS at the first touch of a sparse page.
+fn reserve(file: &File, dir: &Path, size: u64) -> Result<(), CreateError> {
+    use std::os::fd::AsRawFd;
+    let len = libc::off_t::try_from(size).map_err(|_| CreateError::InvalidSize(size))?;
+    // SAFETY: `file` is an open, writable descriptor for the call's duration.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+    match rc {
+        0 => Ok(()),
+        libc::ENOSPC | libc::EFBIG => Err(CreateError::NoSpace {
+            needed: size,
+            free: free_bytes(dir).unwrap_or(0),
+        }),
+        // A file system without fallocate: glibc already fell back to
+        // writing; anything else is an ordinary I/O error.
+        e => Err(io::Error::from_raw_os_error(e).into()),
+    }
+}
+
+/// Opens an existing file for reading and writing without following a
+/// symbolic link or blocking on a FIFO, and only if it is a regular file.
+/// `Ok(None)` for anything else under the name.
+fn open_regular(path: &Path) -> io::Result<Option<File>> {
+    let opened = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    match opened {
+        Ok(file) => Ok(file.metadata()?.is_file().then_some(file)),
+        // A directory, a symbolic link, a device without a reader.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EISDIR | libc::ELOOP | libc::ENXIO)
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -299,7 +399,7 @@ impl Segment {
         let mut guard = TmpGuard(Some(tmp.clone()));
         // Explicit chmod: the umask may have masked bits of `mode`.
         file.set_permissions(std::fs::Permissions::from_mode(mode & 0o777))?;
-        file.set_len(size)?;
+        reserve(&file, dir, size)?;
         if !liveness::try_lock(file.as_fd(), DAEMON_BYTE)? {
             return Err(CreateError::Io(io::ErrorKind::WouldBlock));
         }
@@ -374,11 +474,7 @@ impl Segment {
             return Err(OpenError::InvalidName);
         }
         let path = dir.join(name);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&path)?;
+        let file = open_regular(&path)?.ok_or(OpenError::BadMagic(0))?;
         let meta = file.metadata()?;
         let file_len = meta.len();
         if file_len < HEADER_SIZE {
@@ -399,15 +495,19 @@ impl Segment {
             claim: Mutex::new(None),
         };
         let h = seg.header();
+        // Magic first: a foreign file is "not a radixd segment", whatever
+        // its other bytes say. Relaxed: a name is only ever linked to a
+        // segment whose header is complete (see `create`), so the magic of a
+        // real segment is never seen half-written.
+        let magic = h.magic.load(Ordering::Relaxed);
+        if magic != MAGIC {
+            return Err(OpenError::BadMagic(magic));
+        }
         // Acquire: pairs with the Release store of `ready` in `create`.
         if h.ready.load(Ordering::Acquire) != 1 {
             return Err(OpenError::NotReady);
         }
         let info = seg.info();
-        let magic = h.magic.load(Ordering::Relaxed); // Relaxed: after the Acquire.
-        if magic != MAGIC {
-            return Err(OpenError::BadMagic(magic));
-        }
         if info.version != LAYOUT_VERSION {
             return Err(OpenError::VersionMismatch {
                 expected: LAYOUT_VERSION,
@@ -600,19 +700,43 @@ impl Segment {
     }
 }
 
-/// Removes `path` if it is a segment whose daemon is dead.
+/// Removes `path` if it provably is a stale radixd segment: a regular file
+/// with radixd's magic whose daemon lock is free. Anything else under the
+/// name is left alone ([`CreateError::NotASegment`]).
+///
+/// The probe and the unlink happen while this process holds the stale
+/// file's daemon lock, so two daemons taking over at once cannot both get
+/// past the probe, and a fresh segment published meanwhile (by `link`,
+/// which never replaces a name) cannot be the file unlinked: the unlink is
+/// checked against the very inode that was probed and locked.
 fn remove_stale(path: &Path) -> Result<(), CreateError> {
-    let existing = match OpenOptions::new().read(true).write(true).open(path) {
-        Ok(f) => f,
+    let existing = match open_regular(path) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Err(CreateError::NotASegment),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e.into()),
     };
-    if liveness::is_locked(existing.as_fd(), DAEMON_BYTE)? {
+    let mut magic = [0u8; 8];
+    {
+        use std::os::unix::fs::FileExt;
+        match existing.read_exact_at(&mut magic, 0) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(CreateError::NotASegment)
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if u64::from_le_bytes(magic) != MAGIC {
+        return Err(CreateError::NotASegment);
+    }
+    // Taking the daemon lock both proves the old daemon dead and keeps any
+    // other daemon from taking the same file over until we are done.
+    if !liveness::try_lock(existing.as_fd(), DAEMON_BYTE)? {
         return Err(CreateError::AlreadyRunning);
     }
-    // Only unlink the very file we probed (not a newer one that replaced it).
     let probed = existing.metadata()?;
-    match std::fs::metadata(path) {
+    match std::fs::symlink_metadata(path) {
         Ok(now) if now.dev() == probed.dev() && now.ino() == probed.ino() => {
             match std::fs::remove_file(path) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e.into()),
@@ -621,6 +745,7 @@ fn remove_stale(path: &Path) -> Result<(), CreateError> {
         }
         _ => Ok(()),
     }
+    // Dropping `existing` releases the lock on the unlinked file.
 }
 
 impl Drop for Segment {
@@ -733,8 +858,10 @@ mod tests {
                 needed: 64
             })
         );
+        // Magic is checked before anything else: a foreign file is never
+        // reported as a segment that is merely not ready.
         std::fs::write(&path, [0u8; 4096]).unwrap();
-        assert_eq!(Segment::open(&n, HASH).err(), Some(OpenError::NotReady));
+        assert_eq!(Segment::open(&n, HASH).err(), Some(OpenError::BadMagic(0)));
         let mut bytes = vec![0xabu8; 4096];
         bytes[48..52].copy_from_slice(&1u32.to_le_bytes()); // ready
         std::fs::write(&path, &bytes).unwrap();
@@ -743,6 +870,10 @@ mod tests {
             Some(OpenError::BadMagic(0xabab_abab_abab_abab))
         );
         bytes[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+        bytes[48..52].copy_from_slice(&0u32.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(Segment::open(&n, HASH).err(), Some(OpenError::NotReady));
+        bytes[48..52].copy_from_slice(&1u32.to_le_bytes());
         bytes[8..12].copy_from_slice(&99u32.to_le_bytes());
         std::fs::write(&path, &bytes).unwrap();
         assert_eq!(
@@ -775,6 +906,86 @@ mod tests {
         );
         drop(seg);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn foreign_files_are_never_removed() {
+        let n = name("foreign");
+        let path = Path::new(SHM_DIR).join(&n);
+        // Another program's file, larger than a header, without our magic.
+        let junk: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        std::fs::write(&path, &junk).unwrap();
+        assert_eq!(
+            Segment::create(&n, 4096, 0o600, HASH).err(),
+            Some(CreateError::NotASegment)
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), junk);
+        // Shorter than a magic number.
+        std::fs::write(&path, b"abc").unwrap();
+        assert_eq!(
+            Segment::create(&n, 4096, 0o600, HASH).err(),
+            Some(CreateError::NotASegment)
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"abc");
+        std::fs::remove_file(&path).unwrap();
+        // A directory, a symbolic link (even to a stale segment) and a FIFO.
+        std::fs::create_dir(&path).unwrap();
+        assert_eq!(
+            Segment::create(&n, 4096, 0o600, HASH).err(),
+            Some(CreateError::NotASegment)
+        );
+        assert!(path.is_dir());
+        std::fs::remove_dir(&path).unwrap();
+        let target = Path::new(SHM_DIR).join(name("foreign-target"));
+        std::fs::write(&target, &junk).unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        assert_eq!(
+            Segment::create(&n, 4096, 0o600, HASH).err(),
+            Some(CreateError::NotASegment)
+        );
+        assert_eq!(std::fs::read(&target).unwrap(), junk);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(&target).unwrap();
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(
+            Segment::create(&n, 4096, 0o600, HASH).err(),
+            Some(CreateError::NotASegment)
+        );
+        assert_eq!(Segment::open(&n, HASH).err(), Some(OpenError::BadMagic(0)));
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn too_little_room_is_a_clean_error() {
+        let n = name("nospace");
+        let free = free_bytes(Path::new(SHM_DIR)).unwrap();
+        let size = (free + (1 << 30)).next_multiple_of(4096);
+        match Segment::create(&n, size, 0o600, HASH) {
+            Err(CreateError::NoSpace { needed, free: f }) => {
+                assert_eq!(needed, size);
+                assert!(f < size, "free {f} of needed {size}");
+            }
+            other => panic!("expected NoSpace, got {other:?}"),
+        }
+        // Nothing left behind: neither the name nor the temporary file.
+        assert!(!Path::new(SHM_DIR).join(&n).exists());
+        let leftovers = std::fs::read_dir(SHM_DIR)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains(&n))
+            .count();
+        assert_eq!(leftovers, 0);
+        let message = CreateError::NoSpace {
+            needed: 3 << 30,
+            free: 64 << 20,
+        }
+        .to_string();
+        assert!(
+            message.contains("3.0 GiB") && message.contains("64.0 MiB"),
+            "{message}"
+        );
     }
 
     #[test]

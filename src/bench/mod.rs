@@ -67,12 +67,12 @@ pub struct BenchArgs {
     /// Tokens per prompt (trace prompts are cut to this).
     #[arg(long, default_value_t = 1024)]
     pub prompt_tokens: u32,
-    /// Tokens per KV page.
-    #[arg(long, default_value_t = 16)]
-    pub page_size: u32,
-    /// Pages in the pool.
-    #[arg(long, default_value_t = 65_536)]
-    pub capacity: u32,
+    /// Tokens per KV page [default: 16; with --connect, the daemon's].
+    #[arg(long)]
+    pub page_size: Option<u32>,
+    /// Pages in the pool [default: 65536; with --connect, the daemon's].
+    #[arg(long)]
+    pub capacity: Option<u32>,
     /// Transport to measure.
     #[arg(long, value_enum, default_value_t = Transport::Shm)]
     pub transport: Transport,
@@ -85,8 +85,9 @@ pub struct BenchArgs {
     /// Print JSON lines instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Measure a running daemon instead of starting one (shm only).
-    #[arg(long)]
+    /// Measure the running daemon of this segment name instead of starting
+    /// one (shm only).
+    #[arg(long, visible_alias = "name")]
     pub connect: Option<String>,
     /// Draw prompts from a Mooncake trace (block ids expanded to tokens).
     #[arg(long)]
@@ -201,6 +202,44 @@ pub struct RunReport {
     pub ops: BTreeMap<String, Latency>,
 }
 
+impl BenchArgs {
+    /// Tokens per page of the measured cache.
+    pub fn page_size(&self) -> u32 {
+        self.page_size.unwrap_or(16)
+    }
+
+    /// Pages of the measured cache.
+    pub fn capacity(&self) -> u32 {
+        self.capacity.unwrap_or(65_536)
+    }
+
+    /// With `--connect`, the daemon's page size and capacity: a flag that
+    /// disagrees with the daemon is an error, not a silently wrong workload.
+    fn resolve(&self) -> Result<Self, BenchError> {
+        let Some(name) = &self.connect else {
+            return Ok(self.clone());
+        };
+        let client = Client::connect(name)
+            .map_err(|e| BenchError::Server(format!("cannot connect to {name}: {e}")))?;
+        let daemon = [("--page-size", self.page_size, client.page_size())]
+            .into_iter()
+            .chain([("--capacity", self.capacity, client.capacity())]);
+        for (flag, asked, has) in daemon {
+            if asked.is_some_and(|a| a != has) {
+                return Err(BenchError::Args(format!(
+                    "{flag} {} disagrees with the daemon {name} ({flag} {has}); leave it out",
+                    asked.unwrap_or_default()
+                )));
+            }
+        }
+        Ok(Self {
+            page_size: Some(client.page_size()),
+            capacity: Some(client.capacity()),
+            ..self.clone()
+        })
+    }
+}
+
 /// Runs `radixd bench`.
 pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
     if args.clients.is_empty() || args.clients.contains(&0) {
@@ -208,17 +247,18 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
             "--clients needs counts of at least 1".into(),
         ));
     }
-    if args.requests == 0 || args.prompt_tokens < args.page_size {
-        return Err(BenchError::Args(
-            "--requests and --prompt-tokens (≥ one page) must be positive".into(),
-        ));
-    }
     if args.connect.is_some() && (args.compare || args.transport == Transport::Uds) {
         return Err(BenchError::Args(
             "--connect measures a running daemon over shm only".into(),
         ));
     }
-    crate::engine::EngineLayout::new(args.page_size, args.capacity)
+    let args = &args.resolve()?;
+    if args.requests == 0 || args.prompt_tokens < args.page_size() {
+        return Err(BenchError::Args(
+            "--requests and --prompt-tokens (≥ one page) must be positive".into(),
+        ));
+    }
+    crate::engine::EngineLayout::new(args.page_size(), args.capacity())
         .map_err(|e| BenchError::Args(e.to_string()))?;
     if let Some(trace) = &args.trace {
         load_prompts(trace, args.block_size, args.prompt_tokens, 0, 1)?;
@@ -265,8 +305,8 @@ pub fn run_once(
     exe: &Path,
 ) -> Result<RunReport, BenchError> {
     let config = Config {
-        page_size: args.page_size,
-        capacity: args.capacity,
+        page_size: args.page_size(),
+        capacity: args.capacity(),
     };
     let stop = AtomicU32::new(0);
     let name = format!("radixd-bench-{}-{clients}", std::process::id());
@@ -279,13 +319,12 @@ pub fn run_once(
             (Transport::Shm, None) => {
                 let serve_config = ServeConfig {
                     name: name.clone(),
-                    page_size: args.page_size,
-                    capacity: args.capacity,
+                    page_size: args.page_size(),
+                    capacity: args.capacity(),
                     max_clients: clients + 1,
                     scratch_bytes: 1 << 20,
-                    mode: 0o600,
                     busy_poll: args.busy_poll,
-                    session_ttl: None,
+                    ..ServeConfig::default()
                 };
                 let stop = &stop;
                 daemon = Some(scope.spawn(move || serve(&serve_config, stop)));
@@ -347,9 +386,9 @@ fn run_workers(
         ])
         .args([
             "--page-size",
-            &args.page_size.to_string(),
+            &args.page_size().to_string(),
             "--capacity",
-            &args.capacity.to_string(),
+            &args.capacity().to_string(),
         ])
         .args([
             "--worker",
@@ -479,10 +518,11 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> io::Result<()> {
     };
     writeln!(
         out,
-        "{}{mode}, {} client(s): {} requests in {:.2} s = {:.0} req/s, hit rate {:.1}%, slowest/fastest client {:.2}",
+        "{}{mode}, {} client(s): {} requests ({} rejected) in {:.2} s = {:.0} req/s, hit rate {:.1}%, slowest/fastest client {:.2}",
         r.transport,
         r.clients,
         r.requests,
+        r.rejected,
         r.seconds,
         r.requests_per_second,
         r.hit_rate * 100.0,

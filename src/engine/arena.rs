@@ -10,6 +10,20 @@ use super::layout::{
 use super::region::{Region, REGION_ALIGN};
 use radixd_ipc::SeqLock;
 
+/// Stops at a broken invariant of the region's shared data, which only a
+/// process writing the segment behind the daemon's back can cause. The
+/// daemon catches the unwind, shuts down with an error that says so and
+/// removes the segment; every loop over shared links is bounded so that such
+/// damage ends here instead of spinning forever.
+#[cold]
+#[track_caller]
+pub(crate) fn corrupt(what: &str) -> ! {
+    panic!("{CORRUPT}: {what}")
+}
+
+/// The start of the message of [`corrupt`].
+pub const CORRUPT: &str = "engine region corrupted";
+
 /// An engine region and the layout that carves it.
 pub(crate) struct Arena<R> {
     region: R,
@@ -17,6 +31,17 @@ pub(crate) struct Arena<R> {
 }
 
 impl<R: Region> Arena<R> {
+    /// Counts one step along a chain of shared links (parents, LRU
+    /// neighbours): a sound chain visits each node at most once, so a longer
+    /// one loops and the region is corrupt.
+    #[inline]
+    pub fn hop(&self, hops: u64) -> u64 {
+        if hops > u64::from(self.layout.node_cap) {
+            corrupt("a parent chain or LRU list loops");
+        }
+        hops + 1
+    }
+
     /// Takes `region` and formats it as an empty cache.
     pub fn new(region: R, layout: EngineLayout) -> Result<Self, ConfigError> {
         let have = region.len();

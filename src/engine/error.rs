@@ -11,6 +11,9 @@ pub enum ConfigError {
     PageSize(u32),
     /// Capacity outside `1..=2^30` pages.
     Capacity(u32),
+    /// A valid page size and capacity whose region would not fit this
+    /// machine's address space.
+    TooLarge { page_size: u32, capacity: u32 },
     /// The region given is smaller than the layout needs.
     RegionTooSmall { need: usize, have: usize },
     /// The heap refused the region.
@@ -22,6 +25,13 @@ impl fmt::Display for ConfigError {
         match *self {
             Self::PageSize(p) => write!(f, "page size {p} is outside 1..=1024"),
             Self::Capacity(c) => write!(f, "capacity {c} is outside 1..=2^30 pages"),
+            Self::TooLarge {
+                page_size,
+                capacity,
+            } => write!(
+                f,
+                "{capacity} pages of {page_size} tokens need more memory than can be addressed"
+            ),
             Self::RegionTooSmall { need, have } => {
                 write!(
                     f,

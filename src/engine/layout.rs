@@ -166,9 +166,9 @@ impl EngineLayout {
         }
         // Every non-root node holds at least one page.
         let node_cap = capacity + 1;
-        // Load factor at most 1/2 keeps linear probes short.
-        let buckets = (2 * node_cap as u64).next_power_of_two();
-        let buckets = u32::try_from(buckets).map_err(|_| ConfigError::Capacity(capacity))?;
+        // Load factor at most about 1/2 keeps linear probes short; 2^31
+        // buckets (what 2^30 pages get) is the most a u32 mask addresses.
+        let buckets = (2 * node_cap as u64).next_power_of_two().min(1 << 31) as u32;
         let (cap, nodes) = (capacity as usize, node_cap as usize);
         // The sequence word has a cache line of its own at offset 0, where
         // `format` (which rewrites the header) never touches it.
@@ -180,12 +180,15 @@ impl EngineLayout {
         let tokens_at = align_up(buckets_at + buckets as usize * size_of::<Bucket>());
         let tokens = cap
             .checked_mul(page_size as usize)
-            .and_then(|t| t.checked_mul(size_of::<u32>()))
-            .ok_or(ConfigError::Capacity(capacity))?;
-        let size = tokens_at
-            .checked_add(tokens)
+            .and_then(|t| t.checked_mul(size_of::<u32>()));
+        let size = tokens
+            .and_then(|t| tokens_at.checked_add(t))
+            .filter(|s| *s <= isize::MAX as usize - REGION_ALIGN)
             .map(align_up)
-            .ok_or(ConfigError::Capacity(capacity))?;
+            .ok_or(ConfigError::TooLarge {
+                page_size,
+                capacity,
+            })?;
         Ok(Self {
             page_size,
             capacity,

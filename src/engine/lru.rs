@@ -63,7 +63,9 @@ impl<R: Region> Arena<R> {
     /// Marks the path from the root to `node` as just used: the path moves to
     /// the newest end, root-side first, so `node` is the oldest of it.
     pub fn touch(&mut self, mut node: u32) {
+        let mut hops = 0;
         while node != ROOT {
+            hops = self.hop(hops);
             self.lru_unlink(node);
             self.lru_push_newest(node);
             node = self.nodes()[node as usize].parent;

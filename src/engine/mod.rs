@@ -16,6 +16,7 @@
 //! of free ring + 16 bytes of child table per page, plus the tokens.
 
 mod arena;
+pub use arena::CORRUPT;
 mod error;
 pub mod layout;
 mod lru;

@@ -117,8 +117,9 @@ impl<R: Region> Engine<R> {
             .ok_or_else(|| SessionError::Unknown(session.into()))?;
         let p = u64::from(self.page_size());
         let nodes = self.arena.nodes();
-        let (mut at, mut pages) = (s.node, 0u64);
+        let (mut at, mut pages, mut hops) = (s.node, 0u64, 0);
         while at != ROOT {
+            hops = self.arena.hop(hops);
             pages += u64::from(nodes[at as usize].num_pages);
             at = nodes[at as usize].parent;
         }

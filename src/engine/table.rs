@@ -7,7 +7,7 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::arena::Arena;
+use super::arena::{corrupt, Arena};
 use super::layout::{Bucket, NIL};
 use super::region::Region;
 
@@ -30,36 +30,53 @@ pub(crate) fn child_hash(parent: u32, page: &[u32]) -> u32 {
 }
 
 impl<R: Region> Arena<R> {
+    /// The probe mask, from this process's own layout: never from the
+    /// shared header, which another process could have overwritten.
+    #[inline]
+    fn mask(&self) -> u32 {
+        self.layout.buckets - 1
+    }
+
     /// The child of `parent` whose first page holds exactly `page`.
     #[inline]
     pub fn find_child(&self, parent: u32, page: &[u32]) -> Option<u32> {
         let hash = child_hash(parent, page);
-        let mask = self.hdr().bucket_mask;
+        let mask = self.mask();
         let (buckets, nodes) = (self.buckets(), self.nodes());
         let mut i = hash & mask;
-        loop {
+        // At most one lap: a table with no empty bucket is corrupt, and a
+        // miss is the honest answer (the daemon's loop must end).
+        for _ in 0..=mask {
             let b = buckets[i as usize];
             if b.node == NIL {
                 return None;
             }
             if b.hash == hash {
-                let n = &nodes[b.node as usize];
+                let n = nodes
+                    .get(b.node as usize)
+                    .unwrap_or_else(|| corrupt("bucket"));
                 if n.parent == parent && self.page_is(n.first_page, page) {
                     return Some(b.node);
                 }
             }
             i = (i + 1) & mask;
         }
+        None
     }
 
     /// Files `node` under its `hash` (already stored in the node).
     pub fn table_insert(&mut self, node: u32) {
         let hash = self.nodes()[node as usize].hash;
-        let mask = self.hdr().bucket_mask;
+        let mask = self.mask();
         let buckets = self.buckets_mut();
         let mut i = hash & mask;
+        let mut probes = 0;
         while buckets[i as usize].node != NIL {
             i = (i + 1) & mask;
+            probes += 1;
+            if probes > mask {
+                corrupt("child table has no empty bucket");
+            }
         }
         buckets[i as usize] = Bucket { hash, node };
     }
@@ -67,16 +84,17 @@ impl<R: Region> Arena<R> {
     /// The bucket that files `node`.
     fn table_slot(&self, node: u32) -> Option<u32> {
         let hash = self.nodes()[node as usize].hash;
-        let mask = self.hdr().bucket_mask;
+        let mask = self.mask();
         let buckets = self.buckets();
         let mut i = hash & mask;
-        loop {
+        for _ in 0..=mask {
             match buckets[i as usize].node {
                 NIL => return None,
                 n if n == node => return Some(i),
                 _ => i = (i + 1) & mask,
             }
         }
+        None
     }
 
     /// Makes the bucket that files `old` file `new` instead; both nodes have
@@ -94,10 +112,10 @@ impl<R: Region> Arena<R> {
         let Some(mut hole) = self.table_slot(node) else {
             return;
         };
-        let mask = self.hdr().bucket_mask;
+        let mask = self.mask();
         let buckets = self.buckets_mut();
         let mut j = hole;
-        loop {
+        for _ in 0..mask {
             j = (j + 1) & mask;
             let b = buckets[j as usize];
             if b.node == NIL {

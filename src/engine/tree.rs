@@ -156,7 +156,9 @@ impl<R: Region> Arena<R> {
     /// tokens from evictable to protected on each 0 → 1 transition.
     pub fn lock_path(&mut self, mut node: u32) {
         let p = self.page_size() as u64;
+        let mut hops = 0;
         while node != ROOT {
+            hops = self.hop(hops);
             let n = self.nodes()[node as usize];
             if n.lock_ref == 0 {
                 let t = u64::from(n.num_pages) * p;
@@ -172,7 +174,9 @@ impl<R: Region> Arena<R> {
     /// The mirror of [`Self::lock_path`].
     pub fn unlock_path(&mut self, mut node: u32) {
         let p = self.page_size() as u64;
+        let mut hops = 0;
         while node != ROOT {
+            hops = self.hop(hops);
             let n = self.nodes()[node as usize];
             if n.lock_ref == 1 {
                 let t = u64::from(n.num_pages) * p;
@@ -204,7 +208,7 @@ impl<R: Region> Arena<R> {
         let mut scanned = 0;
         let mut cursor = self.hdr().lru_oldest;
         while freed < want && cursor != NIL {
-            scanned += 1;
+            scanned = self.hop(scanned);
             let n = self.nodes()[cursor as usize];
             let next = n.newer;
             if n.children == 0 && n.lock_ref == 0 {

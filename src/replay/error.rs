@@ -57,6 +57,9 @@ pub enum ReplayError {
         /// Number of capacities given.
         capacities: usize,
     },
+    /// The `radix` policy's engine could not be built at this capacity
+    /// (for example, not enough memory for it).
+    Engine(crate::engine::ConfigError),
     /// Drawing the plot failed.
     Plot {
         /// The plot file.
@@ -78,6 +81,7 @@ impl fmt::Display for ReplayError {
                 write!(f, "capacity {capacity} blocks exceeds the maximum of {max}")
             }
             Self::ZeroBlockSize => write!(f, "block size must be at least 1 token, got 0"),
+            Self::Engine(e) => write!(f, "radix policy: {e}"),
             Self::SmallQueueTooSmall {
                 capacity,
                 small_cap,

@@ -10,6 +10,7 @@
 use super::hash::{id_map, IdMap};
 use super::policy::Policy;
 use super::ReplayError;
+use crate::engine::ConfigError;
 use crate::engine::{Config, Engine};
 
 /// The only client of the replay engine.
@@ -36,7 +37,10 @@ impl Radix {
             page_size: 1,
             capacity,
         })
-        .map_err(|_| too_large())?;
+        .map_err(|e| match e {
+            ConfigError::Capacity(_) => too_large(),
+            e => ReplayError::Engine(e),
+        })?;
         Ok(Self {
             engine,
             tokens_of: id_map(0),

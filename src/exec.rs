@@ -191,7 +191,7 @@ pub fn render(result: Result<Reply, Rejection>) -> String {
         }) => {
             json!({"ok": true, "resident_tokens": resident_tokens, "idle_ms": idle_ms})
         }
-        // Exactly the fields of DESIGN §4 (and issue 5's `sessions`); the
+        // Exactly the fields the README lists for `stats` (with `sessions`); the
         // rest of `Stats` is for the Rust API and `radixd stat`.
         Ok(Reply::Stats { stats: s, sessions }) => json!({
             "ok": true,

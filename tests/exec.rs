@@ -1,4 +1,4 @@
-//! `radixd exec`: the JSON-lines interface of DESIGN §4, driven through the
+//! `radixd exec`: the JSON-lines interface the README documents, driven through the
 //! real binary one line at a time (which also proves answers are flushed
 //! before the next request is read). Every scenario runs twice: on the
 //! in-process engine, and with `--connect` through a real daemon; the
@@ -162,7 +162,7 @@ fn every_op_answers_as_the_design_says(x: &mut Exec) {
             "evict_scanned",
             "sessions"
         ],
-        "the stats answer has exactly the fields of DESIGN §4 plus sessions"
+        "the stats answer has exactly the fields the README lists"
     );
     assert_eq!(
         x.call(json!({"op":"evict","tokens":3})),

@@ -15,6 +15,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use radixd::bench::Rng;
 use radixd::daemon::{serve, ServeConfig};
 use radixd::Client;
 use radixd_ipc::sync::{AtomicU32, Ordering};
@@ -88,18 +89,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// A tiny deterministic generator, so runs are repeatable without a crate.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self, below: u32) -> u32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % u64::from(below)) as u32
-    }
-}
-
 fn scheduler(name: &str, id: u32) -> Result<(), Box<dyn std::error::Error>> {
     let mut client = Client::connect(name)?;
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ u64::from(id + 1));
@@ -111,10 +100,10 @@ fn scheduler(name: &str, id: u32) -> Result<(), Box<dyn std::error::Error>> {
         // System prompt, one of 8 few-shot blocks, then the user's turn
         // (repeated now and then, as a multi-turn chat would).
         let mut prompt = system.clone();
-        let shot = rng.next(8);
+        let shot = rng.below(8);
         prompt.extend((0..256).map(|i| 10_000 + shot * 1_000 + i));
-        let user = if rng.next(4) == 0 {
-            rng.next(50)
+        let user = if rng.below(4) == 0 {
+            rng.below(50)
         } else {
             1_000 + id * REQUESTS + request
         };

@@ -3,22 +3,11 @@
 //! every error path (each must change nothing), and the O(M + K) eviction
 //! scan on the adversarial layouts of the SGLang proposal.
 
-use radixd::engine::{Config, Engine, HandleError, PageError, Stats};
+use radixd::engine::{Engine, HandleError, PageError, Stats};
 
-const A: u32 = 1; // client ids
-const B: u32 = 2;
+mod common;
 
-fn engine(page_size: u32, capacity: u32) -> Engine {
-    Engine::new(Config {
-        page_size,
-        capacity,
-    })
-    .expect("engine")
-}
-
-fn ok(e: &Engine) {
-    e.validate().expect("invariants hold");
-}
+use common::{engine, ok, A, B};
 
 fn matched(e: &Engine, tokens: &[u32]) -> (usize, Vec<u32>) {
     let mut pages = Vec::new();

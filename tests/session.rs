@@ -3,22 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use radixd::engine::{Config, Engine, SessionError};
+use radixd::engine::{Engine, SessionError};
 
-const A: u32 = 1;
-const B: u32 = 2;
+mod common;
 
-fn engine(page_size: u32, capacity: u32) -> Engine {
-    Engine::new(Config {
-        page_size,
-        capacity,
-    })
-    .expect("engine")
-}
-
-fn ok(e: &Engine) {
-    e.validate().expect("invariants hold");
-}
+use common::{engine, ok, A, B};
 
 fn resident(e: &Engine, s: &str) -> u64 {
     e.session_status(s).expect("live session").resident_tokens

@@ -602,11 +602,13 @@ fn load_prompts(
     Ok(prompts)
 }
 
-/// A tiny deterministic generator (xorshift), so runs repeat exactly.
-struct Rng(u64);
+/// A tiny deterministic generator (xorshift), so runs repeat exactly
+/// (`bench` workers and the `multi_scheduler` example draw prompts with it).
+pub struct Rng(pub u64);
 
 impl Rng {
-    fn below(&mut self, n: u32) -> u32 {
+    /// The next number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u32) -> u32 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;

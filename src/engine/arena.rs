@@ -87,20 +87,8 @@ impl<R: Region> Arena<R> {
         let node_cap = l.node_cap;
         for (i, node) in self.nodes_mut().iter_mut().enumerate() {
             let next = i as u32 + 1;
-            *node = Node {
-                parent: NIL,
-                generation: node.generation,
-                state: NODE_FREE,
-                first_page: NIL,
-                last_page: NIL,
-                num_pages: 0,
-                children: 0,
-                lock_ref: 0,
-                newer: NIL,
-                older: if next < node_cap { next } else { NIL },
-                hash: 0,
-                _pad: 0,
-            };
+            let older = if next < node_cap { next } else { NIL };
+            *node = Node::empty(node.generation, NODE_FREE, older);
         }
         let root = &mut self.nodes_mut()[ROOT as usize];
         root.state = NODE_LIVE;

@@ -59,18 +59,6 @@ pub enum PageError {
     Insufficient { requested: u64, available: u64 },
 }
 
-impl PageError {
-    /// The wire name of this error.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::OutOfRange { .. } => "page_out_of_range",
-            Self::NotOwned { .. } => "page_not_owned",
-            Self::CountMismatch { .. } => "page_count_mismatch",
-            Self::Insufficient { .. } => "insufficient_pages",
-        }
-    }
-}
-
 impl fmt::Display for PageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
@@ -106,17 +94,6 @@ pub enum HandleError {
     Stale(u64),
     /// `unlock` of a node this client holds no lock on.
     NotLocked(u64),
-}
-
-impl HandleError {
-    /// The wire name of this error.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Unknown(_) => "unknown_handle",
-            Self::Stale(_) => "stale_handle",
-            Self::NotLocked(_) => "not_locked",
-        }
-    }
 }
 
 impl fmt::Display for HandleError {

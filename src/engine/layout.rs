@@ -98,6 +98,26 @@ pub(crate) struct Node {
     pub _pad: u32,
 }
 
+impl Node {
+    /// A node with no parent, pages, children, locks or LRU neighbours.
+    pub fn empty(generation: u32, state: u32, older: u32) -> Self {
+        Self {
+            parent: NIL,
+            generation,
+            state,
+            first_page: NIL,
+            last_page: NIL,
+            num_pages: 0,
+            children: 0,
+            lock_ref: 0,
+            newer: NIL,
+            older,
+            hash: 0,
+            _pad: 0,
+        }
+    }
+}
+
 /// Page state word values.
 pub(crate) const PAGE_FREE: u32 = 0;
 pub(crate) const PAGE_OWNED: u32 = 1;

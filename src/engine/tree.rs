@@ -270,20 +270,7 @@ impl<R: Region> Arena<R> {
         h.node_free = next;
         h.nodes_live += 1;
         let n = &mut self.nodes_mut()[node as usize];
-        *n = Node {
-            parent: NIL,
-            generation: n.generation.wrapping_add(1),
-            state: NODE_LIVE,
-            first_page: NIL,
-            last_page: NIL,
-            num_pages: 0,
-            children: 0,
-            lock_ref: 0,
-            newer: NIL,
-            older: NIL,
-            hash: 0,
-            _pad: 0,
-        };
+        *n = Node::empty(n.generation.wrapping_add(1), NODE_LIVE, NIL);
         node
     }
 

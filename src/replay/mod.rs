@@ -15,6 +15,7 @@ mod lru;
 mod plot;
 mod policy;
 mod radix;
+mod registry;
 mod s3fifo;
 mod slab;
 mod trace;
@@ -30,8 +31,9 @@ pub use error::ReplayError;
 pub use lfu::Lfu;
 pub use lru::Lru;
 pub use plot::{draw_plot, PLOT_TITLE};
-pub use policy::{make_policy, Policy, MAX_CAPACITY, POLICY_NAMES};
+pub use policy::Policy;
 pub use radix::Radix;
+pub use registry::{make_policy, MAX_CAPACITY, POLICY_NAMES};
 pub use s3fifo::{small_queue_capacity, S3Fifo};
 pub use trace::{parse_trace, Request};
 

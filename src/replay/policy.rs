@@ -1,10 +1,6 @@
-//! The policy interface the replay driver runs, and the factory by name.
-
-use super::lfu::Lfu;
-use super::lru::Lru;
-use super::radix::Radix;
-use super::s3fifo::S3Fifo;
-use super::ReplayError;
+//! The policy interface the replay driver runs. The policies implement it;
+//! `registry` builds them by name (so the arrows point one way: registry →
+//! policies → this module).
 
 /// A cache policy replayed one request at a time.
 pub trait Policy {
@@ -18,35 +14,6 @@ pub trait Policy {
 
     /// Blocks resident now; never more than the capacity.
     fn resident_blocks(&self) -> usize;
-}
-
-/// Policy names [`make_policy`] knows, in the order they are documented.
-pub const POLICY_NAMES: [&str; 4] = ["lru", "lfu", "s3fifo", "radix"];
-
-/// The largest capacity accepted: slab nodes are `u32` indices and S3-FIFO
-/// holds up to one ghost per resident block.
-pub const MAX_CAPACITY: usize = (u32::MAX / 2 - 1) as usize;
-
-/// Builds the policy called `name` with room for `capacity` blocks.
-pub fn make_policy(name: &str, capacity: usize) -> Result<Box<dyn Policy>, ReplayError> {
-    if capacity == 0 {
-        return Err(ReplayError::ZeroCapacity);
-    }
-    if capacity > MAX_CAPACITY {
-        return Err(ReplayError::CapacityTooLarge {
-            capacity,
-            max: MAX_CAPACITY,
-        });
-    }
-    match name {
-        "lru" => Ok(Box::new(Lru::new(capacity))),
-        "lfu" => Ok(Box::new(Lfu::new(capacity))),
-        "s3fifo" => Ok(Box::new(S3Fifo::new(capacity)?)),
-        "radix" => Ok(Box::new(Radix::new(capacity)?)),
-        _ => Err(ReplayError::UnknownPolicy {
-            name: name.to_owned(),
-        }),
-    }
 }
 
 /// A cache of individual blocks with no notion of prefixes; [`flat_request`]
@@ -66,32 +33,4 @@ pub(crate) fn flat_request<C: FlatCache>(cache: &mut C, blocks: &[u64]) -> usize
         cache.access(id);
     }
     k
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn factory_errors() {
-        assert!(matches!(
-            make_policy("lru", 0),
-            Err(ReplayError::ZeroCapacity)
-        ));
-        assert!(matches!(
-            make_policy("arc", 10),
-            Err(ReplayError::UnknownPolicy { .. })
-        ));
-        assert!(matches!(
-            make_policy("radix", 1 << 31),
-            Err(ReplayError::CapacityTooLarge { .. })
-        ));
-        assert!(matches!(
-            make_policy("lfu", MAX_CAPACITY + 1),
-            Err(ReplayError::CapacityTooLarge { .. })
-        ));
-        for name in POLICY_NAMES {
-            assert_eq!(make_policy(name, 10).map(|p| p.name()).ok(), Some(name));
-        }
-    }
 }

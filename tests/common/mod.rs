@@ -7,6 +7,24 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use serde_json::Value;
 
+/// Two engine client ids.
+pub const A: u32 = 1;
+pub const B: u32 = 2;
+
+/// An in-process engine.
+pub fn engine(page_size: u32, capacity: u32) -> radixd::engine::Engine {
+    radixd::engine::Engine::new(radixd::engine::Config {
+        page_size,
+        capacity,
+    })
+    .expect("engine")
+}
+
+/// Asserts every invariant of `e`.
+pub fn ok(e: &radixd::engine::Engine) {
+    e.validate().expect("invariants hold");
+}
+
 /// The binary under test.
 pub fn radixd() -> Command {
     Command::new(env!("CARGO_BIN_EXE_radixd"))

@@ -9,6 +9,7 @@
 
 pub mod copy;
 pub mod doorbell;
+pub mod epoch;
 pub mod layout;
 #[cfg(not(loom))]
 pub mod liveness;
@@ -25,6 +26,7 @@ pub mod sync;
 #[cfg(not(loom))]
 pub use doorbell::LoadSensor;
 pub use doorbell::{Doorbell, Spin, Wake};
+pub use epoch::{Blocked, Collector, EpochClock, Limbo, ReaderSlot};
 pub use layout::{
     ClientRegions, LayoutBuilder, LayoutConfig, LayoutError, SegmentLayout, INFO_BYTES, INFO_OFFSET,
 };

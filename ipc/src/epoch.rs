@@ -1,0 +1,380 @@
+//! Epoch-based reclamation for readers in other processes.
+//!
+//! One writer (the daemon) changes a linked structure in shared memory that
+//! readers in other processes walk without locks. A record the writer
+//! unlinks may still be under a reader's feet, so it is *retired* with the
+//! epoch of its unlinking and reused only once no reader can still hold it.
+//!
+//! What is taken from where:
+//! - crossbeam-epoch: a global epoch, participants that announce ("pin")
+//!   the epoch they entered at, a `SeqCst` fence after the announcement
+//!   that pairs with one before the collector's scan, and reuse of what was
+//!   retired at epoch `t` once the global epoch reaches `t + 2`;
+//! - LMDB's reader table: the participants are fixed slots in the shared
+//!   file, one per client, cleared by whoever finds their process dead;
+//! - seize (and the "expiry" of hazard eras): a reader that stalls (SIGSTOP)
+//!   must not hold reclamation back forever, so the writer may *expire* an
+//!   old announcement; the reader learns it when it leaves and throws its
+//!   copy away.
+//!
+//! crossbeam-epoch and seize themselves are process-local (thread-locals,
+//! heap pointers); here every shared word is a plain atomic in a
+//! `#[repr(C)]` slot, and the collector's bookkeeping ([`Limbo`]) is the
+//! writer's private memory.
+//!
+//! Protocol, `g` the global epoch:
+//! - reader `pin`: `e = g`; `slot = e`; `fence(SeqCst)`; then walk.
+//! - reader `unpin`: `prev = swap(slot, IDLE)`; the walk counts only if
+//!   `prev` was not expired.
+//! - writer `try_advance`: `fence(SeqCst)`; if every slot is idle, expired
+//!   or at `g`, then `g = g + 1`.
+//! - writer reuse: a record retired at `t` once `g >= t + 2`.
+//!
+//! Why no reader sees a reused record: take a record unlinked while the
+//! global epoch was `t`; it is reused at `g = t + 2`, after two advances.
+//! The advance to `t + 1` scanned after the unlink. A reader that scan did
+//! not see pinned after it in the `SeqCst` order of fences, so its walk
+//! sees the unlink and never reaches the record. A reader it did see was at
+//! `t`; the advance to `t + 2` then needed that reader idle (its walk is
+//! over: the Acquire load of IDLE orders its reads before the reuse), at
+//! `t + 1` (a new walk, pinned after the first scan: as before), or expired
+//! (it learns so in `unpin`: the writer's compare-exchange and the reader's
+//! swap are read-modify-writes of one word, so exactly one comes first).
+
+use crate::sync::{fence, AtomicU64, Ordering};
+
+/// Slot value of a reader that is not reading.
+pub const IDLE: u64 = 0;
+/// Bit the writer sets in an announcement it expires.
+pub const EXPIRED: u64 = 1 << 63;
+
+/// The global epoch, on a cache line of its own. Starts at 1 (0 is
+/// [`IDLE`]); only the writer stores it.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct EpochClock {
+    global: AtomicU64,
+}
+
+/// One reader's announcement, on a cache line of its own: [`IDLE`], or the
+/// epoch it pinned at, possibly with [`EXPIRED`] set by the writer.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct ReaderSlot {
+    epoch: AtomicU64,
+}
+
+#[cfg(not(loom))]
+const _: () = assert!(size_of::<EpochClock>() == 64 && size_of::<ReaderSlot>() == 64);
+
+// SAFETY: one atomic and padding each; every bit pattern is valid (a
+// garbage announcement only delays or is expired; see `Collector`).
+#[cfg(not(loom))]
+unsafe impl crate::shm::ShmSafe for EpochClock {}
+// SAFETY: as above.
+#[cfg(not(loom))]
+unsafe impl crate::shm::ShmSafe for ReaderSlot {}
+
+impl EpochClock {
+    /// A clock at epoch 1.
+    pub fn new() -> Self {
+        Self {
+            global: AtomicU64::new(1),
+        }
+    }
+
+    /// Sets the clock to epoch 1 (the writer, before any reader exists).
+    pub fn reset(&self) {
+        // Release: published with the segment's readiness, which every
+        // reader acquires before it first pins.
+        self.global.store(1, Ordering::Release);
+    }
+}
+
+impl Default for EpochClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ReaderSlot {
+    /// An idle slot.
+    pub fn new() -> Self {
+        Self {
+            epoch: AtomicU64::new(IDLE),
+        }
+    }
+
+    /// Announces that this reader is about to walk the structure; returns
+    /// the epoch announced. Reads made before the matching [`Self::unpin`]
+    /// never see a record reused while they run, unless `unpin` says the
+    /// announcement expired. Pins do not nest.
+    pub fn pin(&self, clock: &EpochClock) -> u64 {
+        // Relaxed: any recent epoch will do; the fence below orders what
+        // matters.
+        let e = clock.global.load(Ordering::Relaxed).max(1) & !EXPIRED;
+        // Relaxed store, then the SeqCst fence: the announcement is ordered
+        // before every read of the walk; pairs with the SeqCst fence in
+        // `Collector::try_advance` (either the writer's scan sees `e`, or
+        // this walk sees every unlink made before that scan).
+        self.epoch.store(e, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        e
+    }
+
+    /// Ends the walk begun by [`Self::pin`]: `true` when what it read can be
+    /// trusted, `false` when the writer expired the announcement meanwhile
+    /// (the copy may hold reused records: throw it away and retry).
+    pub fn unpin(&self) -> bool {
+        // AcqRel: Release orders the walk's reads before the writer's
+        // Acquire load of IDLE in `try_advance` (so nothing it writes after
+        // is seen by them); Acquire pairs with the writer's expiring
+        // compare-exchange, so an expiry is never missed.
+        let prev = self.epoch.swap(IDLE, Ordering::AcqRel);
+        prev & EXPIRED == 0
+    }
+
+    /// Whether the writer has expired this reader's announcement (a long
+    /// walk may give up early).
+    pub fn expired(&self) -> bool {
+        // Acquire: pairs with the expiring compare-exchange.
+        self.epoch.load(Ordering::Acquire) & EXPIRED != 0
+    }
+}
+
+impl Default for ReaderSlot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Why the epoch could not advance: a reader still announces an older one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    /// The reader's slot.
+    pub slot: usize,
+    /// The epoch it announced.
+    pub epoch: u64,
+}
+
+/// The writer's side: advances the clock and judges what may be reused.
+/// Only one collector may exist for a clock.
+#[derive(Debug)]
+pub struct Collector<'a> {
+    clock: &'a EpochClock,
+    readers: &'a [ReaderSlot],
+}
+
+impl<'a> Collector<'a> {
+    /// The collector over `clock` and the readers' slots.
+    pub fn new(clock: &'a EpochClock, readers: &'a [ReaderSlot]) -> Self {
+        Self { clock, readers }
+    }
+
+    /// The current global epoch: the tag of a record unlinked now.
+    pub fn epoch(&self) -> u64 {
+        // Relaxed: only this collector stores the clock.
+        self.clock.global.load(Ordering::Relaxed)
+    }
+
+    /// Advances the global epoch if every reader is idle, expired or
+    /// already at the current epoch; returns the new epoch, or the first
+    /// reader in the way.
+    pub fn try_advance(&self) -> Result<u64, Blocked> {
+        let g = self.epoch();
+        // SeqCst fence: orders every unlink made so far before the scan;
+        // pairs with the SeqCst fence in `ReaderSlot::pin`.
+        fence(Ordering::SeqCst);
+        for (slot, reader) in self.readers.iter().enumerate() {
+            // Acquire: pairs with the Release half of `unpin`'s swap, so a
+            // reader seen idle has finished every read of its walk.
+            let e = reader.epoch.load(Ordering::Acquire);
+            if e != IDLE && e & EXPIRED == 0 && e != g {
+                return Err(Blocked { slot, epoch: e });
+            }
+        }
+        // Release: a reader that pins the new epoch and then reads what was
+        // written before this advance sees it (belt and braces: the fences
+        // carry the argument).
+        self.clock.global.store(g + 1, Ordering::Release);
+        Ok(g + 1)
+    }
+
+    /// Expires the announcement `blocked` found, if the reader still holds
+    /// exactly it: that reader will learn it in `unpin` and distrust its
+    /// copy. Returns whether it was expired.
+    pub fn expire(&self, blocked: Blocked) -> bool {
+        let Some(reader) = self.readers.get(blocked.slot) else {
+            return false;
+        };
+        // AcqRel: Acquire orders the reader's reads made before a racing
+        // `unpin` (when this fails it saw IDLE or a new pin); Release pairs
+        // with the Acquire half of `unpin`'s swap.
+        reader
+            .epoch
+            .compare_exchange(
+                blocked.epoch,
+                blocked.epoch | EXPIRED,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Clears the slot of a reader whose process is dead.
+    pub fn clear(&self, slot: usize) {
+        if let Some(reader) = self.readers.get(slot) {
+            // Release: like `unpin`; the dead reader reads nothing more.
+            reader.epoch.store(IDLE, Ordering::Release);
+        }
+    }
+
+    /// Whether a record retired at epoch `tag` may be reused now.
+    pub fn reusable(&self, tag: u64) -> bool {
+        self.epoch() >= tag.saturating_add(2)
+    }
+}
+
+/// Retired records waiting for their grace period, oldest first: the
+/// writer's private memory. Bounded, so a stalled reader costs at most
+/// `capacity` records before the writer must expire it.
+#[derive(Debug)]
+pub struct Limbo<T> {
+    queue: std::collections::VecDeque<(u64, T)>,
+    capacity: usize,
+}
+
+impl<T> Limbo<T> {
+    /// An empty limbo holding at most `capacity` records.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            queue: std::collections::VecDeque::new(),
+            capacity,
+        }
+    }
+
+    /// Retires `item`, unlinked at epoch `tag` (tags never decrease);
+    /// hands it back when the limbo is full.
+    pub fn retire(&mut self, tag: u64, item: T) -> Result<(), T> {
+        if self.queue.len() >= self.capacity {
+            return Err(item);
+        }
+        self.queue.push_back((tag, item));
+        Ok(())
+    }
+
+    /// Takes out, oldest first, every record the collector says may be
+    /// reused.
+    pub fn reclaim(&mut self, collector: &Collector<'_>, mut reuse: impl FnMut(T)) {
+        while let Some(&(tag, _)) = self.queue.front() {
+            if !collector.reusable(tag) {
+                break;
+            }
+            if let Some((_, item)) = self.queue.pop_front() {
+                reuse(item);
+            }
+        }
+    }
+
+    /// Records waiting.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn slots(n: usize) -> Vec<ReaderSlot> {
+        (0..n).map(|_| ReaderSlot::new()).collect()
+    }
+
+    #[test]
+    fn idle_readers_let_the_epoch_advance() {
+        let clock = EpochClock::new();
+        let readers = slots(3);
+        let c = Collector::new(&clock, &readers);
+        assert_eq!(c.epoch(), 1);
+        assert_eq!(c.try_advance(), Ok(2));
+        assert_eq!(c.try_advance(), Ok(3));
+        assert!(c.reusable(1) && !c.reusable(2));
+    }
+
+    #[test]
+    fn a_pinned_reader_holds_the_epoch_until_it_leaves_or_expires() {
+        let clock = EpochClock::new();
+        let readers = slots(2);
+        let c = Collector::new(&clock, &readers);
+        assert_eq!(readers[1].pin(&clock), 1);
+        // At the current epoch it does not block the first advance...
+        assert_eq!(c.try_advance(), Ok(2));
+        // ...but it does the second.
+        let blocked = c.try_advance().unwrap_err();
+        assert_eq!(blocked, Blocked { slot: 1, epoch: 1 });
+        assert!(!c.reusable(1));
+        assert!(readers[1].unpin(), "not expired: the walk counts");
+        assert_eq!(c.try_advance(), Ok(3));
+
+        readers[0].pin(&clock);
+        c.try_advance().unwrap();
+        let blocked = c.try_advance().unwrap_err();
+        assert!(c.expire(blocked));
+        assert!(readers[0].expired());
+        assert_eq!(c.try_advance(), Ok(5), "an expired reader blocks nothing");
+        assert!(!readers[0].unpin(), "the expired reader distrusts its copy");
+        // Expiring a reader that has moved on does nothing.
+        readers[0].pin(&clock);
+        assert!(!c.expire(blocked));
+        assert!(readers[0].unpin());
+    }
+
+    #[test]
+    fn a_dead_readers_slot_is_cleared() {
+        let clock = EpochClock::new();
+        let readers = slots(1);
+        let c = Collector::new(&clock, &readers);
+        readers[0].pin(&clock);
+        c.try_advance().unwrap();
+        assert!(c.try_advance().is_err());
+        c.clear(0);
+        assert!(c.try_advance().is_ok());
+    }
+
+    #[test]
+    fn garbage_in_a_slot_only_blocks_until_expired() {
+        let clock = EpochClock::new();
+        let readers = slots(1);
+        let c = Collector::new(&clock, &readers);
+        readers[0].epoch.store(0x1234_5678, Ordering::Relaxed);
+        let blocked = c.try_advance().unwrap_err();
+        assert!(c.expire(blocked));
+        assert!(c.try_advance().is_ok());
+    }
+
+    #[test]
+    fn limbo_hands_records_back_after_two_advances_and_when_full() {
+        let clock = EpochClock::new();
+        let readers = slots(1);
+        let c = Collector::new(&clock, &readers);
+        let mut limbo = Limbo::new(2);
+        limbo.retire(c.epoch(), 'a').unwrap();
+        limbo.retire(c.epoch(), 'b').unwrap();
+        assert_eq!(limbo.retire(c.epoch(), 'c'), Err('c'));
+        let mut out = Vec::new();
+        limbo.reclaim(&c, |x| out.push(x));
+        assert!(out.is_empty());
+        c.try_advance().unwrap();
+        limbo.reclaim(&c, |x| out.push(x));
+        assert!(out.is_empty());
+        c.try_advance().unwrap();
+        limbo.reclaim(&c, |x| out.push(x));
+        assert_eq!(out, ['a', 'b']);
+        assert!(limbo.is_empty());
+    }
+}

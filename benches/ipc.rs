@@ -54,6 +54,7 @@ fn with_daemon(busy_poll: bool, f: impl FnOnce(&str)) {
         mode: 0o600,
         busy_poll,
         session_ttl: None,
+        events: None,
     };
     let stop = AtomicU32::new(0);
     std::thread::scope(|s| {

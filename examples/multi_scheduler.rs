@@ -40,6 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         mode: 0o600,
         busy_poll: false,
         session_ttl: None,
+        events: None,
     };
     static STOP: AtomicU32 = AtomicU32::new(0);
     let daemon = std::thread::spawn(move || serve(&config, &STOP));

@@ -51,6 +51,8 @@ pub struct ServeConfig {
     pub busy_poll: bool,
     /// Release sessions idle for longer than this.
     pub session_ttl: Option<Duration>,
+    /// Publish KV events (`--kv-events`); `None`: nothing is recorded.
+    pub events: Option<crate::events::EventsConfig>,
 }
 
 /// Why the daemon could not start or stopped early.
@@ -61,6 +63,7 @@ pub enum ServeError {
     Region(RegionError),
     Ring(RingError),
     Engine(ConfigError),
+    Events(crate::events::EventsError),
 }
 
 impl fmt::Display for ServeError {
@@ -74,6 +77,7 @@ impl fmt::Display for ServeError {
             Self::Region(e) => write!(f, "segment layout broken: {e}"),
             Self::Ring(e) => write!(f, "ring setup failed: {e}"),
             Self::Engine(e) => write!(f, "cannot build the engine: {e}"),
+            Self::Events(e) => write!(f, "cannot publish KV events: {e}"),
         }
     }
 }
@@ -125,6 +129,8 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
         },
     ))?;
     let mut engine = Engine::in_region(region, layout.engine).map_err(ServeError::Engine)?;
+    let mut events = crate::events::Events::start(config.events.as_ref(), &mut engine, live)
+        .map_err(ServeError::Events)?;
     let mut ports = (0..config.max_clients)
         .map(|i| port(&segment, &layout, i))
         .collect::<Result<Vec<_>, _>>()?;
@@ -159,6 +165,7 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
             }
             work += drain(&mut engine, port, index, live, |i| slots.word(i).ok());
         }
+        events.after_requests(&mut engine, live);
         // Relaxed: the daemon wrote this gauge itself (in `adopt`/`forget`).
         let clients = live.clients.load(Ordering::Relaxed);
         load.set_peers(clients.saturating_add(1));

@@ -141,6 +141,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         mode: args.mode,
         busy_poll: args.busy_poll,
         session_ttl: seconds(args.session_ttl)?,
+        events: None,
     };
     signal::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     eprintln!(

@@ -286,6 +286,7 @@ pub fn run_once(
                     mode: 0o600,
                     busy_poll: args.busy_poll,
                     session_ttl: None,
+                    events: None,
                 };
                 let stop = &stop;
                 daemon = Some(scope.spawn(move || serve(&serve_config, stop)));

@@ -3,6 +3,7 @@
 use std::mem::size_of;
 
 use super::error::ConfigError;
+use super::record::CacheEvent;
 use super::layout::{
     Bucket, EngineLayout, Header, Node, Page, LAYOUT_VERSION, NIL, NODE_FREE, NODE_LIVE, PAGE_FREE,
     ROOT,
@@ -14,6 +15,9 @@ use radixd_ipc::SeqLock;
 pub(crate) struct Arena<R> {
     region: R,
     pub(crate) layout: EngineLayout,
+    /// What became cached or went, while KV events are recorded
+    /// ([`super::record`]); `None` when they are not.
+    pub(crate) events: Option<Vec<CacheEvent>>,
 }
 
 impl<R: Region> Arena<R> {
@@ -26,7 +30,11 @@ impl<R: Region> Arena<R> {
                 have,
             });
         }
-        let mut arena = Self { region, layout };
+        let mut arena = Self {
+            region,
+            layout,
+            events: None,
+        };
         arena.format();
         Ok(arena)
     }

@@ -37,6 +37,8 @@ enum Command {
     Replay(ReplayArgs),
     /// Latency under contention: shared memory against a Unix socket.
     Bench(BenchArgs),
+    /// Subscribe to a daemon's KV events and print them as JSON lines.
+    Events(radixd::events::cli::SubscribeArgs),
     /// One client process of `radixd bench` (internal).
     #[command(hide = true)]
     BenchWorker(WorkerArgs),
@@ -68,6 +70,8 @@ struct ServeArgs {
     /// Release sessions idle for this many seconds (off by default).
     #[arg(long)]
     session_ttl: Option<f64>,
+    #[command(flatten)]
+    events: radixd::events::cli::ServeEventsArgs,
 }
 
 #[derive(clap::Args)]
@@ -141,7 +145,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         mode: args.mode,
         busy_poll: args.busy_poll,
         session_ttl: seconds(args.session_ttl)?,
-        events: None,
+        events: args.events.config(),
     };
     signal::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     eprintln!(
@@ -173,6 +177,12 @@ fn main() -> ExitCode {
             bench::run(&args, &mut out).map_err(|e| e.to_string())
         }
         Command::BenchWorker(args) => bench::worker(&args).map_err(|e| e.to_string()),
+        Command::Events(args) => signal::install()
+            .map_err(|e| format!("cannot install signal handlers: {e}"))
+            .and_then(|()| {
+                radixd::events::cli::subscribe(&args, &mut io::stdout().lock())
+                    .map_err(|e| e.to_string())
+            }),
         Command::Replay(args) => {
             let mut out = io::BufWriter::new(io::stdout().lock());
             replay::run(&args, &mut out).map_err(|e| e.to_string())

@@ -19,6 +19,8 @@ use std::fmt;
 
 #[cfg(feature = "kv-events")]
 pub mod batch;
+#[cfg(feature = "cli")]
+pub mod cli;
 #[cfg(feature = "kv-events")]
 mod feed;
 #[cfg(feature = "kv-events")]

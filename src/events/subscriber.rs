@@ -169,7 +169,6 @@ impl Subscriber {
             match self.next {
                 Some(n) if seq < n => continue,
                 Some(n) if seq > n => {
-                    let _ = n;
                     if self.replay.is_some() {
                         let timeout = Duration::from_secs(5);
                         for r in self.fetch(n, timeout)? {

@@ -3,11 +3,11 @@
 use std::mem::size_of;
 
 use super::error::ConfigError;
-use super::record::CacheEvent;
 use super::layout::{
     Bucket, EngineLayout, Header, Node, Page, LAYOUT_VERSION, NIL, NODE_FREE, NODE_LIVE, PAGE_FREE,
     ROOT,
 };
+use super::record::CacheEvent;
 use super::region::{Region, REGION_ALIGN};
 use radixd_ipc::SeqLock;
 

@@ -183,7 +183,10 @@ fn hashes(v: Option<&Value>) -> Result<Vec<u64>, DecodeError> {
     };
     items
         .iter()
-        .map(|h| h.as_u64().ok_or(DecodeError::Shape("an integer block hash")))
+        .map(|h| {
+            h.as_u64()
+                .ok_or(DecodeError::Shape("an integer block hash"))
+        })
         .collect()
 }
 

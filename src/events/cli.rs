@@ -155,7 +155,10 @@ pub fn json_lines(r: &super::subscriber::Received) -> Vec<serde_json::Value> {
             if let Some(obj) = v.as_object_mut() {
                 obj.insert("seq".into(), json!(r.seq));
                 obj.insert("ts".into(), json!(r.batch.ts));
-                obj.insert("data_parallel_rank".into(), json!(r.batch.data_parallel_rank));
+                obj.insert(
+                    "data_parallel_rank".into(),
+                    json!(r.batch.data_parallel_rank),
+                );
             }
             v
         })

@@ -39,7 +39,9 @@ impl Feed {
             .parse()
             .map_err(|e| EventsError::Config(format!("{e}")))?;
         if config.queue < 2 {
-            return Err(EventsError::Config("the queue needs room for 2 events".into()));
+            return Err(EventsError::Config(
+                "the queue needs room for 2 events".into(),
+            ));
         }
         let ctx = zmq::Context::new();
         let pub_socket = ctx
@@ -148,7 +150,8 @@ impl Feed {
                 self.overflows += 1;
                 // Relaxed: a figure for `radixd stat`; the daemon is its
                 // only writer.
-                live.events_overflows.store(self.overflows, Ordering::Relaxed);
+                live.events_overflows
+                    .store(self.overflows, Ordering::Relaxed);
             }
         }
         if pushed {

@@ -292,7 +292,10 @@ mod tests {
 
     #[test]
     fn rejects_lies() {
-        assert_eq!(decode(&[0xdd, 0xff, 0xff, 0xff, 0xff]), Err(DecodeError::Truncated));
+        assert_eq!(
+            decode(&[0xdd, 0xff, 0xff, 0xff, 0xff]),
+            Err(DecodeError::Truncated)
+        );
         assert_eq!(decode(&[0x91]), Err(DecodeError::Truncated));
         assert_eq!(decode(&[0xc0, 0xc0]), Err(DecodeError::Trailing(1)));
         assert_eq!(decode(&[0x91; 40]), Err(DecodeError::TooDeep));

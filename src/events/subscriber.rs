@@ -49,7 +49,8 @@ impl Subscriber {
         sub.set_subscribe(topic.as_bytes())
             .map_err(zmq_err("subscribe"))?;
         sub.set_linger(0).map_err(zmq_err("set the SUB linger"))?;
-        sub.connect(endpoint).map_err(zmq_err("connect the SUB socket"))?;
+        sub.connect(endpoint)
+            .map_err(zmq_err("connect the SUB socket"))?;
         let replay = match replay {
             None => None,
             Some(ep) => {
@@ -59,7 +60,8 @@ impl Subscriber {
                 d.set_rcvhwm(0)
                     .map_err(zmq_err("set the DEALER high-water mark"))?;
                 d.set_linger(0).map_err(zmq_err("set the DEALER linger"))?;
-                d.connect(ep).map_err(zmq_err("connect the replay socket"))?;
+                d.connect(ep)
+                    .map_err(zmq_err("connect the replay socket"))?;
                 Some(d)
             }
         };

@@ -121,6 +121,9 @@ impl Feed {
     /// has room a resync (everything now cached) takes its place. Never
     /// blocks; refreshes the event figures in `live`.
     pub fn after_requests<R: Region>(&mut self, engine: &mut Engine<R>, live: &LiveStats) {
+        // Relaxed: figures for `radixd stat`; a stale one is fine.
+        let batches = self.shared.batches.load(Ordering::Relaxed);
+        live.events_batches.store(batches, Ordering::Relaxed);
         engine.take_events(&mut self.taken);
         if self.taken.is_empty() && !self.lost {
             return;
@@ -159,9 +162,6 @@ impl Feed {
                 self.shared.wake(t.thread());
             }
         }
-        // Relaxed: figures only, as above.
-        let batches = self.shared.batches.load(Ordering::Relaxed);
-        live.events_batches.store(batches, Ordering::Relaxed);
     }
 
     /// Times the queue overflowed (each followed by a resync).

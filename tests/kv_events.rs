@@ -337,7 +337,8 @@ fn replay_from_zero_rebuilds_the_cache_xxh3() {
 
 #[test]
 fn replay_from_zero_rebuilds_the_cache_sha256_cbor() {
-    reconstruction("sha256-cbor", &[], 1);
+    // With the map layout too: the subscriber reads both.
+    reconstruction("sha256-cbor", &["--kv-events-layout", "map"], 1);
 }
 
 #[test]
@@ -379,21 +380,24 @@ fn killing_a_subscriber_does_not_disturb_the_daemon() {
     assert_eq!(got, want);
 }
 
-/// vLLM's structs as `vllm/distributed/kv_events.py` defines them
-/// (array-like, as the issue and examples/online_serving/
-/// kv_events_subscriber.py encode them), and the older 7-field form of
-/// that example, each decoding every message a pyzmq SUB receives.
+/// vLLM's structs as `vllm/distributed/kv_events.py` defines them, with
+/// `array_like` as the layout under test asks (`array`: as the issue and
+/// examples/online_serving/kv_events_subscriber.py have it; `map`: recent
+/// vLLM main), and for `array` also the older 7-field form of that
+/// example, each decoding every message a pyzmq SUB receives.
 const MSGSPEC_CHECK: &str = r#"
 import sys, json
 from typing import Any, Optional, Union
 import msgspec, zmq
 
+AL = sys.argv[3] == "array"
+
 def current():
-    class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    class EventBatch(msgspec.Struct, array_like=AL, omit_defaults=True, gc=False):
         ts: float
         events: list[Any]
         data_parallel_rank: Optional[int] = None
-    class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    class KVCacheEvent(msgspec.Struct, array_like=AL, omit_defaults=True, gc=False, tag=True):
         pass
     class BlockStored(KVCacheEvent):
         block_hashes: list[Union[bytes, int]]
@@ -439,7 +443,9 @@ def example():
         events: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]]
     return KVEventBatch
 
-decoders = [msgspec.msgpack.Decoder(type=current()), msgspec.msgpack.Decoder(type=example())]
+decoders = [msgspec.msgpack.Decoder(type=current())]
+if AL:
+    decoders.append(msgspec.msgpack.Decoder(type=example()))
 ctx = zmq.Context()
 sub = ctx.socket(zmq.SUB)
 sub.connect(sys.argv[1])
@@ -480,10 +486,19 @@ print(json.dumps({"batches": len(seqs), "kinds": kinds}), flush=True)
 
 #[test]
 fn vllm_msgspec_structs_decode_every_message() {
+    msgspec_check("array");
+}
+
+#[test]
+fn vllm_msgspec_structs_decode_every_message_map_layout() {
+    msgspec_check("map");
+}
+
+fn msgspec_check(layout: &str) {
     let Some(py) = python() else { return };
-    let (d, ep, rep) = start(&[]);
+    let (d, ep, rep) = start(&["--kv-events-layout", layout]);
     let mut child = Command::new(&py)
-        .args(["-c", MSGSPEC_CHECK, &ep, &rep])
+        .args(["-c", MSGSPEC_CHECK, &ep, &rep, layout])
         .stdout(Stdio::piped())
         .spawn()
         .expect("python");

@@ -394,6 +394,9 @@ fn consume(
     #[cfg(feature = "kv-events")]
     {
         use crate::events::batch::KvEvent;
+        // The router runs on its own host in a deployment; here it shares
+        // the cores, so keep it out of the request path's way.
+        crate::events::publisher::batch_priority();
         let mut sub = crate::events::subscriber::Subscriber::connect(&config.endpoint, "", None)
             .map_err(|e| BenchError::Server(e.to_string()))?;
         let mut f = EventFigures::default();

@@ -10,6 +10,13 @@
 //! ["AllBlocksCleared"]
 //! ```
 //!
+//! That is the layout the issue specifies and vLLM's example subscriber
+//! decodes ([`Layout::Array`], the default). Recent vLLM main dropped
+//! `array_like` (events become maps tagged by `"type"`, the batch a map
+//! `{"ts", "events", "data_parallel_rank"}`); [`Layout::Map`]
+//! (`--kv-events-layout map`) writes that form, and [`decode_batch`] reads
+//! both.
+//!
 //! Fields with defaults that are at their default (`extra_keys`,
 //! `group_idx`, the `kv_cache_spec_*` fields) are omitted, as msgspec omits
 //! them; `lora_name` has no default in vLLM, so it is written (nil). A
@@ -62,17 +69,79 @@ pub struct Batch {
     pub data_parallel_rank: Option<i64>,
 }
 
+/// How msgspec lays the structs out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// `array_like=True`: positional arrays, the event's tag first.
+    #[default]
+    Array,
+    /// Maps keyed by field name, the event's tag under `"type"`.
+    Map,
+}
+
+/// A `--kv-events-layout` value that names no layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownLayout(pub String);
+
+impl std::fmt::Display for UnknownLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unknown layout {:?} (expected array or map)", self.0)
+    }
+}
+
+impl std::error::Error for UnknownLayout {}
+
+impl std::str::FromStr for Layout {
+    type Err = UnknownLayout;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "array" => Ok(Self::Array),
+            "map" => Ok(Self::Map),
+            other => Err(UnknownLayout(other.into())),
+        }
+    }
+}
+
 /// Builds one `KVEventBatch` payload event by event.
 #[derive(Debug, Default)]
 pub struct BatchWriter {
     body: Vec<u8>,
     count: usize,
+    layout: Layout,
 }
 
 impl BatchWriter {
-    /// An empty batch.
+    /// An empty batch, array-like.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty batch in `layout`.
+    pub fn with_layout(layout: Layout) -> Self {
+        Self {
+            layout,
+            ..Self::default()
+        }
+    }
+
+    /// Opens a struct of `n` fields (the tag counted) tagged `tag`.
+    fn open(&mut self, n: usize, tag: &str) {
+        match self.layout {
+            Layout::Array => msgpack::array(&mut self.body, n),
+            Layout::Map => {
+                msgpack::map(&mut self.body, n);
+                msgpack::str(&mut self.body, "type");
+            }
+        }
+        msgpack::str(&mut self.body, tag);
+    }
+
+    /// The field name, in the map layout.
+    fn key(&mut self, name: &str) {
+        if self.layout == Layout::Map {
+            msgpack::str(&mut self.body, name);
+        }
     }
 
     /// Events written so far.
@@ -94,56 +163,73 @@ impl BatchWriter {
         block_size: u32,
         medium: &str,
     ) {
-        let b = &mut self.body;
-        msgpack::array(b, 8);
-        msgpack::str(b, "BlockStored");
-        msgpack::array(b, block_hashes.len());
+        self.open(8, "BlockStored");
+        self.key("block_hashes");
+        msgpack::array(&mut self.body, block_hashes.len());
         for &h in block_hashes {
-            msgpack::uint(b, h);
+            msgpack::uint(&mut self.body, h);
         }
+        self.key("parent_block_hash");
         match parent {
-            Some(h) => msgpack::uint(b, h),
-            None => msgpack::nil(b),
+            Some(h) => msgpack::uint(&mut self.body, h),
+            None => msgpack::nil(&mut self.body),
         }
-        msgpack::array(b, tokens.len());
+        self.key("token_ids");
+        msgpack::array(&mut self.body, tokens.len());
         for &t in tokens {
-            msgpack::uint(b, u64::from(t));
+            msgpack::uint(&mut self.body, u64::from(t));
         }
-        msgpack::uint(b, u64::from(block_size));
-        msgpack::nil(b); // lora_id
-        msgpack::str(b, medium);
-        msgpack::nil(b); // lora_name
+        self.key("block_size");
+        msgpack::uint(&mut self.body, u64::from(block_size));
+        self.key("lora_id");
+        msgpack::nil(&mut self.body);
+        self.key("medium");
+        msgpack::str(&mut self.body, medium);
+        self.key("lora_name");
+        msgpack::nil(&mut self.body);
         self.count += 1;
     }
 
     /// Appends a `BlockRemoved`.
     pub fn removed(&mut self, block_hashes: &[u64], medium: &str) {
-        let b = &mut self.body;
-        msgpack::array(b, 3);
-        msgpack::str(b, "BlockRemoved");
-        msgpack::array(b, block_hashes.len());
+        self.open(3, "BlockRemoved");
+        self.key("block_hashes");
+        msgpack::array(&mut self.body, block_hashes.len());
         for &h in block_hashes {
-            msgpack::uint(b, h);
+            msgpack::uint(&mut self.body, h);
         }
-        msgpack::str(b, medium);
+        self.key("medium");
+        msgpack::str(&mut self.body, medium);
         self.count += 1;
     }
 
     /// Appends an `AllBlocksCleared`.
     pub fn cleared(&mut self) {
-        msgpack::array(&mut self.body, 1);
-        msgpack::str(&mut self.body, "AllBlocksCleared");
+        self.open(1, "AllBlocksCleared");
         self.count += 1;
     }
 
     /// The payload `[ts, [events...], data_parallel_rank]`; the writer is
     /// empty again afterwards.
     pub fn finish(&mut self, ts: f64, data_parallel_rank: u32) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.body.len() + 24);
-        msgpack::array(&mut out, 3);
+        let mut out = Vec::with_capacity(self.body.len() + 48);
+        let map = self.layout == Layout::Map;
+        let key = |out: &mut Vec<u8>, name: &str| {
+            if map {
+                msgpack::str(out, name);
+            }
+        };
+        if map {
+            msgpack::map(&mut out, 3);
+        } else {
+            msgpack::array(&mut out, 3);
+        }
+        key(&mut out, "ts");
         msgpack::float(&mut out, ts);
+        key(&mut out, "events");
         msgpack::array(&mut out, self.count);
         out.extend_from_slice(&self.body);
+        key(&mut out, "data_parallel_rank");
         msgpack::uint(&mut out, u64::from(data_parallel_rank));
         self.body.clear();
         self.count = 0;
@@ -151,12 +237,33 @@ impl BatchWriter {
     }
 }
 
-/// Decodes a `KVEventBatch` payload, array-like (as written here and by
-/// vLLM with `array_like=True`).
+/// The fields of a struct in declaration order: an array as it is, a map
+/// looked up by `names` (missing fields nil).
+fn fields(v: Value, names: &[&str]) -> Option<Vec<Value>> {
+    match v {
+        Value::Array(items) => Some(items),
+        Value::Map(pairs) => Some(
+            names
+                .iter()
+                .map(|n| {
+                    pairs
+                        .iter()
+                        .find(|(k, _)| matches!(k, Value::Str(s) if s == n))
+                        .map_or(Value::Nil, |(_, v)| v.clone())
+                })
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// Decodes a `KVEventBatch` payload in either [`Layout`].
 pub fn decode_batch(payload: &[u8]) -> Result<Batch, DecodeError> {
-    let Value::Array(top) = msgpack::decode(payload)? else {
-        return Err(DecodeError::Shape("an array [ts, events, ...]"));
-    };
+    let top = fields(
+        msgpack::decode(payload)?,
+        &["ts", "events", "data_parallel_rank"],
+    )
+    .ok_or(DecodeError::Shape("an EventBatch array or map"))?;
     let ts = match top.first() {
         Some(Value::Float(x)) => *x,
         Some(Value::Int(i)) => *i as f64,
@@ -199,8 +306,18 @@ fn opt_str(v: Option<&Value>) -> Result<Option<String>, DecodeError> {
 }
 
 fn decode_event(v: &Value) -> Result<KvEvent, DecodeError> {
-    let Value::Array(f) = v else {
-        return Err(DecodeError::Shape("an event, a tagged array"));
+    const NAMES: [&str; 7] = [
+        "type",
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+    ];
+    let f = match v {
+        Value::Array(_) | Value::Map(_) => fields(v.clone(), &NAMES).unwrap_or_default(),
+        _ => return Err(DecodeError::Shape("an event, a tagged array or map")),
     };
     match f.first() {
         Some(Value::Str(tag)) if tag == "BlockStored" => {
@@ -240,7 +357,13 @@ fn decode_event(v: &Value) -> Result<KvEvent, DecodeError> {
         }
         Some(Value::Str(tag)) if tag == "BlockRemoved" => Ok(KvEvent::BlockRemoved {
             block_hashes: hashes(f.get(1))?,
-            medium: opt_str(f.get(2))?,
+            // In a map, `medium` is found by name (slot 6); in an array it
+            // follows the hashes.
+            medium: opt_str(if matches!(v, Value::Map(_)) {
+                f.get(6)
+            } else {
+                f.get(2)
+            })?,
         }),
         Some(Value::Str(tag)) if tag == "AllBlocksCleared" => Ok(KvEvent::AllBlocksCleared),
         _ => Err(DecodeError::Shape(
@@ -252,6 +375,26 @@ fn decode_event(v: &Value) -> Result<KvEvent, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn both_layouts_round_trip() {
+        for layout in [Layout::Array, Layout::Map] {
+            let mut w = BatchWriter::with_layout(layout);
+            w.stored(&[7, 8], Some(6), &[1, 2], 1, MEDIUM_GPU);
+            w.removed(&[7], MEDIUM_GPU);
+            w.cleared();
+            let b = decode_batch(&w.finish(1.0, 0)).unwrap();
+            assert_eq!(b.events.len(), 3, "{layout:?}");
+            assert_eq!(
+                b.events[1],
+                KvEvent::BlockRemoved {
+                    block_hashes: vec![7],
+                    medium: Some("GPU".into()),
+                },
+                "{layout:?}"
+            );
+        }
+    }
 
     #[test]
     fn batch_round_trips() {

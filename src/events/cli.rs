@@ -37,6 +37,10 @@ pub struct ServeEventsArgs {
     /// The `medium` of every event.
     #[arg(long, default_value = "GPU")]
     pub kv_events_medium: String,
+    /// msgspec layout: `array` (array_like=True, as vLLM's example decodes)
+    /// or `map` (recent vLLM main).
+    #[arg(long, default_value = "array", value_parser = ["array", "map"])]
+    pub kv_events_layout: String,
 }
 
 impl ServeEventsArgs {
@@ -51,6 +55,7 @@ impl ServeEventsArgs {
             hash: self.kv_events_hash.clone(),
             hash_seed: self.kv_events_hash_seed.clone(),
             medium: self.kv_events_medium.clone(),
+            layout: self.kv_events_layout.clone(),
             replay_buffer: self.kv_events_buffer,
             queue: self.kv_events_queue,
         })

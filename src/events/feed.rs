@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
-use super::batch::BatchWriter;
+use super::batch::{BatchWriter, Layout};
 use super::hash::{Scheme, SchemeName};
 use super::publisher::{Msg, Publisher, Shared};
 use super::{CacheEvent, EventsConfig, EventsError};
@@ -36,6 +36,10 @@ impl Feed {
         let page_size = engine.page_size();
         let name: SchemeName = config
             .hash
+            .parse()
+            .map_err(|e| EventsError::Config(format!("{e}")))?;
+        let layout: Layout = config
+            .layout
             .parse()
             .map_err(|e| EventsError::Config(format!("{e}")))?;
         if config.queue < 2 {
@@ -94,7 +98,7 @@ impl Feed {
             buffer_cap: config.replay_buffer,
             buffer: VecDeque::new(),
             hashes: HashMap::new(),
-            writer: BatchWriter::new(),
+            writer: BatchWriter::with_layout(layout),
             scratch: Vec::new(),
         };
         let thread = thread::Builder::new()

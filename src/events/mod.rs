@@ -55,6 +55,9 @@ pub struct EventsConfig {
     pub hash_seed: String,
     /// The `medium` field of every event (vLLM's `"GPU"`).
     pub medium: String,
+    /// `array` (msgspec `array_like=True`, the default) or `map` (recent
+    /// vLLM main): see [`batch::Layout`].
+    pub layout: String,
     /// Batches kept for replay (vLLM's `buffer_steps`, 10,000).
     pub replay_buffer: usize,
     /// Events the daemon → publisher queue holds; past that the publisher
@@ -73,6 +76,7 @@ impl EventsConfig {
             hash: "xxh3".into(),
             hash_seed: "0".into(),
             medium: "GPU".into(),
+            layout: "array".into(),
             replay_buffer: 10_000,
             queue: 1 << 16,
         }

@@ -64,6 +64,19 @@ pub fn array(out: &mut Vec<u8>, n: usize) {
     }
 }
 
+/// Appends the head of a map of `n` pairs.
+pub fn map(out: &mut Vec<u8>, n: usize) {
+    if n < 16 {
+        out.push(0x80 | n as u8);
+    } else if n <= 0xffff {
+        out.push(0xde);
+        out.extend_from_slice(&(n as u16).to_be_bytes());
+    } else {
+        out.push(0xdf);
+        out.extend_from_slice(&(n as u32).to_be_bytes());
+    }
+}
+
 /// A decoded MessagePack value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {

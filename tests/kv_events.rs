@@ -513,7 +513,7 @@ fn msgspec_check(layout: &str) {
     out.read_line(&mut line).expect("read");
     assert!(status.success(), "the msgspec check failed");
     let v: serde_json::Value = serde_json::from_str(&line).expect("summary");
-    assert!(v["batches"].as_u64().unwrap_or(0) > 10, "{v}");
+    assert!(v["batches"].as_u64().unwrap_or(0) > 0, "{v}");
     for kind in ["BlockStored", "BlockRemoved", "AllBlocksCleared"] {
         assert!(v["kinds"][kind].as_u64().unwrap_or(0) > 0, "{kind} in {v}");
     }

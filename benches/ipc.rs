@@ -193,6 +193,8 @@ fn four_processes(c: &mut Criterion) {
                     trace: None,
                     block_size: 512,
                     plot: None,
+                    kv_events: false,
+                    kv_events_compare: false,
                 };
                 let report = run_once(&args, transport, 4, exe).expect("bench run");
                 Duration::from_secs_f64(report.seconds)

@@ -53,6 +53,8 @@ pub struct ServeConfig {
     pub session_ttl: Option<Duration>,
     /// Let clients `reset` the whole shared cache (off: `not_permitted`).
     pub allow_reset: bool,
+    /// Publish KV events (`--kv-events`); `None`: nothing is recorded.
+    pub events: Option<crate::events::EventsConfig>,
 }
 
 impl Default for ServeConfig {
@@ -68,6 +70,7 @@ impl Default for ServeConfig {
             busy_poll: false,
             session_ttl: None,
             allow_reset: false,
+            events: None,
         }
     }
 }
@@ -96,6 +99,7 @@ pub enum ServeError {
     /// segment behind the daemon's back): the daemon stopped serving and
     /// removed the segment.
     Corrupted(String),
+    Events(crate::events::EventsError),
 }
 
 impl fmt::Display for ServeError {
@@ -116,6 +120,7 @@ impl fmt::Display for ServeError {
                 f,
                 "stopped: {m}; the segment was removed (restart the daemon)"
             ),
+            Self::Events(e) => write!(f, "cannot publish KV events: {e}"),
         }
     }
 }
@@ -182,6 +187,8 @@ pub fn serve_reporting(
         },
     ))?;
     let mut engine = Engine::in_region(region, layout.engine).map_err(ServeError::Engine)?;
+    let mut events = crate::events::Events::start(config.events.as_ref(), &mut engine, live)
+        .map_err(ServeError::Events)?;
     let mut ports = (0..config.max_clients)
         .map(|i| port(&segment, &layout, i))
         .collect::<Result<Vec<_>, _>>()?;
@@ -225,6 +232,7 @@ pub fn serve_reporting(
         if let Some(damage) = ports.iter_mut().find_map(|p| p.corrupt.take()) {
             return Err(ServeError::Corrupted(damage));
         }
+        events.after_requests(&mut engine, live);
         // Relaxed: the daemon wrote this gauge itself (in `adopt`/`forget`).
         let clients = live.clients.load(Ordering::Relaxed);
         load.set_peers(clients.saturating_add(1));

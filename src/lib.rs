@@ -8,6 +8,7 @@
 //! - [`wire`]: how requests and answers travel over shared memory.
 //! - [`segment`]: what the daemon keeps in shared memory.
 //! - [`daemon`]: `radixd serve`, the engine behind the rings.
+//! - [`events`]: KV events in vLLM's wire format for cluster routers.
 //! - [`client`]: [`Client`], a scheduler's connection to the daemon.
 //! - [`replay`]: trace replay under LRU, LFU, S3-FIFO and the engine.
 //! - [`bench`]: latency under contention, shared memory against a Unix
@@ -17,6 +18,7 @@
 pub mod client;
 pub mod daemon;
 pub mod engine;
+pub mod events;
 pub mod op;
 pub mod segment;
 pub mod wire;

@@ -38,6 +38,8 @@ enum Command {
     Replay(ReplayArgs),
     /// Latency under contention: shared memory against a Unix socket.
     Bench(BenchArgs),
+    /// Subscribe to a daemon's KV events and print them as JSON lines.
+    Events(radixd::events::cli::SubscribeArgs),
     /// One client process of `radixd bench` (internal).
     #[command(hide = true)]
     BenchWorker(WorkerArgs),
@@ -73,6 +75,8 @@ struct ServeArgs {
     /// `not_permitted`).
     #[arg(long)]
     allow_reset: bool,
+    #[command(flatten)]
+    events: radixd::events::cli::ServeEventsArgs,
 }
 
 #[derive(clap::Args)]
@@ -180,6 +184,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         busy_poll: args.busy_poll,
         session_ttl: args.session_ttl,
         allow_reset: args.allow_reset,
+        events: args.events.config(),
     };
     signal::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     // Announced only once the segment exists and is ready: a configuration
@@ -230,6 +235,12 @@ fn main() -> ExitCode {
             bench::run(&args, &mut out).map_err(|e| e.to_string())
         }
         Command::BenchWorker(args) => bench::worker(&args).map_err(|e| e.to_string()),
+        Command::Events(args) => signal::install()
+            .map_err(|e| format!("cannot install signal handlers: {e}"))
+            .and_then(|()| {
+                radixd::events::cli::subscribe(&args, &mut io::stdout().lock())
+                    .map_err(|e| e.to_string())
+            }),
         Command::Replay(args) => {
             let mut out = io::BufWriter::new(io::stdout().lock());
             replay::run(&args, &mut out).map_err(|e| e.to_string())

@@ -65,7 +65,12 @@ pub struct LiveStats {
     pub reaped: AtomicU64,
     /// Engine figures, as [`Stats`] plus sessions, refreshed as they change.
     pub engine: [AtomicU64; Stats::LEN + 1],
-    pub _pad: [AtomicU64; 3],
+    /// 1 when the daemon publishes KV events (`--kv-events`).
+    pub events_enabled: AtomicU64,
+    /// KV event batches published (the next sequence number).
+    pub events_batches: AtomicU64,
+    /// Times the KV event queue overflowed, each answered by a resync.
+    pub events_overflows: AtomicU64,
     /// Service time per request, log-linear buckets ([`bucket_of`]).
     pub service_ns: [AtomicU64; HISTOGRAM_BUCKETS],
 }

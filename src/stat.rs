@@ -36,6 +36,8 @@ pub struct Reading {
     pub clients: u64,
     pub reaped: u64,
     pub histogram: Vec<u64>,
+    /// KV events: `(enabled, batches published, queue overflows)`.
+    pub events: (bool, u64, u64),
 }
 
 fn read(live: &LiveStats) -> Reading {
@@ -47,6 +49,11 @@ fn read(live: &LiveStats) -> Reading {
         clients: get(&live.clients),
         reaped: get(&live.reaped),
         histogram: live.service_ns.iter().map(get).collect(),
+        events: (
+            get(&live.events_enabled) != 0,
+            get(&live.events_batches),
+            get(&live.events_overflows),
+        ),
     }
 }
 
@@ -146,6 +153,11 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
         "evictions   {} pages, {} LRU nodes scanned",
         engine.evicted_pages, engine.evict_scanned
     );
+    if let (true, batches, overflows) = after.events {
+        println!(
+            "kv events   {batches} batches published, {overflows} queue overflows (each resynced)"
+        );
+    }
     Ok(())
 }
 

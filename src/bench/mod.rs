@@ -98,6 +98,13 @@ pub struct BenchArgs {
     /// Draw p50 and p99 of `match` against clients as SVG.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Run the daemon with `--kv-events` (shm only), with a subscriber
+    /// consuming the stream, and report what it received.
+    #[arg(long)]
+    pub kv_events: bool,
+    /// Run shm with KV events off, then on, and print the ratios.
+    #[arg(long, conflicts_with = "compare")]
+    pub kv_events_compare: bool,
 }
 
 /// Flags of the hidden worker subcommand.
@@ -200,6 +207,23 @@ pub struct RunReport {
     /// Slowest worker's elapsed time over the fastest's (1 = perfectly fair).
     pub fairness: f64,
     pub ops: BTreeMap<String, Latency>,
+    /// What a subscriber received, when the daemon published KV events.
+    #[serde(default)]
+    pub kv_events: Option<EventFigures>,
+}
+
+/// What the bench's KV event subscriber received.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct EventFigures {
+    /// Batches (sequence numbers) received.
+    pub batches: u64,
+    /// Events in them.
+    pub events: u64,
+    /// Sequence numbers the subscriber never received.
+    pub gaps: u64,
+    /// Resyncs after a queue overflow (the bench never resets, so each
+    /// `AllBlocksCleared` is one).
+    pub resyncs: u64,
 }
 
 impl BenchArgs {
@@ -247,6 +271,13 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
             "--clients needs counts of at least 1".into(),
         ));
     }
+    if (args.kv_events || args.kv_events_compare)
+        && (args.connect.is_some() || args.transport == Transport::Uds || args.compare)
+    {
+        return Err(BenchError::Args(
+            "--kv-events measures a daemon this bench starts, over shm".into(),
+        ));
+    }
     if args.connect.is_some() && (args.compare || args.transport == Transport::Uds) {
         return Err(BenchError::Args(
             "--connect measures a running daemon over shm only".into(),
@@ -270,8 +301,22 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
     };
     let exe = std::env::current_exe()?;
     let mut reports = Vec::new();
+    let variants: Vec<BenchArgs> = if args.kv_events_compare {
+        [false, true]
+            .into_iter()
+            .map(|on| BenchArgs {
+                kv_events: on,
+                ..args.clone()
+            })
+            .collect()
+    } else {
+        vec![args.clone()]
+    };
     for &clients in &args.clients {
-        for &transport in &transports {
+        for (&transport, args) in transports
+            .iter()
+            .flat_map(|t| variants.iter().map(move |a| (t, a)))
+        {
             let report = run_once(args, transport, clients, &exe)?;
             if args.json {
                 writeln!(
@@ -287,6 +332,9 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
         }
         if args.compare && !args.json {
             print_ratios(out, &reports[reports.len() - 2..])?;
+        }
+        if args.kv_events_compare && !args.json {
+            print_event_ratios(out, &reports[reports.len() - 2..])?;
         }
     }
     if let Some(path) = &args.plot {
@@ -311,9 +359,12 @@ pub fn run_once(
     let stop = AtomicU32::new(0);
     let name = format!("radixd-bench-{}-{clients}", std::process::id());
     let socket = std::env::temp_dir().join(format!("{name}.sock"));
+    let sub_stop = AtomicU32::new(0);
     std::thread::scope(|scope| {
         let mut _uds = None;
         let mut daemon = None;
+        let mut subscriber = None;
+        let sub_stop = &sub_stop;
         let target = match (transport, &args.connect) {
             (Transport::Shm, Some(name)) => name.clone(),
             (Transport::Shm, None) => {
@@ -324,11 +375,18 @@ pub fn run_once(
                     max_clients: clients + 1,
                     scratch_bytes: 1 << 20,
                     busy_poll: args.busy_poll,
+                    events: args.kv_events.then(|| events_config(&name)),
                     ..ServeConfig::default()
                 };
                 let stop = &stop;
                 daemon = Some(scope.spawn(move || serve(&serve_config, stop)));
                 wait_for_daemon(&name)?;
+                if args.kv_events {
+                    let ev = events_config(&name);
+                    subscriber = Some(scope.spawn(move || consume(ev, sub_stop)));
+                    // Let the subscription reach the publisher.
+                    std::thread::sleep(Duration::from_millis(200));
+                }
                 name.clone()
             }
             (Transport::Uds, _) => {
@@ -336,7 +394,17 @@ pub fn run_once(
                 socket.display().to_string()
             }
         };
-        let result = run_workers(args, transport, clients, &target, exe);
+        let mut result = run_workers(args, transport, clients, &target, exe);
+        if let Some(sub) = subscriber {
+            // Relaxed: a lone stop flag; the subscriber drains what is left.
+            sub_stop.store(1, Ordering::Relaxed);
+            let figures = sub
+                .join()
+                .map_err(|_| BenchError::Server("the subscriber thread panicked".into()))?;
+            if let Ok(report) = result.as_mut() {
+                report.kv_events = Some(figures?);
+            }
+        }
         // Relaxed: a lone stop flag, polled by the daemon loop.
         stop.store(1, Ordering::Relaxed);
         if let Some(daemon) = daemon {
@@ -348,6 +416,65 @@ pub fn run_once(
         }
         result
     })
+}
+
+/// The KV event endpoint of the bench daemon `name`.
+fn events_config(name: &str) -> crate::events::EventsConfig {
+    let ep = std::env::temp_dir().join(format!("{name}.kv-events"));
+    crate::events::EventsConfig::new(format!("ipc://{}", ep.display()))
+}
+
+/// Subscribes to the bench daemon's events until `stop`, then until 0.5 s
+/// pass without a batch.
+fn consume(
+    config: crate::events::EventsConfig,
+    stop: &AtomicU32,
+) -> Result<EventFigures, BenchError> {
+    #[cfg(feature = "kv-events")]
+    {
+        use crate::events::batch::KvEvent;
+        // The router runs on its own host in a deployment; here it shares
+        // the cores, so keep it out of the request path's way.
+        crate::events::publisher::batch_priority();
+        let mut sub = crate::events::subscriber::Subscriber::connect(&config.endpoint, "", None)
+            .map_err(|e| BenchError::Server(e.to_string()))?;
+        let mut f = EventFigures::default();
+        let mut idle = Instant::now();
+        loop {
+            match sub
+                .recv(Duration::from_millis(50))
+                .map_err(|e| BenchError::Server(e.to_string()))?
+            {
+                Some(r) => {
+                    idle = Instant::now();
+                    f.batches += 1;
+                    f.events += r.batch.events.len() as u64;
+                    f.resyncs += r
+                        .batch
+                        .events
+                        .iter()
+                        .filter(|e| matches!(e, KvEvent::AllBlocksCleared))
+                        .count() as u64;
+                }
+                // Relaxed: a lone stop flag.
+                None if stop.load(Ordering::Relaxed) != 0
+                    && idle.elapsed() > Duration::from_millis(500) =>
+                {
+                    break
+                }
+                None => {}
+            }
+        }
+        f.gaps = sub.gaps();
+        Ok(f)
+    }
+    #[cfg(not(feature = "kv-events"))]
+    {
+        let _ = (config, stop);
+        Err(BenchError::Server(
+            crate::events::EventsError::NotBuilt.to_string(),
+        ))
+    }
 }
 
 fn wait_for_daemon(name: &str) -> Result<(), BenchError> {
@@ -507,6 +634,7 @@ fn merge(
             1.0
         },
         ops,
+        kv_events: None,
     }
 }
 
@@ -542,7 +670,38 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> io::Result<()> {
             )?;
         }
     }
+    if let Some(e) = &r.kv_events {
+        writeln!(
+            out,
+            "  kv events: {} batches, {} events received; {} gaps, {} resyncs after overflow",
+            e.batches, e.events, e.gaps, e.resyncs
+        )?;
+    }
     Ok(())
+}
+
+fn print_event_ratios(out: &mut impl Write, pair: &[RunReport]) -> io::Result<()> {
+    let [off, on] = pair else { return Ok(()) };
+    let ratio = |op: &str, f: fn(&Latency) -> f64| {
+        let (a, b) = (
+            off.ops.get(op).map_or(0.0, f),
+            on.ops.get(op).map_or(0.0, f),
+        );
+        if a > 0.0 {
+            b / a
+        } else {
+            0.0
+        }
+    };
+    writeln!(
+        out,
+        "  events on/off: match p50 {:.2}×, p99 {:.2}×; insert p50 {:.2}×, p99 {:.2}×; throughput {:.2}×\n",
+        ratio("match", |l| l.p50_us),
+        ratio("match", |l| l.p99_us),
+        ratio("insert", |l| l.p50_us),
+        ratio("insert", |l| l.p99_us),
+        on.requests_per_second / off.requests_per_second.max(1e-9)
+    )
 }
 
 fn print_ratios(out: &mut impl Write, pair: &[RunReport]) -> io::Result<()> {

@@ -7,6 +7,7 @@ use super::layout::{
     Bucket, EngineLayout, Header, Node, Page, LAYOUT_VERSION, NIL, NODE_FREE, NODE_LIVE, PAGE_FREE,
     ROOT,
 };
+use super::record::CacheEvent;
 use super::region::{Region, REGION_ALIGN};
 use radixd_ipc::SeqLock;
 
@@ -28,6 +29,9 @@ pub const CORRUPT: &str = "engine region corrupted";
 pub(crate) struct Arena<R> {
     region: R,
     pub(crate) layout: EngineLayout,
+    /// What became cached or went, while KV events are recorded
+    /// ([`super::record`]); `None` when they are not.
+    pub(crate) events: Option<Vec<CacheEvent>>,
 }
 
 impl<R: Region> Arena<R> {
@@ -51,7 +55,11 @@ impl<R: Region> Arena<R> {
                 have,
             });
         }
-        let mut arena = Self { region, layout };
+        let mut arena = Self {
+            region,
+            layout,
+            events: None,
+        };
         arena.format();
         Ok(arena)
     }

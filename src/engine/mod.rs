@@ -22,6 +22,7 @@ pub mod layout;
 mod lru;
 mod pool;
 mod reader;
+mod record;
 mod region;
 mod session;
 mod table;
@@ -33,6 +34,7 @@ use std::collections::HashMap;
 pub use error::{ConfigError, HandleError, InvariantError, PageError};
 pub use layout::EngineLayout;
 pub use reader::TreeReader;
+pub use record::CacheEvent;
 pub use region::{HeapRegion, Region, REGION_ALIGN};
 pub use session::{SessionError, SessionStatus};
 
@@ -478,8 +480,35 @@ impl<R: Region> Engine<R> {
     /// Empties the cache: every page free, every lock and handle gone.
     pub fn reset(&mut self) {
         self.arena.format();
+        self.arena.record(|_| CacheEvent::Cleared);
         self.locks.clear();
         self.sessions.clear();
+    }
+
+    /// Starts (or stops) recording what becomes cached and what goes, for
+    /// KV events: see [`CacheEvent`] and [`Engine::take_events`]. Off by
+    /// default; when off, each hook costs one branch.
+    pub fn record_events(&mut self, on: bool) {
+        self.arena.events = on.then(Vec::new);
+    }
+
+    /// Whether [`Engine::record_events`] is on.
+    pub fn recording_events(&self) -> bool {
+        self.arena.recording()
+    }
+
+    /// Moves the facts recorded since the last call to the end of `out`.
+    pub fn take_events(&mut self, out: &mut Vec<CacheEvent>) {
+        if let Some(log) = self.arena.events.as_mut() {
+            out.append(log);
+        }
+    }
+
+    /// One [`CacheEvent::Stored`] per cached run (node), parents first:
+    /// applied after a [`CacheEvent::Cleared`], they rebuild exactly the
+    /// cached pages. For resynchronising event consumers.
+    pub fn cached_runs(&self) -> Vec<CacheEvent> {
+        self.arena.cached_runs()
     }
 
     /// Current figures.

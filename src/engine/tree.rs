@@ -5,6 +5,7 @@
 
 use super::arena::Arena;
 use super::layout::{Node, NIL, NODE_FREE, NODE_LIVE, PAGE_CACHED, ROOT};
+use super::record::CacheEvent;
 use super::region::Region;
 use super::table::child_hash;
 
@@ -117,6 +118,14 @@ impl<R: Region> Arena<R> {
 
     fn add_leaf_inner(&mut self, parent: u32, key: &[u32], pages: &[u32]) -> u32 {
         let p = self.page_size();
+        if self.recording() {
+            let parent_page = self.run_parent(parent);
+            self.record(|_| CacheEvent::Stored {
+                parent: parent_page,
+                pages: pages.to_vec(),
+                tokens: key[..pages.len() * p].to_vec(),
+            });
+        }
         let leaf = self.node_alloc();
         let mut prev = NIL;
         for (i, &page) in pages.iter().enumerate() {
@@ -213,9 +222,19 @@ impl<R: Region> Arena<R> {
             let next = n.newer;
             if n.children == 0 && n.lock_ref == 0 {
                 let take = (want - freed).min(u64::from(n.num_pages));
+                let mut gone = if self.recording() {
+                    Vec::with_capacity(take as usize)
+                } else {
+                    Vec::new()
+                };
                 for _ in 0..take {
-                    self.trim_last_page(cursor);
+                    let page = self.trim_last_page(cursor);
+                    if self.recording() {
+                        gone.push(page);
+                    }
                 }
+                // Exactly the pages trimmed from this leaf's end.
+                self.record(|_| CacheEvent::Removed { pages: gone });
                 freed += take;
                 if take == u64::from(n.num_pages) {
                     self.node_remove(cursor);
@@ -229,8 +248,9 @@ impl<R: Region> Arena<R> {
         freed
     }
 
-    /// Returns the last page of the unlocked leaf `node` to the pool.
-    fn trim_last_page(&mut self, node: u32) {
+    /// Returns the last page of the unlocked leaf `node` to the pool, and
+    /// names it.
+    fn trim_last_page(&mut self, node: u32) -> u32 {
         let last = self.nodes()[node as usize].last_page;
         let prev = self.pages()[last as usize].prev;
         if prev != NIL {
@@ -249,6 +269,7 @@ impl<R: Region> Arena<R> {
         let h = self.hdr_mut();
         h.total_tokens -= p;
         h.evictable_tokens -= p;
+        last
     }
 
     /// Unhooks a node that has lost all its pages and children.

@@ -1,0 +1,187 @@
+//! The daemon's end of KV events: starts the publisher thread, and after
+//! each round of requests moves what the engine recorded onto the queue,
+//! without ever blocking.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+
+use super::batch::{BatchWriter, Layout};
+use super::hash::{Scheme, SchemeName};
+use super::publisher::{Msg, Publisher, Shared};
+use super::{CacheEvent, EventsConfig, EventsError};
+use crate::engine::{Engine, Region};
+use crate::segment::LiveStats;
+
+/// Publishes what an engine caches and evicts (see the module docs of
+/// [`crate::events`]). Dropping it flushes the queue and stops the thread.
+pub struct Feed {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    /// Facts taken from the engine, reused between rounds.
+    taken: Vec<CacheEvent>,
+    /// The queue overflowed: what it lost is to be replaced by a resync.
+    lost: bool,
+    overflows: u64,
+}
+
+impl Feed {
+    /// Binds the sockets `config` names, starts the publisher thread and
+    /// turns on `engine`'s record of what it caches and evicts.
+    pub fn start<R: Region>(
+        config: &EventsConfig,
+        engine: &mut Engine<R>,
+    ) -> Result<Self, EventsError> {
+        let page_size = engine.page_size();
+        let name: SchemeName = config
+            .hash
+            .parse()
+            .map_err(|e| EventsError::Config(format!("{e}")))?;
+        let layout: Layout = config
+            .layout
+            .parse()
+            .map_err(|e| EventsError::Config(format!("{e}")))?;
+        if config.queue < 2 {
+            return Err(EventsError::Config(
+                "the queue needs room for 2 events".into(),
+            ));
+        }
+        let ctx = zmq::Context::new();
+        let pub_socket = ctx
+            .socket(zmq::PUB)
+            .map_err(|e| EventsError::Zmq("create the PUB socket", e))?;
+        // vLLM's `hwm` default.
+        pub_socket
+            .set_sndhwm(100_000)
+            .map_err(|e| EventsError::Zmq("set the PUB high-water mark", e))?;
+        pub_socket
+            .set_linger(500)
+            .map_err(|e| EventsError::Zmq("set the PUB linger", e))?;
+        if config.connect {
+            pub_socket
+                .connect(&config.endpoint)
+                .map_err(|e| EventsError::Zmq("connect the PUB socket", e))?;
+        } else {
+            pub_socket
+                .bind(&config.endpoint)
+                .map_err(|e| EventsError::Zmq("bind the PUB socket", e))?;
+        }
+        let replay = match &config.replay_endpoint {
+            None => None,
+            Some(ep) => {
+                let s = ctx
+                    .socket(zmq::ROUTER)
+                    .map_err(|e| EventsError::Zmq("create the ROUTER socket", e))?;
+                // A replay from 0 sends the whole buffer at once: room for it.
+                let hwm = i32::try_from(config.replay_buffer.saturating_mul(2))
+                    .unwrap_or(i32::MAX)
+                    .max(1000);
+                s.set_sndhwm(hwm)
+                    .map_err(|e| EventsError::Zmq("set the ROUTER high-water mark", e))?;
+                s.set_linger(0)
+                    .map_err(|e| EventsError::Zmq("set the ROUTER linger", e))?;
+                s.bind(ep)
+                    .map_err(|e| EventsError::Zmq("bind the ROUTER replay socket", e))?;
+                Some(s)
+            }
+        };
+        let shared = Arc::new(Shared::new(config.queue));
+        let publisher = Publisher {
+            shared: Arc::clone(&shared),
+            pub_socket,
+            replay,
+            topic: config.topic.as_bytes().to_vec(),
+            scheme: Scheme::new(name, &config.hash_seed),
+            page_size,
+            medium: config.medium.clone(),
+            buffer_cap: config.replay_buffer,
+            buffer: VecDeque::new(),
+            hashes: HashMap::new(),
+            writer: BatchWriter::with_layout(layout),
+            scratch: Vec::new(),
+        };
+        let thread = thread::Builder::new()
+            .name("kv-events".into())
+            .spawn(move || {
+                publisher.run();
+                // Sockets close (lingering on unsent batches) before the
+                // context ends.
+                drop(ctx);
+            })
+            .map_err(EventsError::Thread)?;
+        engine.record_events(true);
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+            taken: Vec::new(),
+            lost: false,
+            overflows: 0,
+        })
+    }
+
+    /// Moves what `engine` recorded since the last call onto the queue. On
+    /// overflow the rest is dropped and counted, and as soon as the queue
+    /// has room a resync (everything now cached) takes its place. Never
+    /// blocks; refreshes the event figures in `live`.
+    pub fn after_requests<R: Region>(&mut self, engine: &mut Engine<R>, live: &LiveStats) {
+        // Relaxed: figures for `radixd stat`; a stale one is fine.
+        let batches = self.shared.batches.load(Ordering::Relaxed);
+        live.events_batches.store(batches, Ordering::Relaxed);
+        engine.take_events(&mut self.taken);
+        if self.taken.is_empty() && !self.lost {
+            return;
+        }
+        let queue = &self.shared.queue;
+        let mut pushed = false;
+        if self.lost {
+            // What was taken is part of the state the resync carries.
+            self.taken.clear();
+            if queue.len() + 1 >= queue.capacity() {
+                return;
+            }
+            if queue.push(Msg::Resync(engine.cached_runs())).is_ok() {
+                self.lost = false;
+                pushed = true;
+            }
+        } else {
+            for e in self.taken.drain(..) {
+                if queue.push(Msg::Event(e)).is_err() {
+                    self.lost = true;
+                    break;
+                }
+                pushed = true;
+            }
+            if self.lost {
+                self.taken.clear();
+                self.overflows += 1;
+                // Relaxed: a figure for `radixd stat`; the daemon is its
+                // only writer.
+                live.events_overflows
+                    .store(self.overflows, Ordering::Relaxed);
+            }
+        }
+        if pushed {
+            if let Some(t) = &self.thread {
+                self.shared.wake(t.thread());
+            }
+        }
+    }
+
+    /// Times the queue overflowed (each followed by a resync).
+    pub fn overflows(&self) -> u64 {
+        self.overflows
+    }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        // Release: every push happens before the publisher sees `stop`;
+        // pairs with its Acquire load.
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The consumer side: a ZeroMQ SUB socket (and optionally a DEALER for
+//! replays) that yields decoded batches in sequence order without gaps, as
+//! vLLM's `examples/online_serving/kv_events_subscriber.py` does: on a gap
+//! it asks the replay socket for what it missed.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::batch::{decode_batch, Batch};
+use super::publisher::END_SEQ;
+use super::EventsError;
+
+/// One batch and its sequence number.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Received {
+    /// The batch's sequence number.
+    pub seq: u64,
+    /// Its events.
+    pub batch: Batch,
+}
+
+/// A subscriber to a radixd (or vLLM) KV event stream.
+pub struct Subscriber {
+    sub: zmq::Socket,
+    replay: Option<zmq::Socket>,
+    /// The next sequence number to deliver, once known.
+    next: Option<u64>,
+    ready: VecDeque<Received>,
+    /// Sequence numbers skipped because no replay could fill them.
+    gaps: u64,
+    // Sockets first: they close before the context ends.
+    _ctx: zmq::Context,
+}
+
+fn zmq_err(what: &'static str) -> impl Fn(zmq::Error) -> EventsError {
+    move |e| EventsError::Zmq(what, e)
+}
+
+impl Subscriber {
+    /// Connects a SUB socket to `endpoint` for `topic` (a prefix; `""`: all),
+    /// and a DEALER to `replay` when given.
+    pub fn connect(endpoint: &str, topic: &str, replay: Option<&str>) -> Result<Self, EventsError> {
+        let ctx = zmq::Context::new();
+        let sub = ctx
+            .socket(zmq::SUB)
+            .map_err(zmq_err("create the SUB socket"))?;
+        sub.set_rcvhwm(0)
+            .map_err(zmq_err("set the SUB high-water mark"))?;
+        sub.set_subscribe(topic.as_bytes())
+            .map_err(zmq_err("subscribe"))?;
+        sub.set_linger(0).map_err(zmq_err("set the SUB linger"))?;
+        sub.connect(endpoint)
+            .map_err(zmq_err("connect the SUB socket"))?;
+        let replay = match replay {
+            None => None,
+            Some(ep) => {
+                let d = ctx
+                    .socket(zmq::DEALER)
+                    .map_err(zmq_err("create the DEALER socket"))?;
+                d.set_rcvhwm(0)
+                    .map_err(zmq_err("set the DEALER high-water mark"))?;
+                d.set_linger(0).map_err(zmq_err("set the DEALER linger"))?;
+                d.connect(ep)
+                    .map_err(zmq_err("connect the replay socket"))?;
+                Some(d)
+            }
+        };
+        Ok(Self {
+            sub,
+            replay,
+            next: None,
+            ready: VecDeque::new(),
+            gaps: 0,
+            _ctx: ctx,
+        })
+    }
+
+    /// Sequence numbers lost for want of a replay socket (or buffer).
+    pub fn gaps(&self) -> u64 {
+        self.gaps
+    }
+
+    /// Starts delivery at `from`: asks the replay socket for every batch it
+    /// still holds from there on.
+    pub fn replay_from(&mut self, from: u64, timeout: Duration) -> Result<(), EventsError> {
+        self.next = Some(from);
+        self.ready.clear();
+        let got = self.fetch(from, timeout)?;
+        for r in got {
+            if self.next.is_some_and(|n| r.seq == n) {
+                self.next = Some(r.seq + 1);
+                self.ready.push_back(r);
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks for every buffered batch from `from` on, up to the end marker.
+    fn fetch(&mut self, from: u64, timeout: Duration) -> Result<Vec<Received>, EventsError> {
+        let Some(replay) = &self.replay else {
+            return Err(EventsError::Config("no replay endpoint to ask".into()));
+        };
+        let request: [&[u8]; 2] = [b"", &from.to_be_bytes()];
+        replay
+            .send_multipart(request, 0)
+            .map_err(zmq_err("send a replay request"))?;
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX);
+            if ms == 0
+                || replay
+                    .poll(zmq::POLLIN, ms)
+                    .map_err(zmq_err("wait for a replay answer"))?
+                    == 0
+            {
+                return Err(EventsError::Malformed(format!(
+                    "no end of replay within {timeout:?}"
+                )));
+            }
+            let frames = replay
+                .recv_multipart(0)
+                .map_err(zmq_err("receive a replay answer"))?;
+            // A DEALER keeps the empty delimiter: ["", seq, payload].
+            let [_, seq, payload] = frames.as_slice() else {
+                return Err(EventsError::Malformed(format!(
+                    "replay answer of {} frames",
+                    frames.len()
+                )));
+            };
+            if seq.as_slice() == END_SEQ || payload.is_empty() {
+                return Ok(out);
+            }
+            let seq = seq_of(seq)?;
+            let batch = decode_batch(payload).map_err(|e| EventsError::Malformed(e.to_string()))?;
+            out.push(Received { seq, batch });
+        }
+    }
+
+    /// The next batch in sequence order, waiting up to `timeout`; `None`
+    /// when none came. A gap in the live stream is filled from the replay
+    /// socket, or skipped (and counted) without one.
+    pub fn recv(&mut self, timeout: Duration) -> Result<Option<Received>, EventsError> {
+        if let Some(r) = self.ready.pop_front() {
+            return Ok(Some(r));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX);
+            if self
+                .sub
+                .poll(zmq::POLLIN, ms)
+                .map_err(zmq_err("wait for events"))?
+                == 0
+            {
+                return Ok(None);
+            }
+            let frames = self
+                .sub
+                .recv_multipart(0)
+                .map_err(zmq_err("receive events"))?;
+            let [_topic, seq, payload] = frames.as_slice() else {
+                return Err(EventsError::Malformed(format!(
+                    "message of {} frames, expected topic, sequence, payload",
+                    frames.len()
+                )));
+            };
+            let seq = seq_of(seq)?;
+            match self.next {
+                Some(n) if seq < n => continue,
+                Some(n) if seq > n => {
+                    if self.replay.is_some() {
+                        let timeout = Duration::from_secs(5);
+                        for r in self.fetch(n, timeout)? {
+                            if Some(r.seq) == self.next && r.seq < seq {
+                                n_push(&mut self.ready, &mut self.next, r);
+                            }
+                        }
+                    }
+                    let n = self.next.unwrap_or(seq);
+                    self.gaps += seq.saturating_sub(n);
+                }
+                _ => {}
+            }
+            let batch = decode_batch(payload).map_err(|e| EventsError::Malformed(e.to_string()))?;
+            n_push(&mut self.ready, &mut self.next, Received { seq, batch });
+            return Ok(self.ready.pop_front());
+        }
+    }
+}
+
+fn n_push(ready: &mut VecDeque<Received>, next: &mut Option<u64>, r: Received) {
+    *next = Some(r.seq + 1);
+    ready.push_back(r);
+}
+
+fn seq_of(frame: &[u8]) -> Result<u64, EventsError> {
+    <[u8; 8]>::try_from(frame)
+        .map(u64::from_be_bytes)
+        .map_err(|_| EventsError::Malformed(format!("sequence frame of {} bytes", frame.len())))
+}

@@ -9,6 +9,8 @@
 //! - [`segment`]: what the daemon keeps in shared memory.
 //! - [`daemon`]: `radixd serve`, the engine behind the rings.
 //! - [`client`]: [`Client`], a scheduler's connection to the daemon.
+//! - [`order`]: cache-aware scheduling order (LPM, DFS-weight) from
+//!   lock-free peeks.
 //! - [`replay`]: trace replay under LRU, LFU, S3-FIFO and the engine.
 //! - [`bench`]: latency under contention, shared memory against a Unix
 //!   socket.
@@ -18,6 +20,7 @@ pub mod client;
 pub mod daemon;
 pub mod engine;
 pub mod op;
+pub mod order;
 pub mod segment;
 pub mod wire;
 
@@ -37,3 +40,4 @@ pub mod signal;
 pub mod stat;
 
 pub use client::{Client, ClientError};
+pub use order::Policy;

@@ -15,6 +15,7 @@
 //! (`format`, `itemsize`, `tobytes()`: one C-level copy, still no loop).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -146,46 +147,89 @@ fn parse_format(format: &str, itemsize: usize) -> Option<Items> {
     })
 }
 
-/// Converts the raw bytes of a buffer of `items`.
-fn decode(bytes: &[u8], items: Items, what: &str) -> PyResult<Vec<u32>> {
-    let n = bytes.len() / items.size;
-    let mut out = Vec::with_capacity(n);
-    // Each width is its own loop so the compiler can vectorise it.
-    macro_rules! widen {
-        ($t:ty, $w:expr) => {{
-            let mut bad = None;
-            for (i, c) in bytes.chunks_exact($w).enumerate() {
-                let mut b = [0u8; $w];
-                b.copy_from_slice(c);
-                let v = if items.big_endian {
-                    <$t>::from_be_bytes(b)
+/// An integer item type of a buffer.
+trait Item: Copy + fmt::Display {
+    const WIDTH: usize;
+    fn fits(self) -> bool;
+    /// `self as u32` (only called once `fits` held).
+    fn narrow(self) -> u32;
+    fn from_bytes(b: &[u8], big_endian: bool) -> Self;
+}
+
+macro_rules! item {
+    ($($t:ty),*) => {$(
+        impl Item for $t {
+            const WIDTH: usize = std::mem::size_of::<$t>();
+            #[inline]
+            fn fits(self) -> bool {
+                u32::try_from(self).is_ok()
+            }
+            #[inline]
+            fn narrow(self) -> u32 {
+                self as u32
+            }
+            #[inline]
+            fn from_bytes(b: &[u8], big_endian: bool) -> Self {
+                let mut a = [0u8; std::mem::size_of::<$t>()];
+                a.copy_from_slice(b);
+                if big_endian {
+                    <$t>::from_be_bytes(a)
                 } else {
-                    <$t>::from_le_bytes(b)
-                };
-                match u32::try_from(v) {
-                    Ok(v) => out.push(v),
-                    Err(_) => {
-                        bad = Some((i, v.to_string()));
-                        break;
-                    }
+                    <$t>::from_le_bytes(a)
                 }
             }
-            if let Some((i, v)) = bad {
-                return Err(too_big(what, i, &v));
-            }
-        }};
-    }
-    match (items.size, items.signed) {
-        (1, false) => out.extend(bytes.iter().map(|&b| u32::from(b))),
-        (1, true) => widen!(i8, 1),
-        (2, false) => widen!(u16, 2),
-        (2, true) => widen!(i16, 2),
-        (4, false) => widen!(u32, 4),
-        (4, true) => widen!(i32, 4),
-        (8, false) => widen!(u64, 8),
-        _ => widen!(i64, 8),
+        }
+    )*};
+}
+
+item!(i8, u16, i16, u32, i32, u64, i64);
+
+/// Narrows every value in one pass that also notes, without a branch (so
+/// it vectorises), whether any did not fit; only then is the culprit found.
+fn narrow<T: Item>(values: impl Iterator<Item = T> + Clone, what: &str) -> PyResult<Vec<u32>> {
+    let mut bad = false;
+    let out = values
+        .clone()
+        .map(|v| {
+            bad |= !v.fits();
+            v.narrow()
+        })
+        .collect();
+    if bad {
+        let culprit = values.enumerate().find(|&(_, v)| !v.fits());
+        let (i, v) = culprit.map_or((0, String::new()), |(i, v)| (i, v.to_string()));
+        return Err(too_big(what, i, &v));
     }
     Ok(out)
+}
+
+fn decode_as<T: Item>(bytes: &[u8], big_endian: bool, what: &str) -> PyResult<Vec<u32>> {
+    // SAFETY: every bit pattern is a valid value of an integer type, and
+    // `align_to` hands out only the correctly aligned middle part.
+    let (head, mid, tail) = unsafe { bytes.align_to::<T>() };
+    if head.is_empty() && tail.is_empty() && big_endian == cfg!(target_endian = "big") {
+        // The usual case (numpy and array.array align their data): a slice.
+        return narrow(mid.iter().copied(), what);
+    }
+    let values = bytes
+        .chunks_exact(T::WIDTH)
+        .map(|c| T::from_bytes(c, big_endian));
+    narrow(values, what)
+}
+
+/// Converts the raw bytes of a buffer of `items`.
+fn decode(bytes: &[u8], items: Items, what: &str) -> PyResult<Vec<u32>> {
+    let be = items.big_endian;
+    match (items.size, items.signed) {
+        (1, false) => Ok(bytes.iter().map(|&b| u32::from(b)).collect()),
+        (1, true) => decode_as::<i8>(bytes, be, what),
+        (2, false) => decode_as::<u16>(bytes, be, what),
+        (2, true) => decode_as::<i16>(bytes, be, what),
+        (4, false) => decode_as::<u32>(bytes, be, what),
+        (4, true) => decode_as::<i32>(bytes, be, what),
+        (8, false) => decode_as::<u64>(bytes, be, what),
+        _ => decode_as::<i64>(bytes, be, what),
+    }
 }
 
 fn not_integers(what: &str, format: &str) -> PyErr {

@@ -739,6 +739,13 @@ fn _set_error_factory(py: Python<'_>, make: Py<PyAny>) {
     let _ = MAKE_ERROR.set(py, make);
 }
 
+/// Reads `tokens` as the methods do and returns how many there were (for
+/// benchmarks of the input path alone).
+#[pyfunction]
+fn _read_tokens(tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
+    input::u32s(tokens, "tokens").map(|t| t.len())
+}
+
 /// The `exec` error kinds this build knows, in wire-code order.
 #[pyfunction]
 fn _error_kinds() -> Vec<&'static str> {
@@ -754,5 +761,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<InsertResult>()?;
     m.add_function(wrap_pyfunction!(_set_error_factory, m)?)?;
     m.add_function(wrap_pyfunction!(_error_kinds, m)?)?;
+    m.add_function(wrap_pyfunction!(_read_tokens, m)?)?;
     Ok(())
 }

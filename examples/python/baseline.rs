@@ -37,7 +37,9 @@ fn median(mut v: Vec<u64>) -> u64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let name = std::env::args().nth(1).ok_or("usage: python_baseline SEGMENT")?;
+    let name = std::env::args()
+        .nth(1)
+        .ok_or("usage: python_baseline SEGMENT")?;
     let mut client = Client::connect(&name)?;
     let tokens = prompt_1k();
     let m = client.match_prefix(&tokens, true)?;

@@ -65,10 +65,18 @@ pub fn array_out<'py>(py: Python<'py>, values: &[u32]) -> PyResult<Bound<'py, Py
 /// Reads `obj` as `u32` values (`what` names them in errors).
 pub fn u32s(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
     if let Ok(list) = obj.downcast::<PyList>() {
-        return list.iter().enumerate().map(|(i, v)| one(&v, what, i)).collect();
+        return list
+            .iter()
+            .enumerate()
+            .map(|(i, v)| one(&v, what, i))
+            .collect();
     }
     if let Ok(tuple) = obj.downcast::<PyTuple>() {
-        return tuple.iter().enumerate().map(|(i, v)| one(&v, what, i)).collect();
+        return tuple
+            .iter()
+            .enumerate()
+            .map(|(i, v)| one(&v, what, i))
+            .collect();
     }
     if obj.is_instance_of::<PyInt>() {
         return Err(PyTypeError::new_err(format!(

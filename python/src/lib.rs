@@ -238,10 +238,7 @@ mod reply {
 
     /// Protected tokens before minus after a lock or unlock bracketed by
     /// two `stats` requests: SGLang's `inc_lock_ref`/`dec_lock_ref` delta.
-    pub fn lock_delta(
-        py: Python<'_>,
-        answers: Vec<Result<Reply, Rejection>>,
-    ) -> PyResult<i64> {
+    pub fn lock_delta(py: Python<'_>, answers: Vec<Result<Reply, Rejection>>) -> PyResult<i64> {
         let protected = |r: &Result<Reply, Rejection>| match r {
             Ok(Reply::Stats { stats, .. }) => Ok(stats.protected_tokens as i64),
             Ok(other) => Err(unexpected(other.clone())),

@@ -119,23 +119,27 @@ where
 impl Client {
     /// The order in which to run `prompts` (token ids each) under `policy`,
     /// as indices into `prompts`, from lock-free peeks of the shared tree:
-    /// no round trip, no lock, no LRU touch. A peek that keeps colliding
-    /// with the daemon's writes counts its prompt as unmatched.
+    /// no round trip, no lock, no LRU touch.
     pub fn order<T: AsRef<[u32]>>(
         &self,
         prompts: &[T],
         policy: Policy,
     ) -> Result<Vec<usize>, ClientError> {
-        order_by(prompts, policy, |tokens| {
-            for _ in 0..PEEK_TRIES {
-                match self.peek(tokens) {
-                    Ok((_, pages)) => return Ok(pages),
-                    Err(ClientError::Contended) => continue,
-                    Err(e) => return Err(e),
-                }
+        order_by(prompts, policy, |tokens| self.matched_pages(tokens))
+    }
+
+    /// The pages of the cached prefix of `tokens`, from a lock-free peek,
+    /// as [`order_matched`] takes them. A read that keeps colliding with
+    /// the daemon's writes counts as no match (an order is a hint).
+    pub fn matched_pages(&self, tokens: &[u32]) -> Result<Vec<u32>, ClientError> {
+        for _ in 0..PEEK_TRIES {
+            match self.peek(tokens) {
+                Ok((_, pages)) => return Ok(pages),
+                Err(ClientError::Contended) => continue,
+                Err(e) => return Err(e),
             }
-            Ok(Vec::new())
-        })
+        }
+        Ok(Vec::new())
     }
 }
 

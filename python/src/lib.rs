@@ -25,7 +25,7 @@ use pyo3::types::{PyDict, PyInt};
 
 use radixd::engine::{Config, Engine as RustEngine, HeapRegion};
 use radixd::op::{apply, Backend, ErrorKind, Local, Rejection, Reply, Request};
-use radixd::order::{order_engine, Policy};
+use radixd::order::{order_matched, Policy};
 use radixd::{Client as RustClient, ClientError};
 
 /// `radixd._errors.make_error(kind, message)`, registered at import.
@@ -88,11 +88,20 @@ fn policy(name: &str) -> PyResult<Policy> {
         .map_err(|e: radixd::order::UnknownPolicy| PyValueError::new_err(e.to_string()))
 }
 
-fn prompts(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u32>>> {
-    obj.try_iter()?
-        .enumerate()
-        .map(|(i, p)| input::u32s(&p?, &format!("prompts[{i}]")))
-        .collect()
+/// Peeks each prompt as soon as it is read, so only one prompt's tokens
+/// are held at a time (1,000 prompts of 2K tokens would otherwise be 8 MB
+/// of fresh memory), then orders them.
+fn order(
+    prompts: &Bound<'_, PyAny>,
+    policy: Policy,
+    mut matched_pages: impl FnMut(&[u32]) -> PyResult<Vec<u32>>,
+) -> PyResult<Vec<usize>> {
+    let mut matched = Vec::new();
+    for (i, p) in prompts.try_iter()?.enumerate() {
+        let tokens = input::u32s(&p?, &format!("prompts[{i}]"))?;
+        matched.push(matched_pages(&tokens)?);
+    }
+    Ok(order_matched(&matched, policy))
 }
 
 /// A handle as Python prints it.
@@ -270,27 +279,31 @@ pub struct Client {
 }
 
 impl Client {
-    /// Runs `f` on the connection. With `release_gil`, or when another
-    /// thread holds the connection, the GIL is released while waiting.
+    /// Runs `f` on the connection, the GIL released (while waiting for the
+    /// connection too).
     fn with<R: Send>(
         &self,
         py: Python<'_>,
-        release_gil: bool,
         f: impl FnOnce(&mut RustClient) -> R + Send,
     ) -> PyResult<R> {
-        if !release_gil {
+        py.allow_threads(|| guard(&self.inner)?.as_mut().map(f).ok_or_else(closed))
+    }
+
+    /// The connection, for work done holding the GIL (lock-free reads);
+    /// the GIL is released only while another thread holds the connection.
+    fn hold(&self, py: Python<'_>) -> PyResult<MutexGuard<'_, Option<RustClient>>> {
+        loop {
             match self.inner.try_lock() {
-                Ok(mut g) => return g.as_mut().map(f).ok_or_else(closed),
+                Ok(g) => return Ok(g),
                 Err(TryLockError::Poisoned(_)) => return Err(poisoned()),
-                Err(TryLockError::WouldBlock) => {}
+                Err(TryLockError::WouldBlock) => py.allow_threads(std::thread::yield_now),
             }
         }
-        py.allow_threads(|| guard(&self.inner)?.as_mut().map(f).ok_or_else(closed))
     }
 
     /// One request, the GIL released while the daemon works.
     fn run(&self, py: Python<'_>, request: Request) -> PyResult<Reply> {
-        self.with(py, true, |c| Backend::call(c, request))?
+        self.with(py, |c| Backend::call(c, request))?
             .map_err(|r| rejected(py, r))
     }
 }
@@ -364,7 +377,10 @@ impl Client {
     ) -> PyResult<(usize, Bound<'py, PyAny>)> {
         let tokens = input::u32s(tokens, "tokens")?;
         let (len, pages) = self
-            .with(py, false, |c| c.peek(&tokens))?
+            .hold(py)?
+            .as_ref()
+            .ok_or_else(closed)?
+            .peek(&tokens)
             .map_err(|e| rejected(py, client_error(e)))?;
         Ok((len, input::array_out(py, &pages)?))
     }
@@ -479,9 +495,13 @@ impl Client {
         policy: &str,
     ) -> PyResult<Vec<usize>> {
         let policy = self::policy(policy)?;
-        let prompts = self::prompts(prompts)?;
-        self.with(py, true, |c| c.order(&prompts, policy))?
-            .map_err(|e| rejected(py, client_error(e)))
+        let held = self.hold(py)?;
+        let client = held.as_ref().ok_or_else(closed)?;
+        self::order(prompts, policy, |tokens| {
+            client
+                .matched_pages(tokens)
+                .map_err(|e| rejected(py, client_error(e)))
+        })
     }
 
     /// Locks (`lock=True`) or unlocks `handle` between two `stats`, in one
@@ -496,7 +516,7 @@ impl Client {
         };
         let requests = [Request::Stats, middle, Request::Stats];
         let answers = self
-            .with(py, true, |c| c.batch(&requests))?
+            .with(py, |c| c.batch(&requests))?
             .map_err(|e| rejected(py, client_error(e)))?;
         reply::lock_delta(py, answers)
     }
@@ -684,8 +704,12 @@ impl Engine {
     #[pyo3(signature = (prompts, policy = "lpm"))]
     fn order(&self, prompts: &Bound<'_, PyAny>, policy: &str) -> PyResult<Vec<usize>> {
         let policy = self::policy(policy)?;
-        let prompts = self::prompts(prompts)?;
-        Ok(order_engine(&guard(&self.inner)?.engine, &prompts, policy))
+        let local = guard(&self.inner)?;
+        self::order(prompts, policy, |tokens| {
+            let mut pages = Vec::new();
+            local.engine.peek(tokens, &mut pages);
+            Ok(pages)
+        })
     }
 
     /// As `Client._lock_delta`.

@@ -140,9 +140,11 @@ class PrefixCache:
     32
     """
 
-    def __init__(self, backend: Any, disable: bool = False):
+    def __init__(self, backend: Any, page_size: Optional[int] = None, disable: bool = False):
         self.backend = backend
         self.page_size: int = backend.page_size
+        if page_size is not None and page_size != self.page_size:
+            raise ValueError(f"page_size {page_size} differs from the backend's {self.page_size}")
         self.disable = disable
         self.root_node = TreeNode(None, 0)
 

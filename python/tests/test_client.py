@@ -205,3 +205,19 @@ def test_two_processes_share_one_daemon(daemon):
     assert c.match_prefix(list(range(1000, 1016)) + [1, 4, 0, 0]).len == 20
     c.validate()
     assert c.stats()["protected_tokens"] == 0
+
+
+def test_order_through_a_daemon_lpm_and_dfs_weight_differ(start_daemon):
+    d = start_daemon(page_size=1, capacity=256)
+    with d.client() as c:
+        for key in ([1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11], [9, 10, 12], [9, 13]):
+            c.insert(key, c.alloc(len(key)))
+        prompts = [[9, 13, 50], np.array([1, 2, 3, 4, 5, 6, 7, 8, 60]), [70, 71], [9, 10, 11, 80], (9, 10, 12)]
+        before = c.stats()
+        assert c.order(prompts, "lpm") == [1, 3, 4, 0, 2]
+        assert c.order(prompts, policy="dfs-weight") == [3, 4, 0, 1, 2]
+        assert c.stats() == before  # peeks touch nothing
+        with pytest.raises(ValueError):
+            c.order(prompts, "fcfs")
+        with pytest.raises(ValueError):
+            c.order([[2**32]], "lpm")

@@ -3,7 +3,7 @@
 //! two medians compare Python's overhead and nothing else.
 //!
 //! ```sh
-//! cargo run --release --example python_baseline -- SEGMENT
+//! cargo run --release --example python_baseline -- SEGMENT [ROUNDS]
 //! ```
 //!
 //! Prints one line of `key=value` medians in nanoseconds.
@@ -12,8 +12,9 @@ use std::time::Instant;
 
 use radixd::{Client, Policy};
 
+/// Calls per figure unless the second argument says otherwise.
 const ROUNDS: usize = 20_000;
-const ORDER_ROUNDS: usize = 21;
+const ORDER_ROUNDS: usize = 11;
 
 /// The prompts `bench.py` builds (same formulas): a cached 1K-token prompt,
 /// and 1,000 waiting 2K-token prompts over 10 system prompts.
@@ -39,22 +40,26 @@ fn median(mut v: Vec<u64>) -> u64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let name = std::env::args()
         .nth(1)
-        .ok_or("usage: python_baseline SEGMENT")?;
+        .ok_or("usage: python_baseline SEGMENT [ROUNDS]")?;
+    let rounds = match std::env::args().nth(2) {
+        Some(r) => r.parse()?,
+        None => ROUNDS,
+    };
     let mut client = Client::connect(&name)?;
     let tokens = prompt_1k();
     let m = client.match_prefix(&tokens, true)?;
     let handle = m.handle.ok_or("bench.py caches the 1K prompt first")?;
     client.unlock(handle)?;
 
-    let mut matches = Vec::with_capacity(ROUNDS);
-    let mut unlocks = Vec::with_capacity(ROUNDS);
-    for _ in 0..ROUNDS {
+    let mut matches = Vec::with_capacity(rounds);
+    let mut unlocks = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
         let t = Instant::now();
         let r = client.match_prefix(&tokens, false)?;
         matches.push(t.elapsed().as_nanos() as u64);
         std::hint::black_box(r);
     }
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds {
         client.lock(handle)?;
         let t = Instant::now();
         client.unlock(handle)?;

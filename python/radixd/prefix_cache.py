@@ -92,7 +92,14 @@ def _token_ids(key: Any) -> Any:
     if inner is not None and not callable(inner):
         key = inner
     tokens = getattr(key, "token_ids", None)
-    return key if tokens is None else tokens
+    if tokens is None:
+        return key
+    if getattr(key, "extra_key", None) is not None:
+        # SGLang keeps keys of different extra_key (LoRA id, cache salt)
+        # apart; one radixd tree has no such namespaces, and sharing KV
+        # across them would be wrong, so refuse rather than mix them.
+        raise ValueError(f"radixd keeps no extra_key namespaces (got extra_key={key.extra_key!r})")
+    return tokens
 
 
 def _aligned(tokens: Any, page_size: int) -> Any:

@@ -225,6 +225,8 @@ def test_match_result_shape_and_indices_layout():
     assert cache.match_prefix(radix_key).device_prefix_len == 8
     assert cache.match_prefix(SimpleNamespace(key=radix_key)).device_prefix_len == 8
     assert cache.match_prefix(np.arange(10)).device_prefix_len == 8
+    with pytest.raises(ValueError):
+        cache.match_prefix(SimpleNamespace(token_ids=list(range(10)), extra_key="lora-1"))
     assert cache.inc_lock_ref(m.last_device_node) == -8
     assert (cache.protected_size(), cache.evictable_size(), cache.total_size()) == (8, 0, 8)
     assert cache.evict(100) == 0

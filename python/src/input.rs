@@ -45,6 +45,15 @@ pub fn init(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
+/// Chooses the buffer path: in place (CPython >= 3.11 only) or through
+/// `memoryview` (the 3.9/3.10 path), so tests can drive both.
+pub fn use_raw_buffers(py: Python<'_>, on: bool) -> bool {
+    let on = on && py.version_info() >= (3, 11);
+    // Relaxed: see `init`.
+    RAW_BUFFERS.store(on, Ordering::Relaxed);
+    on
+}
+
 fn array_type(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     ARRAY
         .get_or_try_init(py, || Ok(py.import("array")?.getattr("array")?.unbind()))

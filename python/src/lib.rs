@@ -767,6 +767,13 @@ fn _read_tokens(tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
     input::u32s(tokens, "tokens").map(|t| t.len())
 }
 
+/// Reads buffers in place (`True`, CPython >= 3.11) or through `memoryview`
+/// (`False`, the path of 3.9 and 3.10); returns the path now in use.
+#[pyfunction]
+fn _use_raw_buffers(py: Python<'_>, on: bool) -> bool {
+    input::use_raw_buffers(py, on)
+}
+
 /// The `exec` error kinds this build knows, in wire-code order.
 #[pyfunction]
 fn _error_kinds() -> Vec<&'static str> {
@@ -783,5 +790,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_set_error_factory, m)?)?;
     m.add_function(wrap_pyfunction!(_error_kinds, m)?)?;
     m.add_function(wrap_pyfunction!(_read_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(_use_raw_buffers, m)?)?;
     Ok(())
 }

@@ -16,9 +16,15 @@ STATS_KEYS = {
 }
 
 
-@pytest.fixture
-def engine():
-    return radixd.Engine(page_size=4, capacity=64)
+@pytest.fixture(params=["in-place", "memoryview"])
+def engine(request):
+    """An engine, with buffers read in place (CPython >= 3.11) or through
+    memoryview (the 3.9/3.10 path)."""
+    raw = radixd._native._use_raw_buffers(request.param == "in-place")
+    if request.param == "in-place" and not raw:
+        pytest.skip("in-place buffers need CPython >= 3.11")
+    yield radixd.Engine(page_size=4, capacity=64)
+    radixd._native._use_raw_buffers(True)
 
 
 def test_every_method(engine):

@@ -362,6 +362,68 @@ mod tests {
         assert!(order_matched::<Vec<u32>>(&[], Policy::DfsWeight).is_empty());
     }
 
+    /// The same tree through a daemon: `Client::order` peeks the shared
+    /// tree and agrees with the engine, and touches nothing.
+    #[test]
+    fn client_order_through_a_daemon() {
+        use crate::daemon::{serve, ServeConfig};
+        use radixd_ipc::sync::{AtomicU32, Ordering};
+        use std::time::{Duration, Instant};
+
+        let name = format!("radixd-order-test-{}", std::process::id());
+        let config = ServeConfig {
+            name: name.clone(),
+            page_size: 1,
+            capacity: 1024,
+            max_clients: 2,
+            scratch_bytes: 1 << 16,
+            mode: 0o600,
+            busy_poll: false,
+            session_ttl: None,
+        };
+        static STOP: AtomicU32 = AtomicU32::new(0);
+        let daemon = std::thread::spawn(move || serve(&config, &STOP));
+        let start = Instant::now();
+        let mut client = loop {
+            match Client::connect(&name) {
+                Ok(c) => break c,
+                Err(e) => {
+                    assert!(start.elapsed() < Duration::from_secs(10), "{e}");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        };
+        for key in [
+            &[1, 2, 3, 4, 5, 6, 7, 8][..],
+            &[9, 10, 11],
+            &[9, 10, 12],
+            &[9, 13],
+        ] {
+            let pages = client.alloc(key.len() as u64).expect("alloc");
+            client.insert(key, &pages, false).expect("insert");
+        }
+        let prompts: Vec<Vec<u32>> = vec![
+            vec![9, 13, 50],
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 60],
+            vec![70, 71],
+            vec![9, 10, 11, 80],
+            vec![9, 10, 12],
+        ];
+        let before = client.stats().expect("stats");
+        assert_eq!(
+            client.order(&prompts, Policy::Lpm).expect("lpm"),
+            vec![1, 3, 4, 0, 2]
+        );
+        assert_eq!(
+            client.order(&prompts, Policy::DfsWeight).expect("dfs"),
+            vec![3, 4, 0, 1, 2]
+        );
+        assert_eq!(client.stats().expect("stats"), before);
+        drop(client);
+        STOP.store(1, Ordering::Relaxed); // Relaxed: a lone stop flag.
+        daemon.join().expect("daemon thread").expect("serve");
+    }
+
     #[test]
     fn policies_parse_by_name() {
         assert_eq!("lpm".parse(), Ok(Policy::Lpm));

@@ -10,6 +10,8 @@
 //! - [`daemon`]: `radixd serve`, the engine behind the rings.
 //! - [`events`]: KV events in vLLM's wire format for cluster routers.
 //! - [`client`]: [`Client`], a scheduler's connection to the daemon.
+//! - [`order`]: cache-aware scheduling order (LPM, DFS-weight) from
+//!   lock-free peeks.
 //! - [`replay`]: trace replay under LRU, LFU, S3-FIFO and the engine.
 //! - [`bench`]: latency under contention, shared memory against a Unix
 //!   socket.
@@ -20,6 +22,7 @@ pub mod daemon;
 pub mod engine;
 pub mod events;
 pub mod op;
+pub mod order;
 pub mod segment;
 pub mod wire;
 
@@ -39,3 +42,4 @@ pub mod signal;
 pub mod stat;
 
 pub use client::{Client, ClientError};
+pub use order::Policy;

@@ -1,0 +1,42 @@
+"""radixd: a shared-memory prefix (KV) cache server for LLM serving.
+
+- :class:`Client` connects to a running daemon (``radixd serve``);
+  :class:`Engine` is the same cache in-process, for tests and simulation.
+- :class:`PrefixCache` is SGLang's ``RadixCache`` surface over either;
+  :mod:`radixd.sglang` adapts it to SGLang's ``BasePrefixCache``.
+- Errors are :class:`RadixdError` subclasses, ``.kind`` the ``radixd exec``
+  error kind.
+"""
+
+from __future__ import annotations
+
+from . import _errors
+from ._errors import ERRORS, RadixdError, error_class
+from ._native import Client, Engine, InsertResult, MatchResult
+from ._native import _error_kinds, _set_error_factory
+
+for _kind in _error_kinds():
+    _errors.register(_kind)
+_set_error_factory(_errors.make_error)
+
+# One name per kind, e.g. radixd.PageNotOwnedError, radixd.DaemonGoneError.
+for _cls in ERRORS.values():
+    globals()[_cls.__name__] = _cls
+del _kind, _cls
+
+from .prefix_cache import PrefixCache, PrefixMatch, TreeNode  # noqa: E402
+
+__all__ = [
+    "Client",
+    "Engine",
+    "MatchResult",
+    "InsertResult",
+    "PrefixCache",
+    "PrefixMatch",
+    "TreeNode",
+    "RadixdError",
+    "ERRORS",
+    "error_class",
+] + [cls.__name__ for cls in ERRORS.values()]
+
+__version__ = "0.1.0"

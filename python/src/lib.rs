@@ -1,0 +1,795 @@
+//! `radixd._native`: the Rust half of the `radixd` Python package.
+//!
+//! - `Client`: a scheduler's connection to a running daemon (the lean
+//!   `radixd::Client`), every operation of `radixd exec` plus the lock-free
+//!   `peek` and the cache-aware `order`. The GIL is released while a call
+//!   waits for the daemon; a mutex inside the object serialises threads.
+//! - `Engine`: the same operations on an in-process engine.
+//! - `MatchResult`, `InsertResult`: what `match_prefix`, `insert` and
+//!   `session_commit` answer.
+//!
+//! Errors: a rejected request raises the `radixd.RadixdError` subclass of
+//! its `exec` kind (the factory is registered by `radixd/__init__.py`);
+//! arguments Python cannot express as the request (a value beyond `u32`, a
+//! negative count) raise `ValueError` or `TypeError` before anything is sent.
+
+mod input;
+
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
+use pyo3::types::{PyDict, PyInt};
+
+use radixd::engine::{Config, Engine as RustEngine, HeapRegion};
+use radixd::op::{apply, Backend, ErrorKind, Local, Rejection, Reply, Request};
+use radixd::order::{order_matched, Policy};
+use radixd::{Client as RustClient, ClientError};
+
+/// `radixd._errors.make_error(kind, message)`, registered at import.
+static MAKE_ERROR: GILOnceCell<Py<PyAny>> = GILOnceCell::new();
+
+/// How long `timeout=None` waits for an answer: in effect forever (a dead
+/// daemon is still noticed within milliseconds).
+const NO_TIMEOUT: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// The Python exception for a rejection.
+fn rejected(py: Python<'_>, r: Rejection) -> PyErr {
+    match MAKE_ERROR.get(py) {
+        Some(make) => match make.bind(py).call1((r.kind.name(), r.message.as_str())) {
+            Ok(e) => PyErr::from_value(e),
+            Err(e) => e,
+        },
+        None => PyRuntimeError::new_err(r.to_string()),
+    }
+}
+
+/// A client-side failure as the `exec` error kind it reads as.
+fn client_error(e: ClientError) -> Rejection {
+    let kind = match &e {
+        ClientError::Rejected(r) => return r.clone(),
+        ClientError::DaemonGone | ClientError::Open(_) | ClientError::NotReady => {
+            ErrorKind::DaemonGone
+        }
+        ClientError::Timeout | ClientError::Contended => ErrorKind::Timeout,
+        ClientError::TooLarge { .. } => ErrorKind::TooLarge,
+        _ => ErrorKind::Protocol,
+    };
+    Rejection::new(kind, e.to_string())
+}
+
+fn closed() -> PyErr {
+    PyValueError::new_err("I/O on a closed radixd.Client")
+}
+
+fn poisoned() -> PyErr {
+    PyRuntimeError::new_err("an earlier call panicked while using this object")
+}
+
+fn guard<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
+    m.lock().map_err(|_| poisoned())
+}
+
+/// A non-negative integer argument.
+fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    obj.extract::<u64>().map_err(|_| {
+        if obj.is_instance_of::<PyInt>() {
+            PyValueError::new_err(format!("{what} must be a non-negative integer below 2^64"))
+        } else {
+            PyTypeError::new_err(format!("{what} must be an int"))
+        }
+    })
+}
+
+fn policy(name: &str) -> PyResult<Policy> {
+    name.parse()
+        .map_err(|e: radixd::order::UnknownPolicy| PyValueError::new_err(e.to_string()))
+}
+
+/// Peeks each prompt as soon as it is read, so only one prompt's tokens
+/// are held at a time (1,000 prompts of 2K tokens would otherwise be 8 MB
+/// of fresh memory), then orders them.
+fn order(
+    prompts: &Bound<'_, PyAny>,
+    policy: Policy,
+    mut matched_pages: impl FnMut(&[u32]) -> PyResult<Vec<u32>>,
+) -> PyResult<Vec<usize>> {
+    let mut matched = Vec::new();
+    for (i, p) in prompts.try_iter()?.enumerate() {
+        let tokens = input::u32s(&p?, &format!("prompts[{i}]"))?;
+        matched.push(matched_pages(&tokens)?);
+    }
+    Ok(order_matched(&matched, policy))
+}
+
+/// A handle as Python prints it.
+fn py_handle(handle: Option<u64>) -> String {
+    handle.map_or_else(|| "None".to_owned(), |h| h.to_string())
+}
+
+/// What `match_prefix` found.
+#[pyclass(frozen, get_all, module = "radixd")]
+pub struct MatchResult {
+    /// Tokens of the longest cached (page-aligned) prefix.
+    len: u64,
+    /// Its pages, `array.array('I')`.
+    pages: Py<PyAny>,
+    /// The node covering exactly those tokens (locked when asked), or
+    /// `None` when nothing matched.
+    handle: Option<u64>,
+}
+
+#[pymethods]
+impl MatchResult {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let pages = self.pages.bind(py).len().unwrap_or(0);
+        format!(
+            "MatchResult(len={}, pages=<{pages} pages>, handle={})",
+            self.len,
+            py_handle(self.handle)
+        )
+    }
+}
+
+/// What `insert` or `session_commit` did.
+#[pyclass(frozen, get_all, module = "radixd")]
+pub struct InsertResult {
+    /// Tokens of the key that were cached before.
+    cached: u64,
+    /// Tokens cached for the key now (its page-aligned length).
+    len: u64,
+    /// The locked node covering the key (only with `lock=True`).
+    handle: Option<u64>,
+}
+
+#[pymethods]
+impl InsertResult {
+    fn __repr__(&self) -> String {
+        format!(
+            "InsertResult(cached={}, len={}, handle={})",
+            self.cached,
+            self.len,
+            py_handle(self.handle)
+        )
+    }
+}
+
+/// The conversions shared by `Client` and `Engine`.
+mod reply {
+    use super::*;
+
+    pub fn unexpected(reply: Reply) -> PyErr {
+        PyRuntimeError::new_err(format!("unexpected answer {reply:?}"))
+    }
+
+    pub fn matched(py: Python<'_>, reply: Reply) -> PyResult<MatchResult> {
+        match reply {
+            Reply::Matched { len, pages, handle } => Ok(MatchResult {
+                len,
+                pages: input::array_out(py, &pages)?.unbind(),
+                handle,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn inserted(reply: Reply) -> PyResult<InsertResult> {
+        match reply {
+            Reply::Inserted {
+                cached,
+                len,
+                handle,
+                locked,
+            } => Ok(InsertResult {
+                cached,
+                len,
+                handle: handle.filter(|_| locked),
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn pages(py: Python<'_>, reply: Reply) -> PyResult<Bound<'_, PyAny>> {
+        match reply {
+            Reply::Pages(pages) => input::array_out(py, &pages),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn done(reply: Reply) -> PyResult<()> {
+        match reply {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn evicted(reply: Reply) -> PyResult<u64> {
+        match reply {
+            Reply::Evicted(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn session(py: Python<'_>, reply: Reply) -> PyResult<Bound<'_, PyDict>> {
+        match reply {
+            Reply::Session {
+                resident_tokens,
+                idle_ms,
+            } => {
+                let d = PyDict::new(py);
+                d.set_item("resident_tokens", resident_tokens)?;
+                d.set_item("idle_ms", idle_ms)?;
+                Ok(d)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Exactly the keys of `radixd exec`'s `stats` answer.
+    pub fn stats(py: Python<'_>, reply: Reply) -> PyResult<Bound<'_, PyDict>> {
+        match reply {
+            Reply::Stats { stats: s, sessions } => {
+                let d = PyDict::new(py);
+                d.set_item("total_tokens", s.total_tokens)?;
+                d.set_item("evictable_tokens", s.evictable_tokens)?;
+                d.set_item("protected_tokens", s.protected_tokens)?;
+                d.set_item("free_pages", s.free_pages)?;
+                d.set_item("nodes", s.nodes)?;
+                d.set_item("evict_scanned", s.evict_scanned)?;
+                d.set_item("sessions", sessions)?;
+                Ok(d)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Protected tokens before minus after a lock or unlock bracketed by
+    /// two `stats` requests: SGLang's `inc_lock_ref`/`dec_lock_ref` delta.
+    pub fn lock_delta(py: Python<'_>, answers: Vec<Result<Reply, Rejection>>) -> PyResult<i64> {
+        let protected = |r: &Result<Reply, Rejection>| match r {
+            Ok(Reply::Stats { stats, .. }) => Ok(stats.protected_tokens as i64),
+            Ok(other) => Err(unexpected(other.clone())),
+            Err(r) => Err(rejected(py, r.clone())),
+        };
+        match answers.as_slice() {
+            [before, lock, after] => {
+                if let Err(r) = lock {
+                    return Err(rejected(py, r.clone()));
+                }
+                Ok(protected(before)? - protected(after)?)
+            }
+            _ => Err(PyRuntimeError::new_err("expected three answers")),
+        }
+    }
+}
+
+/// A connection to a running radixd daemon.
+///
+/// `Client(name="radixd", timeout=None)`: `name` is the segment's name
+/// (`radixd serve --name`), `timeout` the longest wait for one answer in
+/// seconds (`None`: no limit; a dead daemon is noticed regardless).
+#[pyclass(module = "radixd")]
+pub struct Client {
+    inner: Mutex<Option<RustClient>>,
+    name: String,
+    page_size: u32,
+    capacity: u32,
+}
+
+impl Client {
+    /// Runs `f` on the connection, the GIL released (while waiting for the
+    /// connection too).
+    fn with<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut RustClient) -> R + Send,
+    ) -> PyResult<R> {
+        py.allow_threads(|| guard(&self.inner)?.as_mut().map(f).ok_or_else(closed))
+    }
+
+    /// The connection, for work done holding the GIL (lock-free reads);
+    /// the GIL is released only while another thread holds the connection.
+    fn hold(&self, py: Python<'_>) -> PyResult<MutexGuard<'_, Option<RustClient>>> {
+        loop {
+            match self.inner.try_lock() {
+                Ok(g) => return Ok(g),
+                Err(TryLockError::Poisoned(_)) => return Err(poisoned()),
+                Err(TryLockError::WouldBlock) => py.allow_threads(std::thread::yield_now),
+            }
+        }
+    }
+
+    /// One request, the GIL released while the daemon works.
+    fn run(&self, py: Python<'_>, request: Request) -> PyResult<Reply> {
+        self.with(py, |c| Backend::call(c, request))?
+            .map_err(|r| rejected(py, r))
+    }
+}
+
+#[pymethods]
+impl Client {
+    #[new]
+    #[pyo3(signature = (name = "radixd", timeout = None))]
+    fn new(py: Python<'_>, name: &str, timeout: Option<f64>) -> PyResult<Self> {
+        let timeout = match timeout {
+            None => NO_TIMEOUT,
+            Some(t) => Duration::try_from_secs_f64(t)
+                .map_err(|e| PyValueError::new_err(format!("timeout {t}: {e}")))?,
+        };
+        let owned = name.to_owned();
+        let mut client = py
+            .allow_threads(|| RustClient::connect(&owned))
+            .map_err(|e| rejected(py, client_error(e)))?;
+        client.timeout = timeout;
+        Ok(Self {
+            page_size: client.page_size(),
+            capacity: client.capacity(),
+            inner: Mutex::new(Some(client)),
+            name: name.to_owned(),
+        })
+    }
+
+    /// The segment's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Tokens per page of the daemon's engine.
+    #[getter]
+    fn page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    /// Pages in the daemon's pool.
+    #[getter]
+    fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> PyResult<bool> {
+        Ok(guard(&self.inner)?.is_none())
+    }
+
+    /// The longest cached prefix of `tokens`: `.len`, `.pages`, `.handle`
+    /// (locked when `lock`; `None` when nothing matched).
+    #[pyo3(signature = (tokens, lock = false))]
+    fn match_prefix(
+        &self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        lock: bool,
+    ) -> PyResult<MatchResult> {
+        let tokens = input::u32s(tokens, "tokens")?;
+        reply::matched(py, self.run(py, Request::Match { tokens, lock })?)
+    }
+
+    /// `(len, pages)` of the longest cached prefix, read straight from the
+    /// shared tree: no round trip, no lock, no LRU touch.
+    fn peek<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<(usize, Bound<'py, PyAny>)> {
+        let tokens = input::u32s(tokens, "tokens")?;
+        let (len, pages) = self
+            .hold(py)?
+            .as_ref()
+            .ok_or_else(closed)?
+            .peek(&tokens)
+            .map_err(|e| rejected(py, client_error(e)))?;
+        Ok((len, input::array_out(py, &pages)?))
+    }
+
+    /// Caches `tokens` with `pages` (one owned page per whole page of
+    /// tokens): `.cached`, `.len`, `.handle` (only with `lock`).
+    #[pyo3(signature = (tokens, pages, lock = false))]
+    fn insert(
+        &self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        pages: &Bound<'_, PyAny>,
+        lock: bool,
+    ) -> PyResult<InsertResult> {
+        let tokens = input::u32s(tokens, "tokens")?;
+        let pages = input::u32s(pages, "pages")?;
+        let request = Request::Insert {
+            tokens,
+            pages,
+            lock,
+        };
+        reply::inserted(self.run(py, request)?)
+    }
+
+    /// Takes `n` pages from the pool (evicting as needed), as
+    /// `array.array('I')`.
+    fn alloc<'py>(&self, py: Python<'py>, n: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let n = count(n, "n")?;
+        reply::pages(py, self.run(py, Request::Alloc { n })?)
+    }
+
+    /// Returns owned pages to the pool.
+    fn free(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<()> {
+        let pages = input::u32s(pages, "pages")?;
+        reply::done(self.run(py, Request::Free { pages })?)
+    }
+
+    /// Locks a node and its ancestors.
+    fn lock(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
+        let handle = count(handle, "handle")?;
+        reply::done(self.run(py, Request::Lock { handle })?)
+    }
+
+    /// Drops one of this client's locks.
+    fn unlock(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
+        let handle = count(handle, "handle")?;
+        reply::done(self.run(py, Request::Unlock { handle })?)
+    }
+
+    /// Evicts at least `tokens` tokens (whole pages, unlocked leaves first);
+    /// returns the tokens evicted.
+    fn evict(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let tokens = count(tokens, "tokens")?;
+        reply::evicted(self.run(py, Request::Evict { tokens })?)
+    }
+
+    /// Commits a session's conversation so far: `.cached`, `.len`.
+    fn session_commit(
+        &self,
+        py: Python<'_>,
+        session: String,
+        tokens: &Bound<'_, PyAny>,
+        pages: &Bound<'_, PyAny>,
+    ) -> PyResult<InsertResult> {
+        let tokens = input::u32s(tokens, "tokens")?;
+        let pages = input::u32s(pages, "pages")?;
+        let request = Request::SessionCommit {
+            session,
+            tokens,
+            pages,
+        };
+        reply::inserted(self.run(py, request)?)
+    }
+
+    /// Drops a session's lock and forgets it.
+    fn session_release(&self, py: Python<'_>, session: String) -> PyResult<()> {
+        reply::done(self.run(py, Request::SessionRelease { session })?)
+    }
+
+    /// `{"resident_tokens": R, "idle_ms": T}` of a session.
+    fn session_status<'py>(
+        &self,
+        py: Python<'py>,
+        session: String,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        reply::session(py, self.run(py, Request::SessionStatus { session })?)
+    }
+
+    /// The figures of `radixd exec`'s `stats` answer, as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        reply::stats(py, self.run(py, Request::Stats)?)
+    }
+
+    /// Checks every invariant of the daemon's engine (raises
+    /// `InvariantError` naming the first broken one).
+    fn validate(&self, py: Python<'_>) -> PyResult<()> {
+        reply::done(self.run(py, Request::Validate)?)
+    }
+
+    /// Empties the cache (a daemon may refuse it).
+    fn reset(&self, py: Python<'_>) -> PyResult<()> {
+        reply::done(self.run(py, Request::Reset)?)
+    }
+
+    /// Indices into `prompts` in the order to run them under `policy`
+    /// (`"lpm"` or `"dfs-weight"`), from lock-free peeks.
+    #[pyo3(signature = (prompts, policy = "lpm"))]
+    fn order(
+        &self,
+        py: Python<'_>,
+        prompts: &Bound<'_, PyAny>,
+        policy: &str,
+    ) -> PyResult<Vec<usize>> {
+        let policy = self::policy(policy)?;
+        let held = self.hold(py)?;
+        let client = held.as_ref().ok_or_else(closed)?;
+        self::order(prompts, policy, |tokens| {
+            client
+                .matched_pages(tokens)
+                .map_err(|e| rejected(py, client_error(e)))
+        })
+    }
+
+    /// Locks (`lock=True`) or unlocks `handle` between two `stats`, in one
+    /// round trip; returns protected tokens before minus after (SGLang's
+    /// `inc_lock_ref`/`dec_lock_ref` answer).
+    fn _lock_delta(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<i64> {
+        let handle = count(handle, "handle")?;
+        let middle = if lock {
+            Request::Lock { handle }
+        } else {
+            Request::Unlock { handle }
+        };
+        let requests = [Request::Stats, middle, Request::Stats];
+        let answers = self
+            .with(py, |c| c.batch(&requests))?
+            .map_err(|e| rejected(py, client_error(e)))?;
+        reply::lock_delta(py, answers)
+    }
+
+    /// Disconnects; the daemon releases whatever this client still holds
+    /// (locks, sessions, owned pages). Idempotent.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let client = py.allow_threads(|| guard(&self.inner).map(|mut g| g.take()))?;
+        drop(client);
+        Ok(())
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "radixd.Client(name={:?}, page_size={}, capacity={})",
+            self.name, self.page_size, self.capacity
+        )
+    }
+}
+
+/// An in-process radixd engine: the operations of `Client` (less `peek`)
+/// for tests and simulation, with exactly `radixd exec`'s semantics.
+#[pyclass(module = "radixd")]
+pub struct Engine {
+    inner: Mutex<Local<HeapRegion>>,
+}
+
+impl Engine {
+    /// One request (engine calls are short: the GIL stays held).
+    fn run(&self, py: Python<'_>, request: Request) -> PyResult<Reply> {
+        let mut local = guard(&self.inner)?;
+        local.call(request).map_err(|r| rejected(py, r))
+    }
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    fn new(page_size: u32, capacity: u32) -> PyResult<Self> {
+        let config = Config {
+            page_size,
+            capacity,
+        };
+        let engine = RustEngine::new(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Self {
+            inner: Mutex::new(Local {
+                engine,
+                client: 0,
+                session_ttl: None,
+            }),
+        })
+    }
+
+    /// Tokens per page.
+    #[getter]
+    fn page_size(&self) -> PyResult<u32> {
+        Ok(guard(&self.inner)?.engine.page_size())
+    }
+
+    /// Pages in the pool.
+    #[getter]
+    fn capacity(&self) -> PyResult<u32> {
+        Ok(guard(&self.inner)?.engine.capacity())
+    }
+
+    /// As `Client.match_prefix`.
+    #[pyo3(signature = (tokens, lock = false))]
+    fn match_prefix(
+        &self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        lock: bool,
+    ) -> PyResult<MatchResult> {
+        let tokens = input::u32s(tokens, "tokens")?;
+        reply::matched(py, self.run(py, Request::Match { tokens, lock })?)
+    }
+
+    /// As `Client.insert`.
+    #[pyo3(signature = (tokens, pages, lock = false))]
+    fn insert(
+        &self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        pages: &Bound<'_, PyAny>,
+        lock: bool,
+    ) -> PyResult<InsertResult> {
+        let tokens = input::u32s(tokens, "tokens")?;
+        let pages = input::u32s(pages, "pages")?;
+        let request = Request::Insert {
+            tokens,
+            pages,
+            lock,
+        };
+        reply::inserted(self.run(py, request)?)
+    }
+
+    /// As `Client.alloc`.
+    fn alloc<'py>(&self, py: Python<'py>, n: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let n = count(n, "n")?;
+        reply::pages(py, self.run(py, Request::Alloc { n })?)
+    }
+
+    /// As `Client.free`.
+    fn free(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<()> {
+        let pages = input::u32s(pages, "pages")?;
+        reply::done(self.run(py, Request::Free { pages })?)
+    }
+
+    /// As `Client.lock`.
+    fn lock(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
+        let handle = count(handle, "handle")?;
+        reply::done(self.run(py, Request::Lock { handle })?)
+    }
+
+    /// As `Client.unlock`.
+    fn unlock(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
+        let handle = count(handle, "handle")?;
+        reply::done(self.run(py, Request::Unlock { handle })?)
+    }
+
+    /// As `Client.evict`.
+    fn evict(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let tokens = count(tokens, "tokens")?;
+        reply::evicted(self.run(py, Request::Evict { tokens })?)
+    }
+
+    /// As `Client.session_commit`.
+    fn session_commit(
+        &self,
+        py: Python<'_>,
+        session: String,
+        tokens: &Bound<'_, PyAny>,
+        pages: &Bound<'_, PyAny>,
+    ) -> PyResult<InsertResult> {
+        let tokens = input::u32s(tokens, "tokens")?;
+        let pages = input::u32s(pages, "pages")?;
+        let request = Request::SessionCommit {
+            session,
+            tokens,
+            pages,
+        };
+        reply::inserted(self.run(py, request)?)
+    }
+
+    /// As `Client.session_release`.
+    fn session_release(&self, py: Python<'_>, session: String) -> PyResult<()> {
+        reply::done(self.run(py, Request::SessionRelease { session })?)
+    }
+
+    /// As `Client.session_status`.
+    fn session_status<'py>(
+        &self,
+        py: Python<'py>,
+        session: String,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        reply::session(py, self.run(py, Request::SessionStatus { session })?)
+    }
+
+    /// As `Client.stats`.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        reply::stats(py, self.run(py, Request::Stats)?)
+    }
+
+    /// As `Client.validate`.
+    fn validate(&self, py: Python<'_>) -> PyResult<()> {
+        reply::done(self.run(py, Request::Validate)?)
+    }
+
+    /// Empties the cache.
+    fn reset(&self, py: Python<'_>) -> PyResult<()> {
+        reply::done(self.run(py, Request::Reset)?)
+    }
+
+    /// As `Client.order`, from the engine's own tree.
+    #[pyo3(signature = (prompts, policy = "lpm"))]
+    fn order(&self, prompts: &Bound<'_, PyAny>, policy: &str) -> PyResult<Vec<usize>> {
+        let policy = self::policy(policy)?;
+        let local = guard(&self.inner)?;
+        self::order(prompts, policy, |tokens| {
+            let mut pages = Vec::new();
+            local.engine.peek(tokens, &mut pages);
+            Ok(pages)
+        })
+    }
+
+    /// As `Client._lock_delta`.
+    fn _lock_delta(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<i64> {
+        let handle = count(handle, "handle")?;
+        let middle = if lock {
+            Request::Lock { handle }
+        } else {
+            Request::Unlock { handle }
+        };
+        let mut local = guard(&self.inner)?;
+        let client = local.client;
+        let answers = [Request::Stats, middle, Request::Stats]
+            .into_iter()
+            .map(|r| apply(&mut local.engine, client, r))
+            .collect();
+        reply::lock_delta(py, answers)
+    }
+
+    /// Nothing to release (symmetry with `Client`).
+    fn close(&self) {}
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        match guard(&self.inner) {
+            Ok(l) => format!(
+                "radixd.Engine(page_size={}, capacity={})",
+                l.engine.page_size(),
+                l.engine.capacity()
+            ),
+            Err(_) => "radixd.Engine(<poisoned>)".to_owned(),
+        }
+    }
+}
+
+/// Registers `make(kind, message) -> exception`, used for every rejection.
+#[pyfunction]
+fn _set_error_factory(py: Python<'_>, make: Py<PyAny>) {
+    // Already set (the package imported twice in one process): keep it.
+    let _ = MAKE_ERROR.set(py, make);
+}
+
+/// Reads `tokens` as the methods do and returns how many there were (for
+/// benchmarks of the input path alone).
+#[pyfunction]
+fn _read_tokens(tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
+    input::u32s(tokens, "tokens").map(|t| t.len())
+}
+
+/// Reads buffers in place (`True`, CPython >= 3.11) or through `memoryview`
+/// (`False`, the path of 3.9 and 3.10); returns the path now in use.
+#[pyfunction]
+fn _use_raw_buffers(py: Python<'_>, on: bool) -> bool {
+    input::use_raw_buffers(py, on)
+}
+
+/// The `exec` error kinds this build knows, in wire-code order.
+#[pyfunction]
+fn _error_kinds() -> Vec<&'static str> {
+    ErrorKind::ALL.iter().map(|k| k.name()).collect()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    input::init(m.py())?;
+    m.add_class::<Client>()?;
+    m.add_class::<Engine>()?;
+    m.add_class::<MatchResult>()?;
+    m.add_class::<InsertResult>()?;
+    m.add_function(wrap_pyfunction!(_set_error_factory, m)?)?;
+    m.add_function(wrap_pyfunction!(_error_kinds, m)?)?;
+    m.add_function(wrap_pyfunction!(_read_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(_use_raw_buffers, m)?)?;
+    Ok(())
+}

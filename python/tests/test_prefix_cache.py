@@ -1,0 +1,294 @@
+"""radixd.PrefixCache: SGLang's RadixCache surface, checked against a
+reference port of SGLang's own RadixCache algorithm
+(sgl-project/sglang python/sglang/srt/mem_cache/radix_cache.py) on random
+operation sequences, with radixd's invariant checker after every step."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import radixd
+from radixd import PrefixCache
+
+
+class _Node:
+    __slots__ = ("children", "parent", "key", "value", "lock_ref")
+
+    def __init__(self):
+        self.children = {}
+        self.parent = None
+        self.key = []
+        self.value = []
+        self.lock_ref = 0
+
+
+class RefRadixCache:
+    """SGLang's RadixCache (match with split, insert, inc/dec_lock_ref, evict,
+    sizes), paged, without torch: the reference PrefixCache must agree with."""
+
+    def __init__(self, page_size: int):
+        self.p = page_size
+        self.root = _Node()
+        self.root.lock_ref = 1
+        self.evictable = 0
+        self.protected = 0
+
+    def _ck(self, key):
+        return tuple(key[: self.p])
+
+    def _match_len(self, a, b):
+        i, n = 0, min(len(a), len(b))
+        while i < n and a[i : i + self.p] == b[i : i + self.p]:
+            i += self.p
+        return i
+
+    def _aligned(self, key):
+        return list(key[: len(key) // self.p * self.p])
+
+    def _split(self, child, k):
+        new = _Node()
+        new.parent, new.lock_ref = child.parent, child.lock_ref
+        new.key, new.value = child.key[:k], child.value[:k]
+        new.children = {self._ck(child.key[k:]): child}
+        child.parent, child.key, child.value = new, child.key[k:], child.value[k:]
+        new.parent.children[self._ck(new.key)] = new
+        return new
+
+    def match_prefix(self, key):
+        key = self._aligned(key)
+        node, value = self.root, []
+        while key and self._ck(key) in node.children:
+            child = node.children[self._ck(key)]
+            k = self._match_len(child.key, key)
+            if k < len(child.key):
+                node = self._split(child, k)
+                value += node.value
+                break
+            value += child.value
+            node, key = child, key[k:]
+        return value, node
+
+    def insert(self, key, value=None):
+        key = self._aligned(key)
+        value = list(key) if value is None else list(value)
+        node, total = self.root, 0
+        while key and self._ck(key) in node.children:
+            node = node.children[self._ck(key)]
+            k = self._match_len(node.key, key)
+            total += k
+            key, value = key[k:], value[k:]
+            if k < len(node.key):
+                node = self._split(node, k)
+        if key:
+            new = _Node()
+            new.parent, new.key, new.value = node, key, value
+            node.children[self._ck(key)] = new
+            self.evictable += len(key)
+        return total
+
+    def inc_lock_ref(self, node):
+        delta = 0
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self.evictable -= len(node.key)
+                self.protected += len(node.key)
+                delta -= len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+        return delta
+
+    def dec_lock_ref(self, node):
+        delta = 0
+        while node is not self.root:
+            if node.lock_ref == 1:
+                self.evictable += len(node.key)
+                self.protected -= len(node.key)
+                delta += len(node.key)
+            node.lock_ref -= 1
+            node = node.parent
+        return delta
+
+    def _nodes(self):
+        stack, out = [self.root], []
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def evict_all(self):
+        leaves = [n for n in self._nodes() if n is not self.root and not n.children and n.lock_ref == 0]
+        evicted = 0
+        while leaves:
+            x = leaves.pop()
+            del x.parent.children[self._ck(x.key)]
+            evicted += len(x.key)
+            self.evictable -= len(x.key)
+            p = x.parent
+            if p is not self.root and not p.children and p.lock_ref == 0:
+                leaves.append(p)
+        return evicted
+
+    def total_size(self):
+        return sum(len(n.key) for n in self._nodes())
+
+
+def random_key(rng, page_size):
+    # few distinct tokens and shared stems, so prefixes collide and split
+    stem = rng.choice([[], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [5] * 12])
+    tail = [rng.randrange(3) for _ in range(rng.randrange(0, 3 * page_size + 3))]
+    return stem + tail
+
+
+def run_against_reference(cache: PrefixCache, page_size: int, steps: int, seed: int):
+    rng = random.Random(seed)
+    ref = RefRadixCache(page_size)
+    held = []  # (ours, ref) nodes from matches, unlocked
+    locked = []  # (ours, ref) nodes locked once each
+    for step in range(steps):
+        op = rng.random()
+        what = None
+        if op < 0.35:
+            key = random_key(rng, page_size)
+            what = ("insert", key)
+            assert cache.insert(key) == ref.insert(key), what
+        elif op < 0.6:
+            key = random_key(rng, page_size)
+            what = ("match", key)
+            m = cache.match_prefix(key)
+            value, node = ref.match_prefix(key)
+            assert m.device_prefix_len == len(value) == len(m.device_indices), what
+            held.append((m.last_device_node, node))
+        elif op < 0.78 and held:
+            what = ("lock",)
+            ours, theirs = held.pop(rng.randrange(len(held)))
+            assert cache.inc_lock_ref(ours) == ref.inc_lock_ref(theirs), what
+            locked.append((ours, theirs))
+        elif op < 0.95 and locked:
+            what = ("unlock",)
+            ours, theirs = locked.pop(rng.randrange(len(locked)))
+            assert cache.dec_lock_ref(ours) == ref.dec_lock_ref(theirs), what
+            held.append((ours, theirs))
+        elif op >= 0.95:
+            what = ("evict-all",)
+            assert cache.evict(1 << 40) == ref.evict_all(), what
+            held.clear()  # their nodes may be gone (handles now stale)
+        else:
+            continue
+        cache.validate()
+        assert cache.evictable_size() == ref.evictable, (step, what)
+        assert cache.protected_size() == ref.protected, (step, what)
+        assert cache.total_size() == ref.total_size(), (step, what)
+    while locked:
+        ours, theirs = locked.pop()
+        assert cache.dec_lock_ref(ours) == ref.dec_lock_ref(theirs)
+    assert cache.protected_size() == 0
+    cache.validate()
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_prefix_cache_over_engine_agrees_with_sglang_reference(page_size, seed):
+    cache = PrefixCache(radixd.Engine(page_size, 1 << 14))
+    run_against_reference(cache, page_size, 400, seed)
+
+
+def test_prefix_cache_over_a_daemon_agrees_with_sglang_reference(start_daemon):
+    d = start_daemon(page_size=4, capacity=4096)
+    with d.client() as c:
+        run_against_reference(PrefixCache(c), 4, 300, 7)
+
+
+def test_match_result_shape_and_indices_layout():
+    e = radixd.Engine(4, 64)
+    cache = PrefixCache(e)
+    kv = cache.alloc_indices(10)  # 3 pages, 10 indices
+    assert len(kv) == 10 and all(kv[i] == kv[0] // 4 * 4 + i for i in range(4))
+    assert cache.insert(list(range(10)), kv) == 0
+    assert cache.insert(list(range(10)), kv) == 8  # already cached
+    m = cache.match_prefix(list(range(10)))
+    assert m.device_prefix_len == 8
+    assert m.device_indices.dtype == np.int64
+    assert m.device_indices.tolist() == list(kv[:8])
+    assert m.last_device_node == m.last_host_node == m.best_match_node
+    assert m.host_hit_length == 0
+    miss = cache.match_prefix([7, 7])
+    assert miss.device_prefix_len == 0 and len(miss.device_indices) == 0
+    assert miss.last_device_node is cache.root_node
+    assert cache.inc_lock_ref(cache.root_node) == 0 and cache.dec_lock_ref(cache.root_node) == 0
+    # SGLang's argument shapes: RadixKey (.token_ids), MatchPrefixParams (.key)
+    radix_key = SimpleNamespace(token_ids=list(range(10)), extra_key=None)
+    assert cache.match_prefix(radix_key).device_prefix_len == 8
+    assert cache.match_prefix(SimpleNamespace(key=radix_key)).device_prefix_len == 8
+    assert cache.match_prefix(np.arange(10)).device_prefix_len == 8
+    with pytest.raises(ValueError):
+        cache.match_prefix(SimpleNamespace(token_ids=list(range(10)), extra_key="lora-1"))
+    assert cache.inc_lock_ref(m.last_device_node) == -8
+    assert (cache.protected_size(), cache.evictable_size(), cache.total_size()) == (8, 0, 8)
+    assert cache.evict(100) == 0
+    assert cache.dec_lock_ref(m.last_device_node) == 8
+    assert cache.evict(SimpleNamespace(num_tokens=1)) == 4
+    cache.reset()
+    assert cache.total_size() == 0
+    cache.validate()
+
+
+def test_request_lifecycle_frees_and_caches_like_sglang():
+    e = radixd.Engine(4, 64)
+    cache = PrefixCache(e)
+    free0 = e.stats()["free_pages"]
+    # prefill of a 10-token prompt in two chunks, then decode 3 tokens
+    prompt = list(range(100, 110))
+    kv = cache.alloc_indices(13)
+    indices, node = cache.cache_unfinished_req(prompt[:6], kv[:6], None)
+    assert node.prefix_len == 4 and list(indices) == list(kv[:6])
+    assert cache.protected_size() == 4
+    indices, node2 = cache.cache_unfinished_req(prompt, kv[:10], node)
+    assert node2.prefix_len == 8 and cache.protected_size() == 8
+    done = prompt + [1, 2, 3]
+    assert cache.cache_finished_req(done, kv, last_node=node2, cache_protected_len=8) == 8
+    assert cache.protected_size() == 0 and cache.total_size() == 12
+    # all 4 pages are cached (3) or free again (none owned)
+    assert e.stats()["free_pages"] == free0 - 3
+    # a second request with the same prompt reuses the cache, frees its dups
+    m = cache.match_prefix(done)
+    assert m.device_prefix_len == 12
+    cache.inc_lock_ref(m.last_device_node)
+    kv2 = np.concatenate([m.device_indices, cache.alloc_indices(2)])
+    cache.cache_finished_req(done + [9, 9], kv2, last_node=m.last_device_node, cache_protected_len=12)
+    assert e.stats()["free_pages"] == free0 - 3
+    # a request not inserted gives back everything past its cached prefix
+    kv3 = cache.alloc_indices(8)
+    cache.cache_finished_req([50] * 8, kv3, is_insert=False)
+    assert e.stats()["free_pages"] == free0 - 3
+    e.validate()
+
+
+def test_sglang_adapter():
+    pytest.importorskip("sglang")
+    torch = pytest.importorskip("torch")
+    from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache, EvictParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    from radixd.sglang import RadixdPrefixCache
+
+    tree = RadixdPrefixCache(radixd.Engine(4, 256))
+    assert isinstance(tree, BasePrefixCache)
+    kv = tree.cache.alloc_indices(8)
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+
+    tree.insert(InsertParams(key=RadixKey(list(range(8))), value=torch.as_tensor(kv)))
+    r = tree.match_prefix(MatchPrefixParams(key=RadixKey(list(range(9)))))
+    assert len(r.device_indices) == 8 and r.device_indices.dtype == torch.int64
+    if hasattr(r, "device_prefix_len"):
+        assert r.device_prefix_len == 8
+    delta = tree.inc_lock_ref(r.last_device_node)
+    assert getattr(delta, "delta", delta) == -8
+    tree.dec_lock_ref(r.last_device_node)
+    assert tree.evictable_size() == 8
+    evicted = tree.evict(EvictParams(num_tokens=8))
+    assert getattr(evicted, "num_tokens_evicted", evicted) == 8

@@ -377,9 +377,7 @@ mod tests {
             capacity: 1024,
             max_clients: 2,
             scratch_bytes: 1 << 16,
-            mode: 0o600,
-            busy_poll: false,
-            session_ttl: None,
+            ..ServeConfig::default()
         };
         static STOP: AtomicU32 = AtomicU32::new(0);
         let daemon = std::thread::spawn(move || serve(&config, &STOP));

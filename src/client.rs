@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use radixd_ipc::copy;
 use radixd_ipc::sync::{spin_loop, yield_now, Ordering};
 use radixd_ipc::{
-    ClaimError, Consumer, Doorbell, LoadSensor, Offset, OpenError, Producer, Scratch, Segment, Spin,
-    INFO_OFFSET,
+    ClaimError, Consumer, Doorbell, LoadSensor, Offset, OpenError, Producer, Scratch, Segment,
+    Spin, INFO_OFFSET,
 };
 
 use crate::engine::{Handle, Stats, TreeReader};
@@ -759,7 +759,6 @@ fn wait(
         }
     }
 }
-
 
 fn gone_or(segment: &Segment, other: ClientError) -> ClientError {
     if segment.is_daemon_alive().unwrap_or(false) {

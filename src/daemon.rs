@@ -198,10 +198,10 @@ pub fn serve(config: &ServeConfig, stop: &AtomicU32) -> Result<(), ServeError> {
             // or one no longer served keeps the daemon asleep: the nap's
             // timeout retries them.
             let pending = || {
-                ports.iter().any(|p| {
-                    p.serving && !p.broken && p.pending.is_none() && p.requests.has_work()
-                }) || (0..config.max_clients)
-                    .any(|i| slots.word(i).is_ok_and(|w| w.1 == CLAIMED))
+                ports
+                    .iter()
+                    .any(|p| p.serving && !p.broken && p.pending.is_none() && p.requests.has_work())
+                    || (0..config.max_clients).any(|i| slots.word(i).is_ok_and(|w| w.1 == CLAIMED))
             };
             doorbell.sleep(pending, Some(SLEEP.min(SWEEP)));
         }

@@ -296,10 +296,7 @@ fn a_stuck_or_broken_client_leaves_the_daemon_idle() {
     std::thread::sleep(Duration::from_millis(200));
     let (t0, ticks0) = (Instant::now(), cpu_ticks(daemon.pid()));
     std::thread::sleep(Duration::from_secs(2));
-    let (ticks, secs) = (
-        cpu_ticks(daemon.pid()) - ticks0,
-        t0.elapsed().as_secs_f64(),
-    );
+    let (ticks, secs) = (cpu_ticks(daemon.pid()) - ticks0, t0.elapsed().as_secs_f64());
     // 100 ticks per second; 10% of a core is 20 ticks in 2 s.
     assert!(
         (ticks as f64) < 0.10 * 100.0 * secs,

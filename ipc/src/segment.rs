@@ -574,11 +574,7 @@ impl Segment {
     /// Claims a client slot for this process (at most one per handle) and
     /// publishes the claim; the daemon adopts it (resets its rings, marks it
     /// ACTIVE) before it may be used: see [`Segment::is_adopted`].
-    pub fn claim_slot(
-        &self,
-        offset: Offset<ClientSlot>,
-        count: u32,
-    ) -> Result<Claim, ClaimError> {
+    pub fn claim_slot(&self, offset: Offset<ClientSlot>, count: u32) -> Result<Claim, ClaimError> {
         let table = self.own_slots(offset, count)?;
         let mut held = self.claim.lock().unwrap_or_else(|p| p.into_inner());
         if held.is_some() {

@@ -11,30 +11,14 @@
 //! on its explored executions, counted outside `loom::model`.
 #![cfg(loom)]
 
-use std::sync::atomic::{AtomicUsize, Ordering as StdOrdering};
+use loom_tests::explore;
 
 use radixd_ipc::sync::{Arc, AtomicU32, Ordering};
 use radixd_ipc::{Doorbell, HeapRing, Wake};
 
-/// Runs `model` under loom and asserts it explored at least `floor`
-/// executions.
-fn explore(name: &str, floor: usize, model: impl Fn() + Sync + Send + 'static) {
-    static RUNS: AtomicUsize = AtomicUsize::new(0);
-    let before = RUNS.load(StdOrdering::Relaxed);
-    loom::model(move || {
-        RUNS.fetch_add(1, StdOrdering::Relaxed);
-        model();
-    });
-    let runs = RUNS.load(StdOrdering::Relaxed) - before;
-    assert!(
-        runs >= floor,
-        "{name}: only {runs} executions explored (floor {floor})"
-    );
-}
-
 #[test]
 fn no_lost_wakeup() {
-    explore("no_lost_wakeup", 50, || {
+    explore("no_lost_wakeup", 60, || {
         let ring = Arc::new(HeapRing::<u32>::new(2).unwrap());
         let bell = Arc::new(Doorbell::new());
         let (r, b) = (ring.clone(), bell.clone());
@@ -65,7 +49,7 @@ fn no_lost_wakeup() {
 
 #[test]
 fn two_ringers_and_a_sleeper_that_times_out() {
-    explore("two_ringers_and_a_sleeper_that_times_out", 50, || {
+    explore("two_ringers_and_a_sleeper_that_times_out", 1000, || {
         let work = Arc::new(AtomicU32::new(0));
         let bell = Arc::new(Doorbell::new());
         let ringers: Vec<_> = (0..2)

@@ -1,12 +1,14 @@
 //! SPSC ring: no lost, duplicated or torn message across wrap-around.
 #![cfg(loom)]
 
+use loom_tests::explore;
+
 use radixd_ipc::sync::{yield_now, Arc};
 use radixd_ipc::HeapRing;
 
 #[test]
 fn wraps_without_loss_duplication_or_tearing() {
-    loom::model(|| {
+    explore("wraps_without_loss_duplication_or_tearing", 80, || {
         // Capacity 2, three messages: the third push wraps onto slot 0.
         let ring = Arc::new(HeapRing::<[u32; 2]>::new(2).unwrap());
         let producer_ring = ring.clone();

@@ -2,6 +2,8 @@
 //! changes, however the two interleave.
 #![cfg(loom)]
 
+use loom_tests::explore;
+
 use radixd_ipc::sync::{Arc, AtomicU32, Ordering};
 use radixd_ipc::SeqLock;
 
@@ -13,7 +15,7 @@ struct Shared {
 
 #[test]
 fn a_reader_keeps_only_consistent_copies() {
-    loom::model(|| {
+    explore("a_reader_keeps_only_consistent_copies", 250, || {
         let shared = Arc::new(Shared {
             lock: SeqLock::new(),
             a: AtomicU32::new(0),

@@ -38,13 +38,11 @@
 //! its explored executions, counted outside `loom::model`.
 #![cfg(loom)]
 
-use std::sync::atomic::{AtomicUsize, Ordering as StdOrdering};
+use loom_tests::explore;
 
 use radixd_ipc::slots::{ClaimStep, ACTIVE, FREE};
 use radixd_ipc::sync::{yield_now, Arc, Mutex};
-use radixd_ipc::{
-    Claim, ClaimError, ClientSlot, HeapRing, LivenessError, SlotLocks, SlotTable, Tenancy,
-};
+use radixd_ipc::{Claim, ClientSlot, HeapRing, LivenessError, SlotLocks, SlotTable, Tenancy};
 
 /// Kernel-lock model: `held[i]` is the id of the party holding slot i's
 /// lock (0: none), behind one mutex, as the kernel's lock table is.
@@ -104,21 +102,6 @@ impl SlotLocks for Party {
 
 const DAEMON: u32 = 100;
 
-/// Asserts that `model` ran at least `floor` executions.
-fn explore(name: &str, floor: usize, model: impl Fn() + Sync + Send + 'static) {
-    static RUNS: AtomicUsize = AtomicUsize::new(0);
-    let before = RUNS.load(StdOrdering::Relaxed);
-    loom::model(move || {
-        RUNS.fetch_add(1, StdOrdering::Relaxed);
-        model();
-    });
-    let runs = RUNS.load(StdOrdering::Relaxed) - before;
-    assert!(
-        runs >= floor,
-        "{name}: only {runs} executions explored (floor {floor})"
-    );
-}
-
 /// The daemon's side of one slot, as `src/daemon.rs` runs it: settle the
 /// tenancy against the word (adopting a claim: forget, reset the rings,
 /// activate), then the sweep's reclaim of a dead owner.
@@ -143,28 +126,31 @@ impl Daemon {
         }
     }
 
-    /// One round; `reset` empties the slot's rings. Returns whether served.
+    /// One round, the sweep included; `reset` empties the slot's rings.
+    /// Returns whether served.
     fn round(&mut self, reset: &mut dyn FnMut(&SlotTable<'static, Party>)) -> bool {
-        let Ok(word) = self.table.word(0) else {
-            return false;
-        };
-        let forgotten = &mut self.forgotten;
-        let table = &self.table;
-        let served = self.tenancy.settle(
-            table,
-            0,
-            word,
-            true,
-            &mut || *forgotten += 1,
-            &mut || reset(table),
-        );
+        let served = self.settle(reset);
         if let Ok(st) = self.table.status(0) {
             if st.is_dead() {
+                let forgotten = &mut self.forgotten;
                 self.tenancy.vacate(&mut || *forgotten += 1);
                 let _ = self.table.reclaim(st);
             }
         }
         served
+    }
+
+    /// The per-loop part of a round: settle the tenancy against the word.
+    fn settle(&mut self, reset: &mut dyn FnMut(&SlotTable<'static, Party>)) -> bool {
+        let Ok(word) = self.table.word(0) else {
+            return false;
+        };
+        let forgotten = &mut self.forgotten;
+        let table = &self.table;
+        self.tenancy
+            .settle(table, 0, word, true, &mut || *forgotten += 1, &mut || {
+                reset(table)
+            })
     }
 }
 
@@ -177,8 +163,8 @@ fn one_slot() -> &'static [ClientSlot] {
 /// Client 1 runs claim up to `stop` (then, if `release`, a release) and
 /// dies; the daemon scans concurrently in its own thread, and once more
 /// after both.
-fn dying_client(name: &str, stop: ClaimStep, release: bool) {
-    explore(name, 3, move || {
+fn dying_client(name: &str, floor: usize, stop: ClaimStep, release: bool) {
+    explore(name, floor, move || {
         let slots = one_slot();
         let kernel = Kernel::new(1);
         let k = kernel.clone();
@@ -232,37 +218,37 @@ fn dying_client(name: &str, stop: ClaimStep, release: bool) {
 
 #[test]
 fn dies_before_start() {
-    dying_client("dies_before_start", ClaimStep::Start, false);
+    dying_client("dies_before_start", 8, ClaimStep::Start, false);
 }
 
 #[test]
 fn dies_after_lock() {
-    dying_client("dies_after_lock", ClaimStep::Locked, false);
+    dying_client("dies_after_lock", 8, ClaimStep::Locked, false);
 }
 
 #[test]
 fn dies_after_cas() {
-    dying_client("dies_after_cas", ClaimStep::Claiming, false);
+    dying_client("dies_after_cas", 25, ClaimStep::Claiming, false);
 }
 
 #[test]
 fn dies_after_pid() {
-    dying_client("dies_after_pid", ClaimStep::Pid, false);
+    dying_client("dies_after_pid", 60, ClaimStep::Pid, false);
 }
 
 #[test]
 fn dies_after_publish() {
-    dying_client("dies_after_publish", ClaimStep::Done, false);
+    dying_client("dies_after_publish", 100, ClaimStep::Done, false);
 }
 
 #[test]
 fn dies_after_release() {
-    dying_client("dies_after_release", ClaimStep::Done, true);
+    dying_client("dies_after_release", 200, ClaimStep::Done, true);
 }
 
 #[test]
 fn live_client_is_adopted_and_never_reclaimed() {
-    explore("live_client_is_adopted_and_never_reclaimed", 20, || {
+    explore("live_client_is_adopted_and_never_reclaimed", 250, || {
         let slots = one_slot();
         let kernel = Kernel::new(1);
         // A previous holder left its counters behind.
@@ -303,7 +289,7 @@ fn live_client_is_adopted_and_never_reclaimed() {
 
 #[test]
 fn two_clients_one_slot() {
-    explore("two_clients_one_slot", 3, || {
+    explore("two_clients_one_slot", 10, || {
         let slots = one_slot();
         let kernel = Kernel::new(1);
         let spawn = |me: u32| {
@@ -327,7 +313,7 @@ type Record = [u32; 2];
 
 #[test]
 fn handover_with_a_request_queued() {
-    explore("handover_with_a_request_queued", 50, || {
+    explore("handover_with_a_request_queued", 700, || {
         let slots = one_slot();
         let kernel = Kernel::new(1);
         let ring = Arc::new(HeapRing::<Record>::new(2).unwrap());
@@ -350,29 +336,27 @@ fn handover_with_a_request_queued() {
             .push([claim_a.generation, 1])
             .unwrap();
 
-        // A times out and releases, its request still queued.
-        let k = kernel.clone();
-        let old = loom::thread::spawn(move || {
-            let a = SlotTable::new(slots, Party { me: 1, kernel: k });
-            let _ = a.release(claim_a);
-        });
-        // B claims the slot, waits for adoption, posts its own request.
+        // A times out and releases, its request still queued; B (which can
+        // only claim once A has let go of the lock) claims the slot, waits
+        // for adoption and posts its own request.
         let (k, r) = (kernel.clone(), ring.clone());
-        let new = loom::thread::spawn(move || {
+        let clients = loom::thread::spawn(move || {
+            let a = SlotTable::new(
+                slots,
+                Party {
+                    me: 1,
+                    kernel: k.clone(),
+                },
+            );
+            a.release(claim_a).unwrap();
             let b = SlotTable::new(slots, Party { me: 2, kernel: k });
-            let claim = loop {
-                match b.claim(2) {
-                    Ok(c) => break c,
-                    Err(ClaimError::Full) => yield_now(),
-                    Err(e) => panic!("{e}"),
-                }
-            };
+            let claim = b.claim(2).unwrap();
             while !b.is_current(claim) {
                 yield_now();
             }
             assert_eq!(r.counters(), (0, 0), "reset rings not visible");
-            // SAFETY: B is the ring's only producer since its adoption
-            // (A released before B could claim).
+            // SAFETY: B is the ring's only producer since its adoption (A
+            // released before B claimed).
             unsafe { r.producer() }.push([claim.generation, 2]).unwrap();
             claim.generation
         });
@@ -385,7 +369,7 @@ fn handover_with_a_request_queued() {
             let mut ran = Vec::new();
             loop {
                 let reset = &mut |_: &SlotTable<'static, Party>| requests.reset();
-                if d.round(reset) {
+                if d.settle(reset) {
                     if let Ok(Some(record)) = requests.pop() {
                         let word = d.table.word(0).unwrap();
                         if d.tenancy.admits(word, record[0]) {
@@ -405,8 +389,7 @@ fn handover_with_a_request_queued() {
                 yield_now();
             }
         });
-        old.join().unwrap();
-        let b_generation = new.join().unwrap();
+        let b_generation = clients.join().unwrap();
         let ran = daemon.join().unwrap();
         assert_eq!(ran.last(), Some(&[b_generation, 2]), "B not served");
         assert!(ran.len() <= 2);

@@ -1,4 +1,10 @@
 //! SPSC ring: no lost, duplicated or torn message across wrap-around.
+//!
+//! Mutations checked (made temporarily in `ipc/src/ring.rs`, run at
+//! `LOOM_MAX_PREEMPTIONS=2`, then reverted): the Release store of `head`
+//! in `push`, the Acquire load of `head` in `pop`, or the Release store of
+//! `tail` in `pop` made Relaxed: each is caught (loom reports the slot's
+//! concurrent read and write).
 #![cfg(loom)]
 
 use loom_tests::explore;

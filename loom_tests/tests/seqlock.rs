@@ -1,5 +1,10 @@
 //! Sequence lock: a reader never keeps a torn copy of what the writer
 //! changes, however the two interleave.
+//!
+//! Mutations checked (made temporarily in `ipc/src/seqlock.rs`, run at
+//! `LOOM_MAX_PREEMPTIONS=2`, then reverted): removing the Release fence in
+//! `begin_write`, the Acquire fence in `read`, or the re-check of the
+//! sequence after the copy: each is caught ("torn copy kept").
 #![cfg(loom)]
 
 use loom_tests::explore;

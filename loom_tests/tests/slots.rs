@@ -15,22 +15,27 @@
 //!   client claims the slot: no record of the old holder runs for the new
 //!   one, and the new one is served.
 //!
-//! Mutations checked (each made temporarily in `ipc/src/slots.rs` or
-//! `ipc/src/ring.rs`, run at `LOOM_MAX_PREEMPTIONS=2`, then reverted):
+//! Mutations checked (each made temporarily in `ipc/src/slots.rs`, run at
+//! `LOOM_MAX_PREEMPTIONS=2`, then reverted):
 //! * claim with "claim the slot" (CAS FREE -> CLAIMING) before "take the
 //!   liveness lock": caught by `live_client_is_adopted_and_never_reclaimed`
-//!   (the daemon's scan sees CLAIMING with no lock held, reclaims it, the
-//!   claim fails) and by `dies_after_cas`.
+//!   (the daemon's scan, in its own thread, sees CLAIMING with no lock
+//!   held, reclaims it, and the live client's claim fails with `Full`).
 //! * the CLAIMING -> CLAIMED CAS Relaxed instead of Release: caught by
-//!   `live_client_is_adopted_and_never_reclaimed` (stale pid).
+//!   `live_client_is_adopted_and_never_reclaimed` (pid not visible at
+//!   adoption).
 //! * `SlotTable::activate` Relaxed instead of Release: caught by
 //!   `live_client_is_adopted_and_never_reclaimed` and
-//!   `handover_with_a_request_queued` (stale ring counters after ACTIVE).
+//!   `handover_with_a_request_queued` (reset rings not visible once ACTIVE
+//!   is seen: the new client would push after the old holder's counters).
 //! * `Tenancy::settle` resetting the rings after `activate` instead of
 //!   before: caught by both as well.
-//! * `Tenancy::admits` ignoring the record's generation, together with the
-//!   Relaxed `activate`: caught by `handover_with_a_request_queued` (the
-//!   old holder's record runs for the new one).
+//! Not caught, by design: dropping the daemon's re-read of the slot word
+//! after a pop, or its check of a record's generation. Neither is needed
+//! for the properties above (a record popped before the daemon noticed a
+//! release runs for the client that posted it, and is released with its
+//! holdings); they narrow that window and guard against a producer that
+//! keeps writing after its release, which the SPSC contract rules out.
 //!
 //! The kernel lock is a loom `Mutex` (the kernel serialises lock calls, and
 //! a probe reads the latest state): a plain load would let loom read a

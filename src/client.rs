@@ -266,7 +266,6 @@ impl Client {
             std::thread::sleep(Duration::from_micros(50));
             port.daemon.ring();
         }
-        drop(port);
         Ok(client)
     }
 

@@ -30,6 +30,7 @@
 //!   is seen: the new client would push after the old holder's counters).
 //! * `Tenancy::settle` resetting the rings after `activate` instead of
 //!   before: caught by both as well.
+//!
 //! Not caught, by design: dropping the daemon's re-read of the slot word
 //! after a pop, or its check of a record's generation. Neither is needed
 //! for the properties above (a record popped before the daemon noticed a

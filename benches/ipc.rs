@@ -188,6 +188,7 @@ fn four_processes(c: &mut Criterion) {
                     capacity: 65_536,
                     transport,
                     compare: false,
+                    baseline: false,
                     busy_poll: false,
                     json: true,
                     connect: None,

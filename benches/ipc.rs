@@ -187,6 +187,7 @@ fn four_processes(c: &mut Criterion) {
                     capacity: Some(65_536),
                     transport,
                     compare: false,
+                    baseline: false,
                     busy_poll: false,
                     json: true,
                     connect: None,

@@ -8,14 +8,15 @@
 //! short timeouts, checking between them that the daemon still lives: no
 //! call hangs on a dead daemon.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use radixd_ipc::copy;
 use radixd_ipc::sync::{spin_loop, yield_now, Ordering};
 use radixd_ipc::{
-    ClaimError, Consumer, Doorbell, LoadSensor, Offset, OpenError, Producer, RingHeader, Scratch,
-    Segment, Spin, INFO_OFFSET,
+    ClaimError, Consumer, Doorbell, LoadSensor, Offset, OpenError, Producer, Scratch, Segment,
+    Spin, INFO_OFFSET,
 };
 
 use crate::engine::{Handle, Stats, TreeReader};
@@ -61,6 +62,10 @@ pub enum ClientError {
     Protocol(String),
     /// A lock-free read kept colliding with the daemon's writes.
     Contended,
+    /// An earlier call left this connection out of step with the daemon
+    /// (a protocol violation); every call fails so until a reconnect, which
+    /// releases everything this client held.
+    Broken(String),
 }
 
 impl fmt::Display for ClientError {
@@ -84,6 +89,7 @@ impl fmt::Display for ClientError {
             }
             Self::Protocol(m) => write!(f, "protocol error: {m}"),
             Self::Contended => write!(f, "the tree kept changing under the read; try again"),
+            Self::Broken(m) => write!(f, "client connection broken ({m}); reconnect"),
         }
     }
 }
@@ -120,13 +126,64 @@ pub struct Client {
     segment: Segment,
     layout: Layout,
     slot: u32,
-    seq: u64,
+    /// Generation of this client's claim: the high half of every `seq`, so
+    /// the daemon drops records of another holder of the slot.
+    generation: u32,
+    /// Low half of the next request's `seq` (wraps within the low half).
+    next: u32,
+    /// Requests posted whose answers no caller will see (their call timed
+    /// out or failed part-way), oldest first: drained before the next post.
+    outstanding: VecDeque<Sent>,
+    /// Pages and lock handles that late or abandoned answers handed this
+    /// client: given back (free, unlock) before the next call.
+    to_return: Returns,
+    /// Set by a protocol violation: every later call fails with it.
+    broken: Option<String>,
     /// Longest wait for an answer.
     pub timeout: Duration,
     /// Whether to spin or yield while waiting, sampled every
     /// [`SAMPLE_EVERY`] at most.
     load: LoadSensor,
     next_sample: Instant,
+}
+
+/// A request on its way whose answer no caller will read.
+#[derive(Clone, Copy, Debug)]
+struct Sent {
+    seq: u64,
+    /// Its reply window in the scratch.
+    window: u32,
+    /// The handle it locks by itself (`lock`).
+    locks: Option<u64>,
+}
+
+/// What abandoned answers handed this client.
+#[derive(Debug, Default)]
+struct Returns {
+    pages: Vec<u32>,
+    handles: Vec<u64>,
+}
+
+impl Returns {
+    /// Takes note of what `answer` (to a request that locks `locks` by
+    /// itself) handed over.
+    fn note(&mut self, locks: Option<u64>, answer: &Result<Reply, Rejection>) {
+        match answer {
+            Ok(Reply::Pages(pages)) => self.pages.extend_from_slice(pages),
+            Ok(Reply::Matched {
+                handle: Some(h), ..
+            })
+            | Ok(Reply::Inserted {
+                handle: Some(h), ..
+            }) => self.handles.push(*h),
+            Ok(Reply::Done) => self.handles.extend(locks),
+            _ => {}
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.pages.is_empty() && self.handles.is_empty()
+    }
 }
 
 /// This client's rings, doorbells and scratch.
@@ -169,38 +226,58 @@ impl Client {
             return Err(ClientError::LayoutMismatch);
         }
         protect_engine(&segment, &layout)?;
-        let claim = segment.claim_slot(layout.ipc.slots, config.clients, |claim| {
-            // A fresh claim starts with empty rings, whatever the slot's
-            // previous owner left behind.
-            if let Some(c) = layout.ipc.client(claim.index) {
-                let headers = [c.request_header, c.response_header];
-                for header in headers.into_iter().flat_map(|h| segment.get(h)) {
-                    RingHeader::reset(header);
-                }
-            }
-        });
+        // The claim is published (CLAIMED); the daemon adopts it: releases
+        // whatever the slot's previous holder held, resets the rings, and
+        // marks it ACTIVE. Until then this client touches nothing but the
+        // slot word (see `radixd_ipc::slots`).
+        let claim = segment.claim_slot(layout.ipc.slots, config.clients);
         let claim = claim.map_err(|e| match e {
             ClaimError::Full => ClientError::SegmentFull,
             ClaimError::Table(_) => ClientError::LayoutMismatch,
             e => ClientError::Protocol(e.to_string()),
         })?;
-        let mut client = Self {
+        let client = Self {
             segment,
             layout,
             slot: claim.index,
-            seq: 0,
+            generation: claim.generation,
+            next: 0,
+            outstanding: VecDeque::new(),
+            to_return: Returns::default(),
+            broken: None,
             timeout: Duration::from_secs(30),
             load: LoadSensor::new(),
             next_sample: Instant::now(),
         };
-        client.port()?; // fail now, not at the first call, on a broken layout
-        client.seq = u64::from(claim.generation) << 32;
+        // From here on `Drop` releases the claim on every error path.
+        let port = port_of(&client.segment, &client.layout, client.slot)?;
+        port.daemon.ring();
+        let start = Instant::now();
+        let (slots, count) = (client.layout.ipc.slots, client.layout.config.clients);
+        // SYNC POINT: `is_adopted` Acquire-loads the word, pairing with the
+        // daemon's Release CAS to ACTIVE, which follows its ring reset.
+        while !client.segment.is_adopted(slots, count) {
+            if !client.segment.is_daemon_alive().unwrap_or(false) {
+                return Err(ClientError::DaemonGone);
+            }
+            if start.elapsed() > READY_WAIT {
+                return Err(ClientError::NotReady);
+            }
+            std::thread::sleep(Duration::from_micros(50));
+            port.daemon.ring();
+        }
         Ok(client)
     }
 
     /// The slot this client holds (its engine client id).
     pub fn slot(&self) -> u32 {
         self.slot
+    }
+
+    /// The generation of this client's claim: the high half of the `seq`
+    /// of every request it posts (the daemon drops records of any other).
+    pub fn generation(&self) -> u32 {
+        self.generation
     }
 
     /// Checks every invariant of the daemon's engine.
@@ -218,15 +295,74 @@ impl Client {
         self.layout.config.capacity
     }
 
-    fn port(&self) -> Result<Port<'_>, ClientError> {
+    /// The `seq` of the request `n` requests after the next one.
+    fn seq(&self, n: usize) -> u64 {
+        let low = self.next.wrapping_add(n as u32);
+        (u64::from(self.generation) << 32) | u64::from(low)
+    }
+
+    /// Fails with [`ClientError::Broken`] once a protocol violation left
+    /// the connection out of step; otherwise makes it usable again after a
+    /// timed-out or part-failed call: waits (up to the timeout) for the
+    /// answers nobody will read, discarding them by sequence number, and
+    /// gives back what they handed over (pages freed, locks dropped).
+    fn resync(&mut self) -> Result<(), ClientError> {
+        if let Some(m) = &self.broken {
+            return Err(ClientError::Broken(m.clone()));
+        }
+        if !self.outstanding.is_empty() {
+            let port = port_of(&self.segment, &self.layout, self.slot)?;
+            let deadline = Instant::now() + self.timeout;
+            let mut buf = Vec::new();
+            while let Some(&sent) = self.outstanding.front() {
+                let reply = wait(&self.segment, &self.load, &port, deadline)
+                    .map_err(|e| break_on(&mut self.broken, e))?;
+                let answer = read_answer(&port, &reply, sent, &mut buf);
+                let answer = match answer {
+                    Ok(a) => a,
+                    Err(m) => {
+                        self.broken = Some(m.clone());
+                        return Err(ClientError::Broken(m));
+                    }
+                };
+                self.to_return.note(sent.locks, &answer);
+                self.outstanding.pop_front();
+            }
+        }
+        if self.to_return.is_empty() {
+            return Ok(());
+        }
+        let Returns { pages, handles } = std::mem::take(&mut self.to_return);
+        let mut giving = Vec::with_capacity(handles.len() + 1);
+        if !pages.is_empty() {
+            giving.push(Request::Free { pages });
+        }
+        giving.extend(handles.into_iter().map(|handle| Request::Unlock { handle }));
+        let (page_size, capacity) = (self.page_size(), self.capacity());
+        let half = self.layout.config.scratch_bytes as usize / 2;
+        let encoded: Vec<_> = giving
+            .iter()
+            .map(|r| wire::encode_request(r, page_size, capacity))
+            .collect();
+        // Answers ignored: a page or lock already gone changes nothing.
+        let mut ignored = Vec::new();
+        for chunk in encoded.chunks(RING_CAPACITY as usize) {
+            self.round_trip(chunk, half, &mut ignored)?;
+        }
+        Ok(())
+    }
+}
+
+/// The rings, doorbells and scratch of slot `slot`.
+fn port_of<'s>(segment: &'s Segment, layout: &Layout, slot: u32) -> Result<Port<'s>, ClientError> {
+    {
         let broken = |e: &dyn fmt::Display| ClientError::Protocol(e.to_string());
-        let c = self
-            .layout
+        let c = layout
             .ipc
-            .client(self.slot)
+            .client(slot)
             .ok_or_else(|| broken(&"slot out of range"))?;
         let cap = u64::from(RING_CAPACITY);
-        let s = &self.segment;
+        let s = segment;
         let req_header = s.get(c.request_header).map_err(|e| broken(&e))?;
         let req_slots = s.slice(c.request_slots, cap).map_err(|e| broken(&e))?;
         let resp_header = s.get(c.response_header).map_err(|e| broken(&e))?;
@@ -239,15 +375,41 @@ impl Client {
             // SAFETY: as above.
             replies: unsafe { Consumer::new(resp_header, resp_slots) }.map_err(|e| broken(&e))?,
             doorbell: s.get(c.response_doorbell).map_err(|e| broken(&e))?,
-            daemon: s
-                .get(self.layout.ipc.daemon_doorbell)
-                .map_err(|e| broken(&e))?,
+            daemon: s.get(layout.ipc.daemon_doorbell).map_err(|e| broken(&e))?,
             scratch: s
                 .scratch(c.scratch, c.scratch_len)
                 .map_err(|e| broken(&e))?,
         })
     }
+}
 
+/// A protocol error leaves the connection out of step: remember it, so
+/// every later call says so.
+fn break_on(broken: &mut Option<String>, e: ClientError) -> ClientError {
+    if let ClientError::Protocol(m) = &e {
+        *broken = Some(m.clone());
+    }
+    e
+}
+
+/// Reads and decodes the answer `reply` to `sent`; a mismatch of sequence
+/// numbers or a bad answer is a protocol violation (the message).
+fn read_answer(
+    port: &Port<'_>,
+    reply: &WireReply,
+    sent: Sent,
+    buf: &mut Vec<u8>,
+) -> Result<Result<Reply, Rejection>, String> {
+    if reply.seq != sent.seq {
+        return Err(format!("answer {} for request {}", reply.seq, sent.seq));
+    }
+    port.scratch
+        .read_bytes(u64::from(sent.window), u64::from(reply.payload_len), buf)
+        .map_err(|e| e.to_string())?;
+    wire::decode_reply(reply, buf).map_err(|e| e.to_string())
+}
+
+impl Client {
     /// Sends one request and waits for its answer.
     pub fn call(&mut self, request: &Request) -> Result<Reply, ClientError> {
         let mut answers = self.batch(std::slice::from_ref(request))?;
@@ -259,10 +421,17 @@ impl Client {
 
     /// Posts many requests before waiting, and returns their answers in
     /// order; a rejected request does not stop the others.
+    ///
+    /// After a [`ClientError::Timeout`] (or a batch that failed part-way)
+    /// the client stays usable: the next call first waits for the answers
+    /// nobody will read, discards them, and gives back what they handed
+    /// over (pages of an `alloc`, locks), including the answers of this
+    /// batch that did arrive before the failure.
     pub fn batch(
         &mut self,
         requests: &[Request],
     ) -> Result<Vec<Result<Reply, Rejection>>, ClientError> {
+        self.resync()?;
         let (page_size, capacity) = (self.page_size(), self.capacity());
         let half = self.layout.config.scratch_bytes as usize / 2;
         let encoded: Vec<_> = requests
@@ -292,7 +461,15 @@ impl Client {
                 n += 1;
             }
             let (now, later) = rest.split_at(n);
-            self.round_trip(now, half, &mut answers)?;
+            if let Err(e) = self.round_trip(now, half, &mut answers) {
+                // The caller sees none of this batch's answers: give back
+                // what those that arrived handed over.
+                for (answer, e) in answers.iter().zip(&encoded) {
+                    self.to_return
+                        .note(wire::handle_locked_by(&e.record), answer);
+                }
+                return Err(e);
+            }
             rest = later;
         }
         Ok(answers)
@@ -316,101 +493,71 @@ impl Client {
             self.load.set_peers(clients.saturating_add(1));
             self.load.sample();
         }
-        let first_seq = self.seq;
-        self.seq += batch.len() as u64;
-        let port = self.port()?;
+        let port = port_of(&self.segment, &self.layout, self.slot)?;
         let (mut payload_at, mut reply_at) = (0usize, half);
-        let mut windows = Vec::with_capacity(batch.len());
+        let first = self.outstanding.len();
+        let mut posted = Ok(());
         for (i, e) in batch.iter().enumerate() {
             let mut record = e.record;
-            record.seq = first_seq + i as u64;
+            record.seq = self.seq(i);
             record.payload_off = payload_at as u32;
             record.reply_off = reply_at as u32;
             record.reply_len = e.reply_need as u32;
             // Straight from the caller's slices into the window: no staging.
             let words = (e.tokens.len() + e.pages.len()) * 4;
             let at = payload_at as u64;
-            port.scratch
+            let written = port
+                .scratch
                 .write_u32s(at, e.tokens)
                 .and_then(|()| {
                     port.scratch
                         .write_u32s(at + e.tokens.len() as u64 * 4, e.pages)
                 })
-                .and_then(|()| port.scratch.write_bytes(at + words as u64, e.session))
-                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                .and_then(|()| port.scratch.write_bytes(at + words as u64, e.session));
+            if let Err(e) = written {
+                posted = Err(ClientError::Protocol(e.to_string()));
+                break;
+            }
             payload_at += e.payload_len();
             reply_at += e.reply_need;
-            windows.push(record.reply_off);
             if port.requests.push(record).is_err() {
                 // The ring holds only our own answered requests: a daemon
                 // that stopped reading is as good as gone.
-                return Err(self.gone_or(ClientError::Timeout));
+                posted = Err(gone_or(&self.segment, ClientError::Timeout));
+                break;
             }
+            self.outstanding.push_back(Sent {
+                seq: record.seq,
+                window: record.reply_off,
+                locks: wire::handle_locked_by(&record),
+            });
         }
-        port.daemon.ring();
+        let sent = self.outstanding.len() - first;
+        self.next = self.next.wrapping_add(sent as u32);
+        if sent > 0 {
+            port.daemon.ring();
+        }
+        // A batch that failed part-way: what was posted stays outstanding,
+        // for `resync` to drain before anything else is posted.
+        posted?;
         let deadline = now + self.timeout;
         let mut buf = Vec::new();
-        for (i, &window) in windows.iter().enumerate() {
-            let reply = self.wait(&port, deadline)?;
-            if reply.seq != first_seq + i as u64 {
-                return Err(ClientError::Protocol(format!(
-                    "answer {} for request {}",
-                    reply.seq,
-                    first_seq + i as u64
-                )));
+        for _ in 0..sent {
+            let reply = wait(&self.segment, &self.load, &port, deadline)
+                .map_err(|e| break_on(&mut self.broken, e))?;
+            let Some(&front) = self.outstanding.front() else {
+                break;
+            };
+            match read_answer(&port, &reply, front, &mut buf) {
+                Ok(answer) => answers.push(answer),
+                Err(m) => {
+                    self.broken = Some(m.clone());
+                    return Err(ClientError::Broken(m));
+                }
             }
-            port.scratch
-                .read_bytes(u64::from(window), u64::from(reply.payload_len), &mut buf)
-                .map_err(|e| ClientError::Protocol(e.to_string()))?;
-            let answer = wire::decode_reply(&reply, &buf)
-                .map_err(|e| ClientError::Protocol(e.to_string()))?;
-            answers.push(answer);
+            self.outstanding.pop_front();
         }
         Ok(())
-    }
-
-    /// The next answer: spin a little (or, on an oversubscribed host, yield
-    /// a few times), then sleep in short naps, each followed by a liveness
-    /// check of the daemon.
-    fn wait(&self, port: &Port<'_>, deadline: Instant) -> Result<WireReply, ClientError> {
-        let oversubscribed = self.load.spin() == Spin::YIELD_ONLY;
-        let start = Instant::now();
-        let mut tries = 0u32;
-        loop {
-            match port.replies.pop() {
-                Ok(Some(reply)) => return Ok(reply),
-                Ok(None) => {}
-                Err(e) => return Err(ClientError::Protocol(e.to_string())),
-            }
-            tries += 1;
-            if oversubscribed {
-                if tries <= YIELDS {
-                    yield_now();
-                    continue;
-                }
-            } else if tries % 64 != 0 || start.elapsed() < SPIN_WINDOW {
-                spin_loop();
-                continue;
-            }
-            port.doorbell.sleep(|| port.replies.has_work(), Some(SLEEP));
-            if port.replies.has_work() {
-                continue;
-            }
-            if !self.segment.is_daemon_alive().unwrap_or(false) {
-                return Err(ClientError::DaemonGone);
-            }
-            if Instant::now() > deadline {
-                return Err(ClientError::Timeout);
-            }
-        }
-    }
-
-    fn gone_or(&self, other: ClientError) -> ClientError {
-        if self.segment.is_daemon_alive().unwrap_or(false) {
-            other
-        } else {
-            ClientError::DaemonGone
-        }
     }
 
     /// The longest cached prefix of `tokens` and its pages, read straight
@@ -568,6 +715,55 @@ impl Client {
             Reply::Done => Ok(()),
             other => Err(unexpected(other)),
         }
+    }
+}
+
+/// The next answer: spin a little (or, on an oversubscribed host, yield
+/// a few times), then sleep in short naps, each followed by a liveness
+/// check of the daemon.
+fn wait(
+    segment: &Segment,
+    load: &LoadSensor,
+    port: &Port<'_>,
+    deadline: Instant,
+) -> Result<WireReply, ClientError> {
+    let oversubscribed = load.spin() == Spin::YIELD_ONLY;
+    let start = Instant::now();
+    let mut tries = 0u32;
+    loop {
+        match port.replies.pop() {
+            Ok(Some(reply)) => return Ok(reply),
+            Ok(None) => {}
+            Err(e) => return Err(ClientError::Protocol(e.to_string())),
+        }
+        tries += 1;
+        if oversubscribed {
+            if tries <= YIELDS {
+                yield_now();
+                continue;
+            }
+        } else if tries % 64 != 0 || start.elapsed() < SPIN_WINDOW {
+            spin_loop();
+            continue;
+        }
+        port.doorbell.sleep(|| port.replies.has_work(), Some(SLEEP));
+        if port.replies.has_work() {
+            continue;
+        }
+        if !segment.is_daemon_alive().unwrap_or(false) {
+            return Err(ClientError::DaemonGone);
+        }
+        if Instant::now() > deadline {
+            return Err(ClientError::Timeout);
+        }
+    }
+}
+
+fn gone_or(segment: &Segment, other: ClientError) -> ClientError {
+    if segment.is_daemon_alive().unwrap_or(false) {
+        other
+    } else {
+        ClientError::DaemonGone
     }
 }
 

@@ -13,11 +13,11 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use radixd_ipc::slots::ACTIVE;
+use radixd_ipc::slots::CLAIMED;
 use radixd_ipc::sync::{spin_loop, yield_now, AtomicU32, Ordering};
 use radixd_ipc::{
     Consumer, CreateError, Doorbell, LoadSensor, Offset, Producer, RegionError, RingError, Scratch,
-    Segment, Spin, INFO_OFFSET,
+    Segment, SlotLocks, SlotTable, Spin, Tenancy, INFO_OFFSET,
 };
 
 use crate::engine::{ClientId, ConfigError, Engine, CORRUPT};
@@ -133,8 +133,13 @@ struct Port<'s> {
     replies: Producer<'s, WireReply>,
     doorbell: &'s Doorbell,
     scratch: Scratch<'s>,
-    /// `(generation, state)` of the slot when last looked at.
-    seen: (u32, u32),
+    /// Which claim the daemon adopted and serves (see `radixd_ipc::Tenancy`).
+    tenancy: Tenancy,
+    /// Whether the slot word was the served claim at the last look.
+    serving: bool,
+    /// Earliest time of the next liveness probe of a slot whose word moved
+    /// away from the served claim without a new claim (rate limit).
+    next_probe: Instant,
     /// A reply that found the ring full; nothing more is read until it goes.
     pending: Option<WireReply>,
     /// The ring was found corrupt: ignored until the slot is claimed anew.
@@ -219,10 +224,8 @@ pub fn serve_reporting(
             let Ok(word) = slots.word(index) else {
                 continue;
             };
-            if word != port.seen {
-                adopt(&mut engine, port, index, word, live);
-            }
-            if word.1 != ACTIVE || port.broken {
+            port.serving = adopt(&mut engine, port, &slots, index, word, live);
+            if !port.serving || port.broken {
                 continue;
             }
             work += drain(&mut engine, port, index, live, config.allow_reset, |i| {
@@ -266,10 +269,16 @@ pub fn serve_reporting(
                 spin_loop();
             }
         } else {
+            // Only work the daemon can do counts: a served, healthy slot with
+            // room for its answer and a request waiting, or a claim to adopt.
+            // A stuck client (reply ring full), a broken one (corrupt ring)
+            // or one no longer served keeps the daemon asleep: the nap's
+            // timeout retries them.
             let pending = || {
                 ports
                     .iter()
-                    .any(|p| p.seen.1 == ACTIVE && p.requests.has_work())
+                    .any(|p| p.serving && !p.broken && p.pending.is_none() && p.requests.has_work())
+                    || (0..config.max_clients).any(|i| slots.word(i).is_ok_and(|w| w.1 == CLAIMED))
             };
             doorbell.sleep(pending, Some(SLEEP.min(SWEEP)));
         }
@@ -304,7 +313,9 @@ fn port<'s>(segment: &'s Segment, layout: &Layout, index: u32) -> Result<Port<'s
         replies,
         doorbell: segment.get(c.response_doorbell).map_err(region)?,
         scratch: segment.scratch(c.scratch, c.scratch_len).map_err(region)?,
-        seen: (0, 0),
+        tenancy: Tenancy::new(),
+        serving: false,
+        next_probe: Instant::now(),
         pending: None,
         broken: false,
         corrupt: None,
@@ -317,42 +328,83 @@ fn client_id(index: u32) -> ClientId {
     index
 }
 
-/// The slot changed hands: whatever its previous client held goes, and the
-/// port starts afresh for the new one.
-fn adopt<R: crate::engine::Region>(
+/// Keeps the port in step with the slot word (the hand-over protocol of
+/// `radixd_ipc::slots`, daemon side); returns whether the slot is served.
+///
+/// A new claim (CLAIMED) is adopted here, between two drains, so no pop is
+/// in flight: the previous client's holdings are released, both rings
+/// reset, then ACTIVE is published. A word that moved away from the served
+/// claim otherwise (released, or a stray write) stops the serving at once,
+/// but releases what the client holds only when its liveness lock is free
+/// (probed at most every [`SWEEP`]).
+fn adopt<R: crate::engine::Region, L: SlotLocks>(
     engine: &mut Engine<R>,
     port: &mut Port<'_>,
+    slots: &SlotTable<'_, L>,
     index: u32,
     word: (u32, u32),
     live: &LiveStats,
-) {
-    forget(engine, port, index, live);
-    if word.1 == ACTIVE {
+) -> bool {
+    if port.tenancy.serves(word) {
+        return true;
+    }
+    let probe = port.tenancy.owner().is_some() && word.1 != CLAIMED && {
+        let now = Instant::now();
+        let due = now >= port.next_probe;
+        if due {
+            port.next_probe = now + SWEEP;
+        }
+        due
+    };
+    let Port {
+        tenancy,
+        requests,
+        replies,
+        pending,
+        broken,
+        corrupt,
+        ..
+    } = port;
+    let before = tenancy.owner();
+    let served = tenancy.settle(
+        slots,
+        index,
+        word,
+        probe,
+        &mut || {
+            if let Err(damage) = forget(engine, index, live) {
+                *corrupt = Some(damage);
+            }
+        },
+        &mut || {
+            // Only this thread pops the request ring and pushes the reply
+            // ring, and it is not inside `drain` now; the client does not
+            // touch them before it sees ACTIVE.
+            requests.reset();
+            replies.reset();
+            *pending = None;
+            *broken = false;
+        },
+    );
+    if served && tenancy.owner() != before {
         // Counted here, before the client's first request is answered, so
         // `stat` never misses a client that has had an answer.
         LiveStats::bump(&live.clients, 1);
     }
-    port.seen = word;
-    port.pending = None;
-    port.broken = false;
+    served
 }
 
-/// Drops whatever the client the port last saw active holds, and stops
-/// counting it as connected.
+/// Drops whatever the client that held slot `index` holds, and stops
+/// counting it as connected. Called by `Tenancy` only for a slot it had
+/// adopted, once its holder is provably gone. `Err` names corrupt shared
+/// data the engine met on the way (see `guarded`).
 fn forget<R: crate::engine::Region>(
     engine: &mut Engine<R>,
-    port: &mut Port<'_>,
     index: u32,
     live: &LiveStats,
-) {
-    if port.seen.1 == ACTIVE {
-        if let Err(damage) = guarded(|| engine.release_client(client_id(index))) {
-            port.corrupt = Some(damage);
-        }
-        LiveStats::bump(&live.clients, -1);
-    }
-    port.seen = (0, 0);
-    port.pending = None;
+) -> Result<(), String> {
+    LiveStats::bump(&live.clients, -1);
+    guarded(|| engine.release_client(client_id(index)))
 }
 
 /// Answers up to [`BATCH`] requests of one active slot; returns how many.
@@ -371,8 +423,10 @@ fn drain<R: crate::engine::Region>(
         }
         port.doorbell.ring();
     }
-    let mut answered = 0;
-    while answered < BATCH {
+    let (mut answered, mut popped) = (0, 0);
+    // Dropped records count too, so a ring refilled with them still yields.
+    while answered < BATCH && popped < 2 * BATCH {
+        popped += 1;
         let record = match port.requests.pop() {
             Ok(Some(r)) => r,
             Ok(None) => break,
@@ -384,16 +438,18 @@ fn drain<R: crate::engine::Region>(
                 break;
             }
         };
-        // A request popped after the slot changed hands belongs to the new
-        // client: release the old one first (see `adopt`).
+        // SYNC POINT: re-read the slot word after the pop (Acquire in
+        // `SlotTable::word`, pairing with the client's Release in
+        // `release`): a record whose client has released the slot since is
+        // dropped unanswered, and so is one stamped with another claim's
+        // generation (`seq >> 32`). The ring cannot hold the next holder's
+        // records: it is reset, and the claim activated, only in `adopt`,
+        // never while a pop is in flight.
+        let generation = (record.seq >> 32) as u32;
         match word(index) {
-            Some(w) if w != port.seen => {
-                adopt(engine, port, index, w, live);
-                if w.1 != ACTIVE {
-                    break;
-                }
-            }
-            _ => {}
+            Some(w) if port.tenancy.admits(w, generation) => {}
+            Some(w) if port.tenancy.serves(w) => continue,
+            _ => break,
         }
         let start = Instant::now();
         let reply = answer(
@@ -529,9 +585,16 @@ fn sweep<R: crate::engine::Region, L: radixd_ipc::SlotLocks>(
             continue;
         };
         if status.is_dead() {
-            // Only requests of a slot seen active are answered, so a client
-            // the daemon never saw active holds nothing to release.
-            forget(engine, port, status.index, live);
+            // Only requests of an adopted claim are answered, so a client
+            // the daemon never adopted holds nothing to release.
+            let Port {
+                tenancy, corrupt, ..
+            } = port;
+            tenancy.vacate(&mut || {
+                if let Err(damage) = forget(engine, status.index, live) {
+                    *corrupt = Some(damage);
+                }
+            });
             if slots.reclaim(status).is_ok() {
                 LiveStats::bump(&live.reaped, 1);
             }

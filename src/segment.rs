@@ -23,7 +23,7 @@ use crate::wire::{WireReply, WireRequest};
 
 /// Version of radixd's own structures (`Info`, `LiveStats`, the wire
 /// records, the engine layout); mixed into the layout hash.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Requests (and replies) a client may have in flight.
 pub const RING_CAPACITY: u32 = 64;
 

@@ -109,6 +109,13 @@ const FLAG_HANDLE: u32 = 2;
 /// Room a client leaves for an error message.
 pub const MIN_REPLY_WINDOW: usize = 512;
 
+/// The handle a request locks by itself (`lock`), whose lock a client
+/// must give back if the answer comes too late for its caller; locks taken
+/// by `match`/`insert` show in their answers instead.
+pub fn handle_locked_by(record: &WireRequest) -> Option<u64> {
+    (record.op == opcode::LOCK).then_some(record.arg)
+}
+
 /// One request record in a ring.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

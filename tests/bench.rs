@@ -95,11 +95,58 @@ fn the_table_shows_ratios_and_a_trace_workload_runs() {
         "uds, 1 client(s)",
         "p99.9 µs",
         "uds/shm, match: p50",
+        // --compare measures the baseline too.
+        "baseline: one cache line between two processes",
+        "p50/ping-pong",
     ] {
         assert!(text.contains(needle), "{needle:?} missing:\n{text}");
     }
     let svg = std::fs::read_to_string(dir.join("p.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("shm p50") && svg.contains("uds p99"));
+}
+
+/// `--baseline`: the ping-pong and 4 KiB copy limits, measured in the same
+/// run, printed once and as a ratio on every operation's row, and carried
+/// in every JSON report. No timing is asserted.
+#[test]
+fn baseline_is_measured_and_every_round_trip_is_a_ratio_to_it() {
+    let args = ["--baseline", "--requests", "20", "--prompt-tokens", "64"];
+    let out = bench(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("baseline: one cache line between two processes p50")
+            && text.contains("with a 4 KiB cross-core copy p50"),
+        "{text}"
+    );
+    let header = text.lines().find(|l| l.contains("p99.9 µs")).unwrap();
+    assert!(header.contains("p50/ping-pong") && header.contains("p50/4K copy"));
+    let unlock = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("unlock"))
+        .unwrap();
+    assert_eq!(unlock.matches('×').count(), 2, "{unlock}");
+
+    let json = bench(&[&args[..], &["--json"]].concat());
+    assert!(json.status.success());
+    let run: Value = serde_json::from_str(String::from_utf8(json.stdout).unwrap().trim()).unwrap();
+    let b = &run["baseline"];
+    for key in [
+        "pingpong_p50_us",
+        "pingpong_p99_us",
+        "copy4k_p50_us",
+        "copy4k_p99_us",
+    ] {
+        assert!(b[key].as_f64().unwrap() > 0.0, "{key}: {b}");
+    }
+    // Without the flag, no baseline in the report.
+    let plain = bench(&["--json", "--requests", "20", "--prompt-tokens", "64"]);
+    let run: Value = serde_json::from_str(String::from_utf8(plain.stdout).unwrap().trim()).unwrap();
+    assert!(run.get("baseline").is_none());
 }
 
 #[test]

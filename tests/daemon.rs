@@ -256,10 +256,14 @@ struct Raw {
     segment: Segment,
     layout: Layout,
     slot: u32,
+    /// The claim's generation: the high half of every `seq` the daemon
+    /// accepts from this slot.
+    generation: u32,
 }
 
 impl Raw {
-    fn new(name: &str, slot: u32) -> Self {
+    fn new(name: &str, client: &Client) -> Self {
+        let (slot, generation) = (client.slot(), client.generation());
         let segment = Segment::open_unverified(name).unwrap();
         let info: &Info = segment.get(Offset::new(INFO_OFFSET)).unwrap();
         let layout = Layout::new(read_info(info).unwrap()).unwrap();
@@ -267,7 +271,13 @@ impl Raw {
             segment,
             layout,
             slot,
+            generation,
         }
+    }
+
+    /// The `seq` of this slot's claim numbered `n`.
+    fn seq(&self, n: usize) -> u64 {
+        (u64::from(self.generation) << 32) | n as u64
     }
 
     fn scratch_len(&self) -> u64 {
@@ -348,10 +358,10 @@ proptest! {
         let mut client = connect(&daemon);
         let pages = client.alloc(2).unwrap();
         client.insert(&[1, 2, 3, 4], &pages, true).unwrap();
-        let raw = Raw::new(&daemon.name, client.slot());
+        let raw = Raw::new(&daemon.name, &client);
         for (i, (op, flags, arg, poff, plen, nt, np, roff, rlen, bytes)) in records.into_iter().enumerate() {
             let record = WireRequest {
-                seq: i as u64,
+                seq: raw.seq(i),
                 op,
                 flags,
                 arg: arg % 64,
@@ -365,7 +375,7 @@ proptest! {
             };
             let before = client.stats().unwrap();
             let reply = raw.post(record, u64::from(record.payload_off), &bytes);
-            prop_assert_eq!(reply.seq, i as u64);
+            prop_assert_eq!(reply.seq, raw.seq(i));
             if reply.status != 0 {
                 prop_assert_eq!(client.stats().unwrap(), before, "rejected {:?} changed state", record);
             }
@@ -380,7 +390,7 @@ fn a_corrupt_ring_harms_only_its_own_client() {
     let mut bad = connect(&daemon);
     bad.timeout = Duration::from_millis(300);
     let mut good = connect(&daemon);
-    let raw = Raw::new(&daemon.name, bad.slot());
+    let raw = Raw::new(&daemon.name, &bad);
     raw.corrupt_request_ring();
     let doorbell: &Doorbell = raw.segment.get(raw.layout.ipc.daemon_doorbell).unwrap();
     doorbell.ring();

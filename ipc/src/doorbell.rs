@@ -227,6 +227,14 @@ impl Doorbell {
         self.sleep_inner(ready, None::<()>)
     }
 
+    /// Loom model of a sleep whose timeout fires before any wake-up: the
+    /// whole protocol runs (announce, re-check, withdraw) without blocking,
+    /// so a ringer may see, and act on, a sleeper that is already leaving.
+    #[cfg(loom)]
+    pub fn sleep_timing_out(&self, ready: impl FnMut() -> bool) -> Wake {
+        self.sleep_inner(ready, Some(Expired))
+    }
+
     /// Loom version of [`Doorbell::wait`]: yields a few times, then sleeps.
     #[cfg(loom)]
     pub fn wait(&self, mut ready: impl FnMut() -> bool, spin: Spin) -> Wake {
@@ -331,6 +339,20 @@ impl FutexWait<()> for Doorbell {
                 .unwrap_or_else(|p| p.into_inner());
         }
         drop(guard);
+    }
+}
+
+/// Loom marker: a futex wait whose timeout has already expired.
+#[cfg(loom)]
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct Expired;
+
+#[cfg(loom)]
+impl FutexWait<Expired> for Doorbell {
+    fn futex_wait(&self, _seen: u32, _timeout: Option<Expired>) {
+        // The timeout fired: back to the caller without blocking.
+        yield_now();
     }
 }
 

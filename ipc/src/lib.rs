@@ -39,5 +39,5 @@ pub use seqlock::SeqLock;
 pub use shm::{Offset, Plain, ShmSafe};
 pub use slots::{
     Claim, ClaimError, ClientSlot, LivenessError, SlotError, SlotLocks, SlotStatus, SlotTable,
-    TableOutOfBounds,
+    TableOutOfBounds, Tenancy,
 };

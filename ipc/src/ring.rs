@@ -52,10 +52,13 @@ impl RingHeader {
 
     /// Resets both counters to zero.
     ///
-    /// Only call while neither side is using the ring (e.g. a client doing so
-    /// while its slot is still `CLAIMING`, before the daemon looks at it).
+    /// Only call while neither side is using the ring: the daemon does so
+    /// when it adopts a new claim, between two of its own pops, before the
+    /// claim becomes ACTIVE.
     pub fn reset(&self) {
-        // Relaxed: the slot-table publish (Release) that follows orders these.
+        // Relaxed: published by the Release CAS to ACTIVE that follows
+        // (`SlotTable::activate`); pairs with the client's Acquire in
+        // `SlotTable::is_current`.
         self.head.store(0, Ordering::Relaxed);
         self.tail.store(0, Ordering::Relaxed);
     }
@@ -145,6 +148,13 @@ impl<'a, T: Plain> Producer<'a, T> {
         self.slots.len()
     }
 
+    /// Empties the ring: both counters to zero (see [`RingHeader::reset`]).
+    /// Only while the consumer does not use the ring, and published to it
+    /// by a Release the consumer acquires before its next `pop`.
+    pub fn reset(&self) {
+        self.header.reset();
+    }
+
     /// Appends `msg`, or hands it back when the ring is full (or the consumer
     /// wrote an impossible tail; the producer never overwrites unread slots).
     pub fn push(&self, msg: T) -> Result<(), T> {
@@ -199,6 +209,13 @@ impl<'a, T: Plain> Consumer<'a, T> {
     /// Number of slots.
     pub fn capacity(&self) -> usize {
         self.slots.len()
+    }
+
+    /// Empties the ring: both counters to zero (see [`RingHeader::reset`]).
+    /// Only while the producer does not use the ring, and published to it
+    /// by a Release the producer acquires before its next `push`.
+    pub fn reset(&self) {
+        self.header.reset();
     }
 
     /// Takes the oldest message, `Ok(None)` when empty, or
@@ -294,6 +311,16 @@ impl<T: Plain + Default> HeapRing<T> {
     /// The shared header (e.g. to corrupt it in tests).
     pub fn header(&self) -> &RingHeader {
         &self.header
+    }
+
+    /// Reads the raw counters `(head, tail)` (model checks).
+    #[doc(hidden)]
+    pub fn counters(&self) -> (u64, u64) {
+        // Relaxed: a diagnostic read; callers order it themselves.
+        (
+            self.header.head.load(Ordering::Relaxed),
+            self.header.tail.load(Ordering::Relaxed),
+        )
     }
 
     /// Overwrites the raw counters, bypassing the protocol. Test hook for

@@ -671,22 +671,28 @@ impl Segment {
         })
     }
 
-    /// Claims a client slot for this process (at most one per handle).
-    /// `prepare` runs before the claim is published (reset rings there).
-    pub fn claim_slot(
-        &self,
-        offset: Offset<ClientSlot>,
-        count: u32,
-        prepare: impl FnMut(Claim),
-    ) -> Result<Claim, ClaimError> {
+    /// Claims a client slot for this process (at most one per handle) and
+    /// publishes the claim; the daemon adopts it (resets its rings, marks it
+    /// ACTIVE) before it may be used: see [`Segment::is_adopted`].
+    pub fn claim_slot(&self, offset: Offset<ClientSlot>, count: u32) -> Result<Claim, ClaimError> {
         let table = self.own_slots(offset, count)?;
         let mut held = self.claim.lock().unwrap_or_else(|p| p.into_inner());
         if held.is_some() {
             return Err(ClaimError::AlreadyClaimed);
         }
-        let claim = table.claim(std::process::id(), prepare)?;
+        let claim = table.claim(std::process::id())?;
         *held = Some(claim);
         Ok(claim)
+    }
+
+    /// Whether the daemon has adopted this handle's claim (its rings are
+    /// reset and published); false without a claim.
+    pub fn is_adopted(&self, offset: Offset<ClientSlot>, count: u32) -> bool {
+        let held = *self.claim.lock().unwrap_or_else(|p| p.into_inner());
+        match (held, self.own_slots(offset, count)) {
+            (Some(claim), Ok(table)) => table.is_current(claim),
+            _ => false,
+        }
     }
 
     /// Releases the claim taken by [`Segment::claim_slot`].
@@ -1123,7 +1129,7 @@ mod tests {
         };
         let l = layout();
         let seg = Segment::open(&n, l.hash).unwrap();
-        let claim = seg.claim_slot(l.slots, 3, |_| {}).unwrap();
+        let claim = seg.claim_slot(l.slots, 3).unwrap();
         println!("CLAIMED {} {}", claim.index, claim.generation);
         std::thread::sleep(std::time::Duration::from_secs(60));
     }
@@ -1135,9 +1141,9 @@ mod tests {
         let daemon = Segment::create(&n, l.total_size, 0o600, l.hash).unwrap();
         // A same-process client in slot 0, to check probes don't mix slots.
         let local = Segment::open(&n, l.hash).unwrap();
-        let mine = local.claim_slot(l.slots, 3, |_| {}).unwrap();
+        let mine = local.claim_slot(l.slots, 3).unwrap();
         assert_eq!(
-            local.claim_slot(l.slots, 3, |_| {}),
+            local.claim_slot(l.slots, 3),
             Err(ClaimError::AlreadyClaimed)
         );
 
@@ -1161,7 +1167,7 @@ mod tests {
 
         let table = daemon.slots(l.slots, 3).unwrap();
         let st = table.status(idx).unwrap();
-        assert!(st.alive && st.state == crate::slots::ACTIVE);
+        assert!(st.alive && st.state == crate::slots::CLAIMED);
         assert_eq!(st.pid, u64::from(child.id()));
         assert!(daemon.is_client_alive(idx).unwrap());
         assert_eq!(table.reclaim(st), Err(SlotError::Alive));
@@ -1191,10 +1197,10 @@ mod tests {
             offset: l.total_size,
             count: 3,
         });
-        assert_eq!(client.claim_slot(past_end, 3, |_| {}), Err(oob));
+        assert_eq!(client.claim_slot(past_end, 3), Err(oob));
         // Too many slots for the segment, at a valid offset.
         assert!(matches!(
-            client.claim_slot(l.slots, u32::MAX, |_| {}),
+            client.claim_slot(l.slots, u32::MAX),
             Err(ClaimError::Table(_))
         ));
         assert!(matches!(
@@ -1202,7 +1208,7 @@ mod tests {
             Err(SlotError::Table(_))
         ));
         // Nothing was claimed: the real table still has room and no holder.
-        let claim = client.claim_slot(l.slots, 3, |_| {}).unwrap();
+        let claim = client.claim_slot(l.slots, 3).unwrap();
         assert_eq!(claim.index, 0);
         client.release_slot(l.slots, 3).unwrap();
     }

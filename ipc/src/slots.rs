@@ -1,23 +1,38 @@
-//! Client slot table: claim, release, liveness and reclaim of client slots.
+//! Client slot table: claim, adoption, release, liveness and reclaim of
+//! client slots.
 //!
 //! Each [`ClientSlot`] holds a state word `(generation << 32) | state`.
 //! Protocol, robust to a client dying after any step:
 //!
-//! * claim: (1) take the slot's liveness lock (a kernel lock, dropped when
-//!   the process dies; failing means a live process owns the slot); (2) CAS
-//!   `(g, FREE) -> (g+1, CLAIMING)`; (3) record the pid; (4) CAS
-//!   `(g+1, CLAIMING) -> (g+1, ACTIVE)` (Release: publishes the claim).
-//!   A slot found not FREE in (2) belongs to a dead client: unlock and skip
-//!   it, the daemon reclaims it (so the daemon always sees, and can clean up
-//!   after, every dead client).
-//! * release: unlock, then CAS `(g, ACTIVE) -> (g+1, FREE)`.
+//! * claim (client): (1) take the slot's liveness lock (a kernel lock,
+//!   dropped when the process dies; failing means a live process owns the
+//!   slot); (2) CAS `(g, FREE) -> (g+1, CLAIMING)`; (3) record the pid;
+//!   (4) CAS `(g+1, CLAIMING) -> (g+1, CLAIMED)` (Release: publishes the
+//!   pid). A slot found not FREE in (2) belongs to a dead client: unlock and
+//!   skip it, the daemon reclaims it (so the daemon always sees, and can
+//!   clean up after, every dead client).
+//! * adoption (daemon, [`Tenancy::settle`]): on `(g, CLAIMED)` the daemon
+//!   releases whatever the slot's previous client held, resets the slot's
+//!   rings, and CASes `(g, CLAIMED) -> (g, ACTIVE)` (Release: publishes the
+//!   reset rings). The client touches its rings only after it has seen
+//!   `(g, ACTIVE)` ([`SlotTable::is_current`], Acquire). Only the daemon,
+//!   between two of its own pops, ever resets a ring: no `pop` in flight can
+//!   store an old tail over the reset, and nothing the previous holder left
+//!   in the rings can reach the new one.
+//! * release (client): unlock, then CAS `(g, ACTIVE or CLAIMED) -> (g+1,
+//!   FREE)`.
 //! * reclaim (daemon): read the word `w`; if not FREE and the lock is not
 //!   held, the owner is dead (or releasing): after cleaning up, CAS
 //!   `w -> (gen(w)+1, FREE)`. Every transition changes the word, so the CAS
 //!   fails if anything happened since `w` was read (no ABA).
 //!
 //! A live owner always holds the lock from before (2) until its release, so
-//! the daemon never reclaims a live client's slot.
+//! the daemon never reclaims a live client's slot. The lock is exclusive,
+//! so a claimant that reached CLAIMED took it after the previous holder let
+//! go of it (or died): `CLAIMED` with a new generation proves the previous
+//! holder gone. Any other unexpected word (a stray write of FREE over a live
+//! client's slot, say) proves nothing, and the daemon releases nothing
+//! until a probe of the lock finds it free.
 
 use core::fmt;
 
@@ -29,8 +44,12 @@ use crate::sync::{AtomicU64, Ordering};
 pub const FREE: u32 = 0;
 /// State of a slot claimed but not yet published.
 pub const CLAIMING: u32 = 1;
-/// State of a slot owned by a (presumed) live client.
+/// State of a slot adopted by the daemon: its rings are reset and the
+/// client may use them (set by the daemon only).
 pub const ACTIVE: u32 = 2;
+/// State of a slot whose claim is published (pid recorded) and awaits the
+/// daemon's adoption.
+pub const CLAIMED: u32 = 3;
 
 const fn pack(generation: u32, state: u32) -> u64 {
     ((generation as u64) << 32) | state as u64
@@ -259,7 +278,7 @@ pub enum ClaimStep {
     Claiming,
     /// Stop after recording the pid.
     Pid,
-    /// Run to completion (ACTIVE published).
+    /// Run to completion (CLAIMED published; the daemon adopts it next).
     Done,
 }
 
@@ -293,12 +312,12 @@ impl<'a, L: SlotLocks> SlotTable<'a, L> {
             .ok_or(SlotError::BadIndex(index))
     }
 
-    /// Claims the first free slot for process `pid`. `prepare` runs while
-    /// the slot is CLAIMING (nobody else uses it yet): reset the slot's rings
-    /// and scratch there, before the claim is published.
-    pub fn claim(&self, pid: u32, mut prepare: impl FnMut(Claim)) -> Result<Claim, ClaimError> {
+    /// Claims the first free slot for process `pid` and publishes the claim
+    /// (CLAIMED). The claim is usable once the daemon has adopted it: wait
+    /// for [`SlotTable::is_current`] before touching the slot's rings.
+    pub fn claim(&self, pid: u32) -> Result<Claim, ClaimError> {
         for index in 0..u32::try_from(self.slots.len()).unwrap_or(u32::MAX) {
-            if let Some(claim) = self.claim_until(index, pid, ClaimStep::Done, &mut prepare)? {
+            if let Some(claim) = self.claim_until(index, pid, ClaimStep::Done)? {
                 return Ok(claim);
             }
         }
@@ -313,7 +332,6 @@ impl<'a, L: SlotLocks> SlotTable<'a, L> {
         index: u32,
         pid: u32,
         stop: ClaimStep,
-        prepare: &mut dyn FnMut(Claim),
     ) -> Result<Option<Claim>, ClaimError> {
         let Ok(slot) = self.slot(index) else {
             return Ok(None);
@@ -357,19 +375,19 @@ impl<'a, L: SlotLocks> SlotTable<'a, L> {
         if stop == ClaimStep::Claiming {
             return Ok(None);
         }
-        // Relaxed: published by the Release CAS to ACTIVE below.
+        // Relaxed: published by the Release CAS to CLAIMED below.
         slot.pid.store(u64::from(pid), Ordering::Relaxed);
         if stop == ClaimStep::Pid {
             return Ok(None);
         }
-        prepare(claim);
-        // Release: publishes the pid and everything `prepare` reset; pairs
-        // with Acquire loads of the word in `status` (daemon).
+        // SYNC POINT: Release publishes the pid; pairs with the Acquire load
+        // of the word in `word`/`status` (daemon), which adopts the claim.
+        // The rings are NOT ours yet: the daemon resets them at adoption.
         let published = slot
             .word
             .compare_exchange(
                 pack(claim.generation, CLAIMING),
-                pack(claim.generation, ACTIVE),
+                pack(claim.generation, CLAIMED),
                 Ordering::Release,
                 Ordering::Relaxed,
             )
@@ -383,22 +401,58 @@ impl<'a, L: SlotLocks> SlotTable<'a, L> {
         Ok(Some(claim))
     }
 
-    /// Releases `claim`: drops the liveness lock, then frees the slot.
-    /// `Err(Stale)` if the daemon had already reclaimed it (harmless).
+    /// Releases `claim` (adopted or not yet): drops the liveness lock, then
+    /// frees the slot. `Err(Stale)` if the daemon had already reclaimed it,
+    /// or a stray write moved the word (harmless: the daemon probes the lock
+    /// and finds it free).
     pub fn release(&self, claim: Claim) -> Result<(), SlotError> {
         let slot = self.slot(claim.index)?;
         self.locks.unlock(claim.index)?;
-        // Release: our last accesses to the slot's rings happen-before the
-        // next claimant's Acquire. Relaxed on failure: nothing to do.
+        let free = pack(claim.generation.wrapping_add(1), FREE);
+        // Two tries: the daemon may adopt (CLAIMED -> ACTIVE) between them,
+        // and nothing else moves a word whose lock we held.
+        for state in [ACTIVE, CLAIMED, ACTIVE] {
+            // Release: our last accesses to the slot's rings happen-before
+            // the daemon's and the next claimant's Acquire of the word.
+            // Relaxed on failure: we try the other state.
+            let freed = slot.word.compare_exchange(
+                pack(claim.generation, state),
+                free,
+                Ordering::Release,
+                Ordering::Relaxed,
+            );
+            if freed.is_ok() {
+                return Ok(());
+            }
+        }
+        Err(SlotError::Stale)
+    }
+
+    /// Daemon side: adopts `(generation, CLAIMED)` of slot `index` as
+    /// `(generation, ACTIVE)`. Call after releasing what the slot's previous
+    /// client held and resetting the slot's rings. `Err(Stale)` if the word
+    /// moved (the claimant released or died first).
+    pub fn activate(&self, index: u32, generation: u32) -> Result<(), SlotError> {
+        let slot = self.slot(index)?;
+        // SYNC POINT: Release publishes the rings reset just before; pairs
+        // with the Acquire load in `is_current`, after which the client
+        // pushes and pops. Relaxed on failure: nothing was published.
         slot.word
             .compare_exchange(
-                pack(claim.generation, ACTIVE),
-                pack(claim.generation.wrapping_add(1), FREE),
+                pack(generation, CLAIMED),
+                pack(generation, ACTIVE),
                 Ordering::Release,
                 Ordering::Relaxed,
             )
             .map(drop)
             .map_err(|_| SlotError::Stale)
+    }
+
+    /// Daemon side: whether some live party holds slot `index`'s liveness
+    /// lock (the word alone proves nothing against stray writes).
+    pub fn is_held(&self, index: u32) -> Result<bool, SlotError> {
+        self.slot(index)?;
+        Ok(self.locks.is_held(index)?)
     }
 
     /// Reads slot `index`'s `(generation, state)` without probing liveness:
@@ -412,8 +466,8 @@ impl<'a, L: SlotLocks> SlotTable<'a, L> {
     /// Reads slot `index` and probes its owner's liveness (daemon side).
     pub fn status(&self, index: u32) -> Result<SlotStatus, SlotError> {
         let slot = self.slot(index)?;
-        // Acquire: pairs with the Release CAS that published ACTIVE, so the
-        // pid (and rings prepared by the client) are visible.
+        // Acquire: pairs with the Release CAS that published CLAIMED, so
+        // the claimant's pid is visible.
         let raw = slot.word.load(Ordering::Acquire);
         let (generation, state) = unpack(raw);
         // Relaxed: ordered by the Acquire above.
@@ -439,10 +493,13 @@ impl<'a, L: SlotLocks> SlotTable<'a, L> {
             .filter(|s| s.state != FREE)
     }
 
-    /// Whether `claim` is still the slot's current, active claim.
+    /// Whether `claim` is the slot's current claim and the daemon has
+    /// adopted it (its rings are reset and may be used).
     pub fn is_current(&self, claim: Claim) -> bool {
         self.slot(claim.index)
-            // Acquire: pairs with the Release CASes that change the word.
+            // SYNC POINT: Acquire pairs with the Release CAS in `activate`,
+            // so the daemon's reset of the rings is visible before we use
+            // them.
             .map(|s| s.word.load(Ordering::Acquire) == pack(claim.generation, ACTIVE))
             .unwrap_or(false)
     }
@@ -487,6 +544,102 @@ impl<'a, L: SlotLocks> SlotTable<'a, L> {
         if let Ok(s) = self.slot(index) {
             // Relaxed: test hook.
             s.word.store(pack(generation, state), Ordering::Relaxed);
+        }
+    }
+}
+
+/// The daemon's record of who holds one slot, kept in step with the slot
+/// word by [`Tenancy::settle`]: the hand-over protocol's daemon side.
+///
+/// The daemon serves a slot only while its word is `(g, ACTIVE)` for the
+/// generation `g` it adopted itself. Whatever the slot's client holds
+/// (locks, pages) is released ("forgotten") only when its holder is
+/// provably gone: a new claim (CLAIMED, made under the exclusive lock), a
+/// probe that finds the lock free, or a sweep that finds the owner dead.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tenancy {
+    /// Generation the daemon adopted and whose client still holds whatever
+    /// the slot holds; `None` when the slot holds nothing.
+    owner: Option<u32>,
+}
+
+impl Tenancy {
+    /// Nobody adopted yet.
+    pub const fn new() -> Self {
+        Self { owner: None }
+    }
+
+    /// Generation of the client whose resources the slot holds.
+    pub fn owner(&self) -> Option<u32> {
+        self.owner
+    }
+
+    /// Whether `word` (from [`SlotTable::word`]) is the claim the daemon
+    /// adopted and serves.
+    pub fn serves(&self, word: (u32, u32)) -> bool {
+        word.1 == ACTIVE && self.owner == Some(word.0)
+    }
+
+    /// Whether a record popped from the slot's request ring, stamped with
+    /// `generation` by its client, may run: the slot word (re-read after
+    /// the pop) must still be the served claim, and the record must be that
+    /// claim's. A record of another generation is dropped unanswered.
+    pub fn admits(&self, word: (u32, u32), generation: u32) -> bool {
+        self.serves(word) && self.owner == Some(generation)
+    }
+
+    /// Brings the tenancy in step with `word` (just read with
+    /// [`SlotTable::word`]); returns whether the slot is served.
+    ///
+    /// * `(g, CLAIMED)`: a new claimant, which took the exclusive lock, so
+    ///   the previous holder is gone: `forget` what it held, `reset` the
+    ///   rings, then publish `(g, ACTIVE)` ([`SlotTable::activate`]).
+    /// * any other word but the served one while the slot holds something:
+    ///   release it only if `probe` is allowed and the liveness lock is
+    ///   free (a stray write of FREE over a live client's word releases
+    ///   nothing; the daemon just stops serving it).
+    ///
+    /// Call from the daemon's single thread, never between a `pop` and the
+    /// end of that record's handling (reset must not race a pop).
+    pub fn settle<L: SlotLocks>(
+        &mut self,
+        table: &SlotTable<'_, L>,
+        index: u32,
+        word: (u32, u32),
+        probe: bool,
+        forget: &mut dyn FnMut(),
+        reset: &mut dyn FnMut(),
+    ) -> bool {
+        if self.serves(word) {
+            return true;
+        }
+        if word.1 == CLAIMED {
+            if self.owner.take().is_some() {
+                forget();
+            }
+            reset();
+            // SYNC POINT: the Release CAS in `activate` publishes `reset`;
+            // the client acquires it in `is_current`.
+            if table.activate(index, word.0).is_ok() {
+                self.owner = Some(word.0);
+                return true;
+            }
+            return false;
+        }
+        if self.owner.is_some() && probe && table.is_held(index) == Ok(false) {
+            // The lock is free: the holder released or died. (Probe errors
+            // prove nothing: keep everything.)
+            self.owner = None;
+            forget();
+        }
+        false
+    }
+
+    /// The slot's owner was found dead (not FREE, lock free): forget what
+    /// it held. Call before [`SlotTable::reclaim`].
+    pub fn vacate(&mut self, forget: &mut dyn FnMut()) {
+        if self.owner.take().is_some() {
+            forget();
         }
     }
 }
@@ -558,10 +711,10 @@ mod tests {
                 owner: &owner,
             },
         );
-        let ca = a.claim(10, |_| {}).unwrap();
-        let cb = b.claim(20, |_| {}).unwrap();
+        let ca = a.claim(10).unwrap();
+        let cb = b.claim(20).unwrap();
         assert_ne!(ca.index, cb.index);
-        assert_eq!(c.claim(30, |_| {}), Err(ClaimError::Full));
+        assert_eq!(c.claim(30), Err(ClaimError::Full));
         assert!(d.status(ca.index).unwrap().alive);
         assert_eq!(
             d.reclaim(d.status(ca.index).unwrap()),
@@ -570,13 +723,13 @@ mod tests {
         // b dies: the kernel drops its lock.
         owner.lock().unwrap()[cb.index as usize] = 0;
         // c still cannot take the dead slot: the daemon must reclaim first.
-        assert_eq!(c.claim(30, |_| {}), Err(ClaimError::Full));
+        assert_eq!(c.claim(30), Err(ClaimError::Full));
         let dead: Vec<_> = d.occupied().filter(SlotStatus::is_dead).collect();
         assert_eq!(dead.len(), 1);
         assert_eq!(dead[0].pid, 20);
         d.reclaim(dead[0]).unwrap();
         assert_eq!(d.reclaim(dead[0]), Err(SlotError::Stale));
-        let cc = c.claim(30, |_| {}).unwrap();
+        let cc = c.claim(30).unwrap();
         assert_eq!(cc.index, cb.index);
         assert_eq!(cc.generation, cb.generation + 2);
         assert!(!c.is_current(cb));

@@ -28,6 +28,7 @@
 
 use std::sync::atomic::{AtomicUsize as StdCount, Ordering as StdOrdering};
 
+use loom_tests::explore;
 use radixd_ipc::epoch::{Collector, EpochClock, ReaderSlot};
 use radixd_ipc::sync::{Arc, AtomicU32, Ordering};
 
@@ -83,21 +84,6 @@ impl Shared {
         }
         false
     }
-}
-
-fn explore(name: &str, floor: usize, model: impl Fn() + Sync + Send + 'static) {
-    let count = std::sync::Arc::new(StdCount::new(0));
-    let seen = count.clone();
-    loom::model(move || {
-        seen.fetch_add(1, StdOrdering::Relaxed);
-        model();
-    });
-    let n = count.load(StdOrdering::Relaxed);
-    eprintln!("{name}: {n} interleavings");
-    assert!(
-        n >= floor,
-        "{name}: loom explored {n} interleavings, floor {floor}"
-    );
 }
 
 #[test]

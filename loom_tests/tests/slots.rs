@@ -1,31 +1,79 @@
-//! Client slots: a client that dies after any step of claim (or release)
-//! while the daemon scans concurrently always ends in a consistent slot that
-//! the daemon reclaims; a live client is never reclaimed; two clients never
-//! share a slot.
+//! Client slots and their hand-over, with the daemon's scan in a thread of
+//! its own (so loom runs it at every point of a client's claim, not only
+//! before or after it).
+//!
+//! * `dies_*`: a client that dies after any step of claim (or release)
+//!   while the daemon scans concurrently always ends in a consistent slot
+//!   that the daemon reclaims.
+//! * `live_client_is_adopted_and_never_reclaimed`: a live claimant is
+//!   adopted, never reclaimed; the daemon sees the pid the claim published,
+//!   and the client sees the rings the daemon reset (counters dirtied by a
+//!   previous holder read as zero once ACTIVE is seen).
+//! * `two_clients_one_slot`: two claimants never share a slot.
+//! * `handover_with_a_request_queued`: a client times out and releases its
+//!   slot with a request queued while the daemon is mid-drain, and a new
+//!   client claims the slot: no record of the old holder runs for the new
+//!   one, and the new one is served.
+//!
+//! Mutations checked (each made temporarily in `ipc/src/slots.rs`, run at
+//! `LOOM_MAX_PREEMPTIONS=2`, then reverted):
+//! * claim with "claim the slot" (CAS FREE -> CLAIMING) before "take the
+//!   liveness lock": caught by `live_client_is_adopted_and_never_reclaimed`
+//!   (the daemon's scan, in its own thread, sees CLAIMING with no lock
+//!   held, reclaims it, and the live client's claim fails with `Full`).
+//! * the CLAIMING -> CLAIMED CAS Relaxed instead of Release: caught by
+//!   `live_client_is_adopted_and_never_reclaimed` (pid not visible at
+//!   adoption).
+//! * `SlotTable::activate` Relaxed instead of Release: caught by
+//!   `live_client_is_adopted_and_never_reclaimed` and
+//!   `handover_with_a_request_queued` (reset rings not visible once ACTIVE
+//!   is seen: the new client would push after the old holder's counters).
+//! * `Tenancy::settle` resetting the rings after `activate` instead of
+//!   before: caught by both as well.
+//!
+//! Not caught, by design: dropping the daemon's re-read of the slot word
+//! after a pop, or its check of a record's generation. Neither is needed
+//! for the properties above (a record popped before the daemon noticed a
+//! release runs for the client that posted it, and is released with its
+//! holdings); they narrow that window and guard against a producer that
+//! keeps writing after its release, which the SPSC contract rules out.
+//!
+//! The kernel lock is a loom `Mutex` (the kernel serialises lock calls, and
+//! a probe reads the latest state): a plain load would let loom read a
+//! stale "not held" no kernel would report. Every model asserts a floor on
+//! its explored executions, counted outside `loom::model`.
 #![cfg(loom)]
 
-use radixd_ipc::slots::{ClaimStep, ACTIVE, FREE};
-use radixd_ipc::sync::{Arc, AtomicU32, Ordering};
-use radixd_ipc::{Claim, ClientSlot, LivenessError, SlotLocks, SlotTable};
+use loom_tests::explore;
 
-/// Kernel-lock model: `held[i]` is the id of the party holding slot i's lock
-/// (0: none). SeqCst: kernel lock operations are serialising.
+use radixd_ipc::slots::{ClaimStep, ACTIVE, FREE};
+use radixd_ipc::sync::{yield_now, Arc, Mutex};
+use radixd_ipc::{Claim, ClientSlot, HeapRing, LivenessError, SlotLocks, SlotTable, Tenancy};
+
+/// Kernel-lock model: `held[i]` is the id of the party holding slot i's
+/// lock (0: none), behind one mutex, as the kernel's lock table is.
 struct Kernel {
-    held: Vec<AtomicU32>,
+    held: Mutex<Vec<u32>>,
 }
 
 impl Kernel {
     fn new(n: usize) -> Arc<Self> {
         Arc::new(Self {
-            held: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            held: Mutex::new(vec![0; n]),
         })
     }
 
     /// What the kernel does when process `me` dies: drop its locks.
     fn die(&self, me: u32) {
-        for h in &self.held {
-            let _ = h.compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+        for h in self.held.lock().unwrap().iter_mut() {
+            if *h == me {
+                *h = 0;
+            }
         }
+    }
+
+    fn holder(&self, i: usize) -> u32 {
+        self.held.lock().unwrap()[i]
     }
 }
 
@@ -36,58 +84,105 @@ struct Party {
 
 impl SlotLocks for Party {
     fn try_lock(&self, i: u32) -> Result<bool, LivenessError> {
-        let h = &self.kernel.held[i as usize];
-        Ok(
-            match h.compare_exchange(0, self.me, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(_) => true,
-                Err(owner) => owner == self.me,
-            },
-        )
+        let mut held = self.kernel.held.lock().unwrap();
+        let h = &mut held[i as usize];
+        Ok(if *h == 0 || *h == self.me {
+            *h = self.me;
+            true
+        } else {
+            false
+        })
     }
     fn unlock(&self, i: u32) -> Result<(), LivenessError> {
-        let h = &self.kernel.held[i as usize];
-        let _ = h.compare_exchange(self.me, 0, Ordering::SeqCst, Ordering::SeqCst);
+        let mut held = self.kernel.held.lock().unwrap();
+        if held[i as usize] == self.me {
+            held[i as usize] = 0;
+        }
         Ok(())
     }
     fn is_held(&self, i: u32) -> Result<bool, LivenessError> {
-        let v = self.kernel.held[i as usize].load(Ordering::SeqCst);
+        let v = self.kernel.held.lock().unwrap()[i as usize];
         Ok(v != 0 && v != self.me)
     }
 }
 
 const DAEMON: u32 = 100;
 
-fn daemon_scan(slots: &[ClientSlot], kernel: &Arc<Kernel>) {
-    let table = SlotTable::new(
-        slots,
-        Party {
-            me: DAEMON,
-            kernel: kernel.clone(),
-        },
-    );
-    if let Ok(st) = table.status(0) {
-        if st.is_dead() {
-            let _ = table.reclaim(st);
+/// The daemon's side of one slot, as `src/daemon.rs` runs it: settle the
+/// tenancy against the word (adopting a claim: forget, reset the rings,
+/// activate), then the sweep's reclaim of a dead owner.
+struct Daemon {
+    table: SlotTable<'static, Party>,
+    tenancy: Tenancy,
+    forgotten: usize,
+}
+
+impl Daemon {
+    fn new(slots: &'static [ClientSlot], kernel: &Arc<Kernel>) -> Self {
+        Self {
+            table: SlotTable::new(
+                slots,
+                Party {
+                    me: DAEMON,
+                    kernel: kernel.clone(),
+                },
+            ),
+            tenancy: Tenancy::new(),
+            forgotten: 0,
         }
+    }
+
+    /// One round, the sweep included; `reset` empties the slot's rings.
+    /// Returns whether served.
+    fn round(&mut self, reset: &mut dyn FnMut(&SlotTable<'static, Party>)) -> bool {
+        let served = self.settle(reset);
+        if let Ok(st) = self.table.status(0) {
+            if st.is_dead() {
+                let forgotten = &mut self.forgotten;
+                self.tenancy.vacate(&mut || *forgotten += 1);
+                let _ = self.table.reclaim(st);
+            }
+        }
+        served
+    }
+
+    /// The per-loop part of a round: settle the tenancy against the word.
+    fn settle(&mut self, reset: &mut dyn FnMut(&SlotTable<'static, Party>)) -> bool {
+        let Ok(word) = self.table.word(0) else {
+            return false;
+        };
+        let forgotten = &mut self.forgotten;
+        let table = &self.table;
+        self.tenancy
+            .settle(table, 0, word, true, &mut || *forgotten += 1, &mut || {
+                reset(table)
+            })
     }
 }
 
-/// Client 1 runs claim up to `stop` (then, if `release`, a full claim and a
-/// release) and dies; the daemon scans concurrently and once more after.
-fn dying_client(stop: ClaimStep, release: bool) {
-    loom::model(move || {
-        let slots = Arc::new(vec![ClientSlot::new()]);
+/// Leaks a one-slot table for the model's threads (a model's memory is
+/// small; loom runs thousands of them).
+fn one_slot() -> &'static [ClientSlot] {
+    Box::leak(Box::new([ClientSlot::new()]))
+}
+
+/// Client 1 runs claim up to `stop` (then, if `release`, a release) and
+/// dies; the daemon scans concurrently in its own thread, and once more
+/// after both.
+fn dying_client(name: &str, floor: usize, stop: ClaimStep, release: bool) {
+    explore(name, floor, move || {
+        let slots = one_slot();
         let kernel = Kernel::new(1);
-        let (s, k) = (slots.clone(), kernel.clone());
+        let k = kernel.clone();
         let client = loom::thread::spawn(move || {
             let table = SlotTable::new(
-                &s[..],
+                slots,
                 Party {
                     me: 1,
                     kernel: k.clone(),
                 },
             );
-            let claimed = table.claim_until(0, 1, stop, &mut |_| {}).unwrap();
+            let claimed = table.claim_until(0, 1, stop).unwrap();
             if release {
                 if let Some(c) = claimed {
                     let _ = table.release(c);
@@ -95,20 +190,20 @@ fn dying_client(stop: ClaimStep, release: bool) {
             }
             k.die(1);
         });
-        daemon_scan(&slots, &kernel);
+        let k = kernel.clone();
+        let daemon = loom::thread::spawn(move || {
+            let mut d = Daemon::new(slots, &k);
+            d.round(&mut |_| {});
+            d
+        });
         client.join().unwrap();
-        daemon_scan(&slots, &kernel);
+        let mut d = daemon.join().unwrap();
+        d.round(&mut |_| {});
+        d.round(&mut |_| {});
 
-        let daemon = SlotTable::new(
-            &slots[..],
-            Party {
-                me: DAEMON,
-                kernel: kernel.clone(),
-            },
-        );
-        let (generation, state) = daemon.raw_word(0).unwrap();
+        let (generation, state) = d.table.raw_word(0).unwrap();
         assert_eq!(state, FREE, "dead client's slot not reclaimed");
-        assert_eq!(kernel.held[0].load(Ordering::SeqCst), 0);
+        assert_eq!(kernel.holder(0), 0);
         // Claim bumped the generation once; each return to FREE once more.
         assert!(
             generation == 0 || generation == 2,
@@ -116,76 +211,98 @@ fn dying_client(stop: ClaimStep, release: bool) {
         );
         // The slot is reusable, with a fresh generation.
         let next = SlotTable::new(
-            &slots[..],
+            slots,
             Party {
                 me: 2,
                 kernel: kernel.clone(),
             },
         );
-        let c = next.claim(2, |_| {}).unwrap();
+        let c = next.claim(2).unwrap();
         assert_eq!(c.generation, generation + 1);
     });
 }
 
 #[test]
 fn dies_before_start() {
-    dying_client(ClaimStep::Start, false);
+    dying_client("dies_before_start", 8, ClaimStep::Start, false);
 }
 
 #[test]
 fn dies_after_lock() {
-    dying_client(ClaimStep::Locked, false);
+    dying_client("dies_after_lock", 8, ClaimStep::Locked, false);
 }
 
 #[test]
 fn dies_after_cas() {
-    dying_client(ClaimStep::Claiming, false);
+    dying_client("dies_after_cas", 25, ClaimStep::Claiming, false);
 }
 
 #[test]
 fn dies_after_pid() {
-    dying_client(ClaimStep::Pid, false);
+    dying_client("dies_after_pid", 60, ClaimStep::Pid, false);
 }
 
 #[test]
 fn dies_after_publish() {
-    dying_client(ClaimStep::Done, false);
+    dying_client("dies_after_publish", 100, ClaimStep::Done, false);
 }
 
 #[test]
 fn dies_after_release() {
-    dying_client(ClaimStep::Done, true);
+    dying_client("dies_after_release", 200, ClaimStep::Done, true);
 }
 
 #[test]
-fn live_client_is_never_reclaimed() {
-    loom::model(|| {
-        let slots = Arc::new(vec![ClientSlot::new()]);
+fn live_client_is_adopted_and_never_reclaimed() {
+    explore("live_client_is_adopted_and_never_reclaimed", 250, || {
+        let slots = one_slot();
         let kernel = Kernel::new(1);
-        let (s, k) = (slots.clone(), kernel.clone());
+        // A previous holder left its counters behind.
+        let ring = Arc::new(HeapRing::<u32>::new(2).unwrap());
+        ring.set_counters(5, 5);
+        let (k, r) = (kernel.clone(), ring.clone());
         let client = loom::thread::spawn(move || {
-            let table = SlotTable::new(&s[..], Party { me: 1, kernel: k });
-            table.claim(1, |_| {}).unwrap()
+            let table = SlotTable::new(slots, Party { me: 1, kernel: k });
+            let claim = table.claim(7).unwrap();
+            while !table.is_current(claim) {
+                yield_now();
+            }
+            // Published by `activate`, acquired by `is_current`.
+            assert_eq!(r.counters(), (0, 0), "reset rings not visible");
+            claim
         });
-        daemon_scan(&slots, &kernel);
+        let (k, r) = (kernel.clone(), ring.clone());
+        let daemon = loom::thread::spawn(move || {
+            let mut d = Daemon::new(slots, &k);
+            let mut pid = None;
+            while !d.round(&mut |table| {
+                pid = table.status(0).ok().map(|s| s.pid);
+                r.set_counters(0, 0);
+            }) {
+                yield_now();
+            }
+            assert_eq!(pid, Some(7), "claim's pid not visible at adoption");
+            d
+        });
         let claim: Claim = client.join().unwrap();
-        daemon_scan(&slots, &kernel);
-        let daemon = SlotTable::new(&slots[..], Party { me: DAEMON, kernel });
-        assert!(daemon.is_current(claim));
-        assert_eq!(daemon.raw_word(0), Some((claim.generation, ACTIVE)));
+        let mut d = daemon.join().unwrap();
+        assert!(d.round(&mut |_| {}));
+        assert!(d.table.is_current(claim));
+        assert_eq!(d.table.raw_word(0), Some((claim.generation, ACTIVE)));
+        assert_eq!(d.forgotten, 0);
     });
 }
 
 #[test]
 fn two_clients_one_slot() {
-    loom::model(|| {
-        let slots = Arc::new(vec![ClientSlot::new()]);
+    explore("two_clients_one_slot", 10, || {
+        let slots = one_slot();
         let kernel = Kernel::new(1);
         let spawn = |me: u32| {
-            let (s, k) = (slots.clone(), kernel.clone());
+            let k = kernel.clone();
             loom::thread::spawn(move || {
-                let table = SlotTable::new(&s[..], Party { me, kernel: k });
-                table.claim(me, |_| {}).ok()
+                let table = SlotTable::new(slots, Party { me, kernel: k });
+                table.claim(me).ok()
             })
         };
         let (a, b) = (spawn(1), spawn(2));
@@ -194,5 +311,93 @@ fn two_clients_one_slot() {
             a.is_some() != b.is_some(),
             "exactly one client gets the slot"
         );
+    });
+}
+
+/// Request record of the model: `[generation of the claim, request id]`.
+type Record = [u32; 2];
+
+#[test]
+fn handover_with_a_request_queued() {
+    explore("handover_with_a_request_queued", 700, || {
+        let slots = one_slot();
+        let kernel = Kernel::new(1);
+        let ring = Arc::new(HeapRing::<Record>::new(2).unwrap());
+
+        // Client A is adopted and has a request queued (setup, sequential).
+        let a = SlotTable::new(
+            slots,
+            Party {
+                me: 1,
+                kernel: kernel.clone(),
+            },
+        );
+        let claim_a = a.claim(1).unwrap();
+        let mut d = Daemon::new(slots, &kernel);
+        let r = ring.clone();
+        assert!(d.round(&mut |_| r.set_counters(0, 0)));
+        assert!(a.is_current(claim_a));
+        // SAFETY: A is the ring's only producer until it releases.
+        unsafe { ring.producer() }
+            .push([claim_a.generation, 1])
+            .unwrap();
+
+        // A times out and releases, its request still queued; B (which can
+        // only claim once A has let go of the lock) claims the slot, waits
+        // for adoption and posts its own request.
+        let (k, r) = (kernel.clone(), ring.clone());
+        let clients = loom::thread::spawn(move || {
+            let a = SlotTable::new(
+                slots,
+                Party {
+                    me: 1,
+                    kernel: k.clone(),
+                },
+            );
+            a.release(claim_a).unwrap();
+            let b = SlotTable::new(slots, Party { me: 2, kernel: k });
+            let claim = b.claim(2).unwrap();
+            while !b.is_current(claim) {
+                yield_now();
+            }
+            assert_eq!(r.counters(), (0, 0), "reset rings not visible");
+            // SAFETY: B is the ring's only producer since its adoption (A
+            // released before B claimed).
+            unsafe { r.producer() }.push([claim.generation, 2]).unwrap();
+            claim.generation
+        });
+        // The daemon drains as `src/daemon.rs` does: settle, pop, re-read
+        // the word, admit or drop.
+        let r = ring.clone();
+        let daemon = loom::thread::spawn(move || {
+            // SAFETY: the daemon is the ring's only consumer.
+            let requests = unsafe { r.consumer() };
+            let mut ran = Vec::new();
+            loop {
+                let reset = &mut |_: &SlotTable<'static, Party>| requests.reset();
+                if d.settle(reset) {
+                    if let Ok(Some(record)) = requests.pop() {
+                        let word = d.table.word(0).unwrap();
+                        if d.tenancy.admits(word, record[0]) {
+                            assert_eq!(
+                                Some(record[0]),
+                                d.tenancy.owner(),
+                                "a record ran for another holder"
+                            );
+                            ran.push(record);
+                            if record[1] == 2 {
+                                return ran;
+                            }
+                        }
+                        continue;
+                    }
+                }
+                yield_now();
+            }
+        });
+        let b_generation = clients.join().unwrap();
+        let ran = daemon.join().unwrap();
+        assert_eq!(ran.last(), Some(&[b_generation, 2]), "B not served");
+        assert!(ran.len() <= 2);
     });
 }

@@ -8,6 +8,7 @@
 //! carry exactly the same requests: match and lock the prompt, allocate
 //! pages for the rest, insert, unlock, and now and then evict.
 
+pub mod baseline;
 mod plot;
 mod uds;
 
@@ -29,6 +30,7 @@ use crate::op::{Reply, Request};
 use crate::replay::parse_trace;
 use crate::Client;
 
+pub use baseline::Baseline;
 pub use uds::{UdsClient, UdsServer};
 
 /// Operations whose latency is reported, in step order.
@@ -76,9 +78,15 @@ pub struct BenchArgs {
     /// Transport to measure.
     #[arg(long, value_enum, default_value_t = Transport::Shm)]
     pub transport: Transport,
-    /// Run shm and uds back to back and print the ratios.
+    /// Run shm and uds back to back and print the ratios (implies
+    /// `--baseline`).
     #[arg(long)]
     pub compare: bool,
+    /// Measure, in the same run, a two-process one-cache-line ping-pong and
+    /// a 4 KiB cross-core copy, and print every round trip as a ratio to
+    /// them.
+    #[arg(long)]
+    pub baseline: bool,
     /// Run the daemon with --busy-poll.
     #[arg(long)]
     pub busy_poll: bool,
@@ -210,6 +218,9 @@ pub struct RunReport {
     /// What a subscriber received, when the daemon published KV events.
     #[serde(default)]
     pub kv_events: Option<EventFigures>,
+    /// The physical limits measured in the same run (`--baseline`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<Baseline>,
 }
 
 /// What the bench's KV event subscriber received.
@@ -300,6 +311,20 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
         vec![args.transport]
     };
     let exe = std::env::current_exe()?;
+    // First, while this process runs no other thread: the baseline forks.
+    let limits = if args.baseline || args.compare {
+        let b = baseline::measure()?;
+        if !args.json {
+            writeln!(
+                out,
+                "baseline: one cache line between two processes p50 {:.3} µs (p99 {:.3}); with a 4 KiB cross-core copy p50 {:.3} µs (p99 {:.3})\n",
+                b.pingpong_p50_us, b.pingpong_p99_us, b.copy4k_p50_us, b.copy4k_p99_us
+            )?;
+        }
+        Some(b)
+    } else {
+        None
+    };
     let mut reports = Vec::new();
     let variants: Vec<BenchArgs> = if args.kv_events_compare {
         [false, true]
@@ -317,7 +342,8 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
             .iter()
             .flat_map(|t| variants.iter().map(move |a| (t, a)))
         {
-            let report = run_once(args, transport, clients, &exe)?;
+            let mut report = run_once(args, transport, clients, &exe)?;
+            report.baseline = limits;
             if args.json {
                 writeln!(
                     out,
@@ -635,6 +661,7 @@ fn merge(
         },
         ops,
         kv_events: None,
+        baseline: None,
     }
 }
 
@@ -656,18 +683,31 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> io::Result<()> {
         r.hit_rate * 100.0,
         r.fairness
     )?;
-    writeln!(
+    write!(
         out,
         "  {:<7} {:>8} {:>10} {:>10} {:>10} {:>10}",
         "op", "count", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs"
     )?;
+    if r.baseline.is_some() {
+        write!(out, " {:>14} {:>14}", "p50/ping-pong", "p50/4K copy")?;
+    }
+    writeln!(out)?;
     for op in OPS {
         if let Some(l) = r.ops.get(op) {
-            writeln!(
+            write!(
                 out,
                 "  {op:<7} {:>8} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
                 l.count, l.p50_us, l.p90_us, l.p99_us, l.p999_us
             )?;
+            if let Some(b) = &r.baseline {
+                write!(
+                    out,
+                    " {:>14} {:>14}",
+                    baseline::ratio(l.p50_us, b.pingpong_p50_us),
+                    baseline::ratio(l.p50_us, b.copy4k_p50_us)
+                )?;
+            }
+            writeln!(out)?;
         }
     }
     if let Some(e) = &r.kv_events {

@@ -85,91 +85,6 @@ impl Spin {
     };
 }
 
-/// Chooses between [`Spin::DEFAULT`] and [`Spin::YIELD_ONLY`]: when more
-/// tasks want to run than there are cores, spinning only steals the CPU
-/// from the peer we wait for.
-///
-/// Two witnesses. The caller's own side (the peers of one service that spin
-/// on each other, e.g. a daemon and its clients) is counted exactly, and
-/// outnumbering the cores means yielding at once. Everyone else shows up in
-/// the host's count of runnable tasks (`/proc/loadavg`), sampled now and
-/// then; one sample is a poor witness (with two spinners on two cores a
-/// passing kernel or shell task shows up in about one sample in five), so
-/// that count makes the sensor yield only when its last
-/// [`LoadSensor::WINDOW`] samples all exceeded the cores.
-#[cfg(not(loom))]
-#[derive(Clone, Debug)]
-pub struct LoadSensor {
-    recent: [usize; LoadSensor::WINDOW],
-    next: usize,
-    cores: usize,
-    peers: usize,
-}
-
-#[cfg(not(loom))]
-impl LoadSensor {
-    /// Samples the decision rests on.
-    pub const WINDOW: usize = 3;
-
-    /// A sensor primed with one sample.
-    pub fn new() -> Self {
-        let first = runnable_tasks();
-        Self {
-            recent: [first; Self::WINDOW],
-            next: 0,
-            cores: std::thread::available_parallelism().map_or(1, usize::from),
-            peers: 0,
-        }
-    }
-
-    /// Sets how many peers of the caller's own service spin (itself
-    /// included); cheap, so call it whenever the number changes.
-    pub fn set_peers(&mut self, peers: u64) {
-        self.peers = usize::try_from(peers).unwrap_or(usize::MAX);
-    }
-
-    /// Takes a sample (a read of `/proc/loadavg`: a few microseconds, so
-    /// call it every few milliseconds, not on every wait) and decides.
-    pub fn sample(&mut self) -> Spin {
-        self.record(runnable_tasks())
-    }
-
-    fn record(&mut self, runnable: usize) -> Spin {
-        self.recent[self.next] = runnable;
-        self.next = (self.next + 1) % Self::WINDOW;
-        self.spin()
-    }
-
-    /// The decision from the peers and the samples taken so far.
-    pub fn spin(&self) -> Spin {
-        if self.peers > self.cores || self.recent.iter().all(|&n| n > self.cores) {
-            Spin::YIELD_ONLY
-        } else {
-            Spin::DEFAULT
-        }
-    }
-}
-
-#[cfg(not(loom))]
-impl Default for LoadSensor {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// Tasks runnable on the host now (the reader included), or 0 when
-/// `/proc/loadavg` cannot be read (then the sensor never yields).
-#[cfg(not(loom))]
-fn runnable_tasks() -> usize {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| {
-            let field = s.split_whitespace().nth(3)?;
-            field.split('/').next()?.parse::<usize>().ok()
-        })
-        .unwrap_or(0)
-}
-
 impl Doorbell {
     /// A fresh doorbell.
     pub fn new() -> Self {
@@ -360,40 +275,6 @@ impl FutexWait<Expired> for Doorbell {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_load_sensor_yields_to_its_own_crowd_at_once_and_to_others_when_steady() {
-        let mut sensor = LoadSensor {
-            recent: [2; LoadSensor::WINDOW],
-            next: 0,
-            cores: 2,
-            peers: 2,
-        };
-        assert_eq!(sensor.spin(), Spin::DEFAULT);
-        // A passing task in one sample, or three, changes nothing...
-        for _ in 0..LoadSensor::WINDOW - 1 {
-            assert_eq!(sensor.record(3), Spin::DEFAULT);
-        }
-        // ...a full window of them does...
-        assert_eq!(sensor.record(9), Spin::YIELD_ONLY);
-        assert_eq!(sensor.record(5), Spin::YIELD_ONLY);
-        // ...and one quiet sample brings the spinning back.
-        assert_eq!(sensor.record(2), Spin::DEFAULT);
-        // A host oversubscribed from the start yields at once.
-        let crowded = LoadSensor {
-            recent: [9; LoadSensor::WINDOW],
-            next: 0,
-            cores: 2,
-            peers: 0,
-        };
-        assert_eq!(crowded.spin(), Spin::YIELD_ONLY);
-        // Our own spinners outnumbering the cores yield whatever the host
-        // count says, and stop yielding when they no longer do.
-        sensor.set_peers(3);
-        assert_eq!(sensor.spin(), Spin::YIELD_ONLY);
-        sensor.set_peers(2);
-        assert_eq!(sensor.spin(), Spin::DEFAULT);
-        assert!(runnable_tasks() >= 1, "the reader itself runs");
-    }
     use crate::sync::{Arc, AtomicU64};
     use std::time::Instant;
 

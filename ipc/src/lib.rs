@@ -1,7 +1,9 @@
 //! Shared-memory plumbing for radixd: a named segment with a checked header,
-//! offsets instead of pointers, lock-free SPSC rings, futex doorbells, a
-//! client slot table with pid-reuse-proof liveness, scratch regions and a
-//! layout helper. It knows nothing about caches.
+//! offsets instead of pointers, lock-free SPSC rings, futex doorbells (and
+//! the spin-or-yield policy around them, `load`), a client slot table with
+//! pid-reuse-proof liveness, reader epochs for lock-free readers in other
+//! processes, scratch regions and a layout helper. It knows nothing about
+//! caches.
 //!
 //! Modules whose code only makes sense over a real mapping (`segment`,
 //! `liveness`, `scratch`) are compiled out under `--cfg loom`; the protocols
@@ -13,6 +15,8 @@ pub mod epoch;
 pub mod layout;
 #[cfg(not(loom))]
 pub mod liveness;
+#[cfg(not(loom))]
+pub mod load;
 pub mod ring;
 #[cfg(not(loom))]
 pub mod scratch;
@@ -23,13 +27,13 @@ pub mod shm;
 pub mod slots;
 pub mod sync;
 
-#[cfg(not(loom))]
-pub use doorbell::LoadSensor;
 pub use doorbell::{Doorbell, Spin, Wake};
 pub use epoch::{Blocked, Collector, EpochClock, Limbo, ReaderSlot};
 pub use layout::{
     ClientRegions, LayoutBuilder, LayoutConfig, LayoutError, SegmentLayout, INFO_BYTES, INFO_OFFSET,
 };
+#[cfg(not(loom))]
+pub use load::LoadSensor;
 pub use ring::{Consumer, HeapRing, Producer, RingError, RingHeader};
 #[cfg(not(loom))]
 pub use scratch::{Scratch, ScratchError};

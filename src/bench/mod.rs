@@ -8,140 +8,42 @@
 //! carry exactly the same requests: match and lock the prompt, allocate
 //! pages for the rest, insert, unlock, and now and then evict.
 
+mod args;
 pub mod baseline;
 mod plot;
+mod stats;
+mod table;
 mod uds;
+mod worker;
+mod workload;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use radixd_ipc::copy;
 use radixd_ipc::sync::{AtomicU32, Ordering};
 use serde::{Deserialize, Serialize};
 
 use crate::daemon::{serve, ServeConfig};
 use crate::engine::Config;
-use crate::op::Backend;
-use crate::op::{Reply, Request};
-use crate::replay::parse_trace;
 use crate::Client;
+use stats::merge;
+use table::{print_event_ratios, print_ratios, print_table};
+use workload::load_prompts;
 
+pub use args::{BenchArgs, Transport, WorkerArgs};
 pub use baseline::Baseline;
 pub use uds::{UdsClient, UdsServer};
+pub use worker::worker;
+pub use workload::Rng;
 
 /// Operations whose latency is reported, in step order.
 pub const OPS: [&str; 5] = ["match", "alloc", "insert", "unlock", "evict"];
 /// Every this many steps a worker also evicts.
 const EVICT_EVERY: u32 = 50;
-
-/// How requests travel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Transport {
-    /// Shared-memory rings (radixd).
-    Shm,
-    /// A Unix domain socket (the baseline).
-    Uds,
-}
-
-impl fmt::Display for Transport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Shm => "shm",
-            Self::Uds => "uds",
-        })
-    }
-}
-
-/// `radixd bench` flags.
-#[derive(clap::Args, Debug, Clone)]
-pub struct BenchArgs {
-    /// Client processes; a comma-separated list (1,2,4,8) runs each in turn.
-    #[arg(long, value_delimiter = ',', default_value = "1")]
-    pub clients: Vec<u32>,
-    /// Scheduler steps per client (each is 4 requests, plus an evict every 50).
-    #[arg(long, default_value_t = 5_000)]
-    pub requests: u32,
-    /// Tokens per prompt (trace prompts are cut to this).
-    #[arg(long, default_value_t = 1024)]
-    pub prompt_tokens: u32,
-    /// Tokens per KV page [default: 16; with --connect, the daemon's].
-    #[arg(long)]
-    pub page_size: Option<u32>,
-    /// Pages in the pool [default: 65536; with --connect, the daemon's].
-    #[arg(long)]
-    pub capacity: Option<u32>,
-    /// Transport to measure.
-    #[arg(long, value_enum, default_value_t = Transport::Shm)]
-    pub transport: Transport,
-    /// Run shm and uds back to back and print the ratios (implies
-    /// `--baseline`).
-    #[arg(long)]
-    pub compare: bool,
-    /// Measure, in the same run, a two-process one-cache-line ping-pong and
-    /// a 4 KiB cross-core copy, and print every round trip as a ratio to
-    /// them.
-    #[arg(long)]
-    pub baseline: bool,
-    /// Run the daemon with --busy-poll.
-    #[arg(long)]
-    pub busy_poll: bool,
-    /// Print JSON lines instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// Measure the running daemon of this segment name instead of starting
-    /// one (shm only).
-    #[arg(long, visible_alias = "name")]
-    pub connect: Option<String>,
-    /// Draw prompts from a Mooncake trace (block ids expanded to tokens).
-    #[arg(long)]
-    pub trace: Option<PathBuf>,
-    /// Tokens per trace block.
-    #[arg(long, default_value_t = 512)]
-    pub block_size: u32,
-    /// Draw p50 and p99 of `match` against clients as SVG.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
-    /// Run the daemon with `--kv-events` (shm only), with a subscriber
-    /// consuming the stream, and report what it received.
-    #[arg(long)]
-    pub kv_events: bool,
-    /// Run shm with KV events off, then on, and print the ratios.
-    #[arg(long, conflicts_with = "compare")]
-    pub kv_events_compare: bool,
-}
-
-/// Flags of the hidden worker subcommand.
-#[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
-pub struct WorkerArgs {
-    #[arg(long, value_enum)]
-    pub transport: Transport,
-    /// Segment name (shm) or socket path (uds).
-    #[arg(long)]
-    pub target: String,
-    #[arg(long)]
-    pub requests: u32,
-    #[arg(long)]
-    pub prompt_tokens: u32,
-    #[arg(long)]
-    pub page_size: u32,
-    #[arg(long)]
-    pub capacity: u32,
-    /// Worker number: seeds its prompts.
-    #[arg(long)]
-    pub worker: u32,
-    /// Workers in all (trace requests are dealt round-robin).
-    #[arg(long)]
-    pub workers: u32,
-    #[arg(long)]
-    pub trace: Option<PathBuf>,
-    #[arg(long, default_value_t = 512)]
-    pub block_size: u32,
-}
 
 /// Why a benchmark failed.
 #[derive(Debug)]
@@ -235,44 +137,6 @@ pub struct EventFigures {
     /// Resyncs after a queue overflow (the bench never resets, so each
     /// `AllBlocksCleared` is one).
     pub resyncs: u64,
-}
-
-impl BenchArgs {
-    /// Tokens per page of the measured cache.
-    pub fn page_size(&self) -> u32 {
-        self.page_size.unwrap_or(16)
-    }
-
-    /// Pages of the measured cache.
-    pub fn capacity(&self) -> u32 {
-        self.capacity.unwrap_or(65_536)
-    }
-
-    /// With `--connect`, the daemon's page size and capacity: a flag that
-    /// disagrees with the daemon is an error, not a silently wrong workload.
-    fn resolve(&self) -> Result<Self, BenchError> {
-        let Some(name) = &self.connect else {
-            return Ok(self.clone());
-        };
-        let client = Client::connect(name)
-            .map_err(|e| BenchError::Server(format!("cannot connect to {name}: {e}")))?;
-        let daemon = [("--page-size", self.page_size, client.page_size())]
-            .into_iter()
-            .chain([("--capacity", self.capacity, client.capacity())]);
-        for (flag, asked, has) in daemon {
-            if asked.is_some_and(|a| a != has) {
-                return Err(BenchError::Args(format!(
-                    "{flag} {} disagrees with the daemon {name} ({flag} {has}); leave it out",
-                    asked.unwrap_or_default()
-                )));
-            }
-        }
-        Ok(Self {
-            page_size: Some(client.page_size()),
-            capacity: Some(client.capacity()),
-            ..self.clone()
-        })
-    }
 }
 
 /// Runs `radixd bench`.
@@ -601,350 +465,4 @@ fn drive(children: &mut [Child]) -> Result<(Vec<WorkerReport>, f64), BenchError>
         reports.push(report);
     }
     Ok((reports, start.elapsed().as_secs_f64()))
-}
-
-fn percentile(sorted: &[u64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i] as f64 / 1e3
-}
-
-fn merge(
-    transport: Transport,
-    clients: u32,
-    busy_poll: bool,
-    reports: &[WorkerReport],
-    seconds: f64,
-) -> RunReport {
-    let mut ops = BTreeMap::new();
-    let mut requests = 0;
-    for op in OPS {
-        let mut all: Vec<u64> = reports
-            .iter()
-            .flat_map(|r| r.samples.get(op).into_iter().flatten().copied())
-            .collect();
-        all.sort_unstable();
-        requests += all.len() as u64;
-        ops.insert(
-            op.to_owned(),
-            Latency {
-                count: all.len() as u64,
-                p50_us: percentile(&all, 0.5),
-                p90_us: percentile(&all, 0.9),
-                p99_us: percentile(&all, 0.99),
-                p999_us: percentile(&all, 0.999),
-            },
-        );
-    }
-    let elapsed = reports.iter().map(|r| r.elapsed_ns as f64);
-    let (fast, slow) = elapsed.fold((f64::INFINITY, 0.0f64), |(lo, hi), e| {
-        (lo.min(e), hi.max(e))
-    });
-    let (hit, total) = reports
-        .iter()
-        .fold((0, 0), |(h, t), r| (h + r.hit_tokens, t + r.prompt_tokens));
-    RunReport {
-        transport,
-        clients,
-        busy_poll,
-        requests,
-        rejected: reports.iter().map(|r| r.rejected).sum(),
-        seconds,
-        requests_per_second: requests as f64 / seconds.max(1e-9),
-        hit_rate: hit as f64 / total.max(1) as f64,
-        fairness: if fast > 0.0 && fast.is_finite() {
-            slow / fast
-        } else {
-            1.0
-        },
-        ops,
-        kv_events: None,
-        baseline: None,
-    }
-}
-
-fn print_table(out: &mut impl Write, r: &RunReport) -> io::Result<()> {
-    let mode = if r.transport == Transport::Shm && r.busy_poll {
-        " (busy-poll)"
-    } else {
-        ""
-    };
-    writeln!(
-        out,
-        "{}{mode}, {} client(s): {} requests ({} rejected) in {:.2} s = {:.0} req/s, hit rate {:.1}%, slowest/fastest client {:.2}",
-        r.transport,
-        r.clients,
-        r.requests,
-        r.rejected,
-        r.seconds,
-        r.requests_per_second,
-        r.hit_rate * 100.0,
-        r.fairness
-    )?;
-    write!(
-        out,
-        "  {:<7} {:>8} {:>10} {:>10} {:>10} {:>10}",
-        "op", "count", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs"
-    )?;
-    if r.baseline.is_some() {
-        write!(out, " {:>14} {:>14}", "p50/ping-pong", "p50/4K copy")?;
-    }
-    writeln!(out)?;
-    for op in OPS {
-        if let Some(l) = r.ops.get(op) {
-            write!(
-                out,
-                "  {op:<7} {:>8} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
-                l.count, l.p50_us, l.p90_us, l.p99_us, l.p999_us
-            )?;
-            if let Some(b) = &r.baseline {
-                write!(
-                    out,
-                    " {:>14} {:>14}",
-                    baseline::ratio(l.p50_us, b.pingpong_p50_us),
-                    baseline::ratio(l.p50_us, b.copy4k_p50_us)
-                )?;
-            }
-            writeln!(out)?;
-        }
-    }
-    if let Some(e) = &r.kv_events {
-        writeln!(
-            out,
-            "  kv events: {} batches, {} events received; {} gaps, {} resyncs after overflow",
-            e.batches, e.events, e.gaps, e.resyncs
-        )?;
-    }
-    Ok(())
-}
-
-fn print_event_ratios(out: &mut impl Write, pair: &[RunReport]) -> io::Result<()> {
-    let [off, on] = pair else { return Ok(()) };
-    let ratio = |op: &str, f: fn(&Latency) -> f64| {
-        let (a, b) = (
-            off.ops.get(op).map_or(0.0, f),
-            on.ops.get(op).map_or(0.0, f),
-        );
-        if a > 0.0 {
-            b / a
-        } else {
-            0.0
-        }
-    };
-    writeln!(
-        out,
-        "  events on/off: match p50 {:.2}×, p99 {:.2}×; insert p50 {:.2}×, p99 {:.2}×; throughput {:.2}×\n",
-        ratio("match", |l| l.p50_us),
-        ratio("match", |l| l.p99_us),
-        ratio("insert", |l| l.p50_us),
-        ratio("insert", |l| l.p99_us),
-        on.requests_per_second / off.requests_per_second.max(1e-9)
-    )
-}
-
-fn print_ratios(out: &mut impl Write, pair: &[RunReport]) -> io::Result<()> {
-    let [shm, uds] = pair else { return Ok(()) };
-    let ratio = |f: fn(&Latency) -> f64| {
-        let (a, b) = (
-            shm.ops.get("match").map_or(0.0, f),
-            uds.ops.get("match").map_or(0.0, f),
-        );
-        if a > 0.0 {
-            b / a
-        } else {
-            0.0
-        }
-    };
-    writeln!(
-        out,
-        "  uds/shm, match: p50 {:.1}×, p99 {:.1}×; throughput shm/uds {:.1}×\n",
-        ratio(|l| l.p50_us),
-        ratio(|l| l.p99_us),
-        shm.requests_per_second / uds.requests_per_second.max(1e-9)
-    )
-}
-
-/// Prompts for worker `worker` of `workers`: trace requests dealt
-/// round-robin, each block id expanded to `block_size` tokens, cut to
-/// `max_tokens`.
-fn load_prompts(
-    path: &Path,
-    block_size: u32,
-    max_tokens: u32,
-    worker: u32,
-    workers: u32,
-) -> Result<Vec<Vec<u32>>, BenchError> {
-    let file = std::fs::File::open(path)?;
-    let requests = parse_trace(BufReader::new(file), &path.display().to_string())
-        .map_err(|e| BenchError::Args(e.to_string()))?;
-    let prompts: Vec<Vec<u32>> = requests
-        .iter()
-        .skip(worker as usize)
-        .step_by(workers.max(1) as usize)
-        .map(|r| {
-            let len = (r.input_length as usize).min(max_tokens as usize);
-            let tokens = r.hash_ids.iter().flat_map(|&id| {
-                (0..block_size).map(move |i| (id as u32).wrapping_mul(block_size).wrapping_add(i))
-            });
-            tokens.take(len).collect()
-        })
-        .filter(|p: &Vec<u32>| !p.is_empty())
-        .collect();
-    if prompts.is_empty() {
-        return Err(BenchError::Args(format!(
-            "{} holds no prompt for worker {worker}",
-            path.display()
-        )));
-    }
-    Ok(prompts)
-}
-
-/// A tiny deterministic generator (xorshift), so runs repeat exactly
-/// (`bench` workers and the `multi_scheduler` example draw prompts with it).
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next number in `0..n` (0 when `n` is 0).
-    pub fn below(&mut self, n: u32) -> u32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % u64::from(n.max(1))) as u32
-    }
-}
-
-/// Synthetic prompt `step` of `worker`: one of 4 system prompts, one of 16
-/// few-shot blocks, and the user's turn (a quarter of them repeat an
-/// earlier one, as multi-turn chats do).
-fn synthetic_prompt(rng: &mut Rng, worker: u32, step: u32, tokens: u32) -> Vec<u32> {
-    let system = rng.below(4);
-    let shot = rng.below(16);
-    let user = if step > 0 && rng.below(4) == 0 {
-        rng.below(step)
-    } else {
-        step
-    };
-    let part = tokens / 4;
-    let mut p: Vec<u32> = (0..part).map(|i| 1 << 30 | system << 20 | i).collect();
-    p.extend((0..part).map(|i| 2 << 30 | shot << 20 | i));
-    p.extend(
-        (0..tokens - 2 * part)
-            .map(|i| 3 << 30 | (worker & 0xff) << 22 | (user & 0x3fff) << 8 | (i & 0xff)),
-    );
-    p
-}
-
-/// The hidden `bench-worker` subcommand: connect, say "ready", wait for
-/// "go", run the steps, print one JSON report.
-pub fn worker(args: &WorkerArgs) -> Result<(), BenchError> {
-    let config = Config {
-        page_size: args.page_size,
-        capacity: args.capacity,
-    };
-    let mut backend: Box<dyn Backend> = match args.transport {
-        Transport::Shm => {
-            Box::new(Client::connect(&args.target).map_err(|e| BenchError::Server(e.to_string()))?)
-        }
-        Transport::Uds => Box::new(UdsClient::connect(Path::new(&args.target), config)?),
-    };
-    let prompts = match &args.trace {
-        Some(path) => Some(load_prompts(
-            path,
-            args.block_size,
-            args.prompt_tokens,
-            args.worker,
-            args.workers,
-        )?),
-        None => None,
-    };
-    let mut stdout = io::stdout().lock();
-    writeln!(stdout, "ready")?;
-    stdout.flush()?;
-    let mut go = String::new();
-    io::stdin().read_line(&mut go)?;
-
-    let mut report = WorkerReport::default();
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (u64::from(args.worker) + 1) << 17);
-    let start = Instant::now();
-    for step in 0..args.requests {
-        let prompt = match &prompts {
-            Some(p) => p[step as usize % p.len()].clone(),
-            None => synthetic_prompt(&mut rng, args.worker, step, args.prompt_tokens),
-        };
-        scheduler_step(backend.as_mut(), &prompt, args.page_size, step, &mut report);
-    }
-    report.elapsed_ns = start.elapsed().as_nanos() as u64;
-    writeln!(
-        stdout,
-        "{}",
-        serde_json::to_string(&report).map_err(|e| BenchError::Worker(e.to_string()))?
-    )?;
-    Ok(())
-}
-
-/// One step of a scheduler: match+lock, alloc the rest, insert, unlock.
-fn scheduler_step(
-    backend: &mut dyn Backend,
-    prompt: &[u32],
-    page_size: u32,
-    step: u32,
-    report: &mut WorkerReport,
-) {
-    let mut timed = |op: &str, request: Request| {
-        let t = Instant::now();
-        let result = backend.call(request);
-        report
-            .samples
-            .entry(op.to_owned())
-            .or_default()
-            .push(t.elapsed().as_nanos() as u64);
-        if result.is_err() {
-            report.rejected += 1;
-        }
-        result.ok()
-    };
-    let (len, mut pages, handle) = match timed(
-        "match",
-        Request::Match {
-            tokens: copy::to_vec(prompt),
-            lock: true,
-        },
-    ) {
-        Some(Reply::Matched {
-            len, pages, handle, ..
-        }) => (len, pages, handle),
-        _ => (0, Vec::new(), None),
-    };
-    let whole = prompt.len() / page_size as usize;
-    if let Some(Reply::Pages(fresh)) = timed(
-        "alloc",
-        Request::Alloc {
-            n: (whole - pages.len()) as u64,
-        },
-    ) {
-        pages.extend(fresh);
-        timed(
-            "insert",
-            Request::Insert {
-                tokens: copy::to_vec(prompt),
-                pages,
-                lock: false,
-            },
-        );
-    }
-    if let Some(handle) = handle {
-        timed("unlock", Request::Unlock { handle });
-    }
-    if step % EVICT_EVERY == EVICT_EVERY - 1 {
-        timed(
-            "evict",
-            Request::Evict {
-                tokens: u64::from(4 * page_size),
-            },
-        );
-    }
-    report.hit_tokens += len;
-    report.prompt_tokens += prompt.len() as u64;
 }

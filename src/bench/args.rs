@@ -1,0 +1,152 @@
+//! `radixd bench` flags: what to measure, and what a worker process is told.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::BenchError;
+use crate::Client;
+
+/// How requests travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// Shared-memory rings (radixd).
+    Shm,
+    /// A Unix domain socket (the baseline).
+    Uds,
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Shm => "shm",
+            Self::Uds => "uds",
+        })
+    }
+}
+
+/// `radixd bench` flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Client processes; a comma-separated list (1,2,4,8) runs each in turn.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub clients: Vec<u32>,
+    /// Scheduler steps per client (each is 4 requests, plus an evict every 50).
+    #[arg(long, default_value_t = 5_000)]
+    pub requests: u32,
+    /// Tokens per prompt (trace prompts are cut to this).
+    #[arg(long, default_value_t = 1024)]
+    pub prompt_tokens: u32,
+    /// Tokens per KV page [default: 16; with --connect, the daemon's].
+    #[arg(long)]
+    pub page_size: Option<u32>,
+    /// Pages in the pool [default: 65536; with --connect, the daemon's].
+    #[arg(long)]
+    pub capacity: Option<u32>,
+    /// Transport to measure.
+    #[arg(long, value_enum, default_value_t = Transport::Shm)]
+    pub transport: Transport,
+    /// Run shm and uds back to back and print the ratios (implies
+    /// `--baseline`).
+    #[arg(long)]
+    pub compare: bool,
+    /// Measure, in the same run, a two-process one-cache-line ping-pong and
+    /// a 4 KiB cross-core copy, and print every round trip as a ratio to
+    /// them.
+    #[arg(long)]
+    pub baseline: bool,
+    /// Run the daemon with --busy-poll.
+    #[arg(long)]
+    pub busy_poll: bool,
+    /// Print JSON lines instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Measure the running daemon of this segment name instead of starting
+    /// one (shm only).
+    #[arg(long, visible_alias = "name")]
+    pub connect: Option<String>,
+    /// Draw prompts from a Mooncake trace (block ids expanded to tokens).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Tokens per trace block.
+    #[arg(long, default_value_t = 512)]
+    pub block_size: u32,
+    /// Draw p50 and p99 of `match` against clients as SVG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Run the daemon with `--kv-events` (shm only), with a subscriber
+    /// consuming the stream, and report what it received.
+    #[arg(long)]
+    pub kv_events: bool,
+    /// Run shm with KV events off, then on, and print the ratios.
+    #[arg(long, conflicts_with = "compare")]
+    pub kv_events_compare: bool,
+}
+
+/// Flags of the hidden worker subcommand.
+#[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerArgs {
+    #[arg(long, value_enum)]
+    pub transport: Transport,
+    /// Segment name (shm) or socket path (uds).
+    #[arg(long)]
+    pub target: String,
+    #[arg(long)]
+    pub requests: u32,
+    #[arg(long)]
+    pub prompt_tokens: u32,
+    #[arg(long)]
+    pub page_size: u32,
+    #[arg(long)]
+    pub capacity: u32,
+    /// Worker number: seeds its prompts.
+    #[arg(long)]
+    pub worker: u32,
+    /// Workers in all (trace requests are dealt round-robin).
+    #[arg(long)]
+    pub workers: u32,
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    #[arg(long, default_value_t = 512)]
+    pub block_size: u32,
+}
+
+impl BenchArgs {
+    /// Tokens per page of the measured cache.
+    pub fn page_size(&self) -> u32 {
+        self.page_size.unwrap_or(16)
+    }
+
+    /// Pages of the measured cache.
+    pub fn capacity(&self) -> u32 {
+        self.capacity.unwrap_or(65_536)
+    }
+
+    /// With `--connect`, the daemon's page size and capacity: a flag that
+    /// disagrees with the daemon is an error, not a silently wrong workload.
+    pub(super) fn resolve(&self) -> Result<Self, BenchError> {
+        let Some(name) = &self.connect else {
+            return Ok(self.clone());
+        };
+        let client = Client::connect(name)
+            .map_err(|e| BenchError::Server(format!("cannot connect to {name}: {e}")))?;
+        let daemon = [("--page-size", self.page_size, client.page_size())]
+            .into_iter()
+            .chain([("--capacity", self.capacity, client.capacity())]);
+        for (flag, asked, has) in daemon {
+            if asked.is_some_and(|a| a != has) {
+                return Err(BenchError::Args(format!(
+                    "{flag} {} disagrees with the daemon {name} ({flag} {has}); leave it out",
+                    asked.unwrap_or_default()
+                )));
+            }
+        }
+        Ok(Self {
+            page_size: Some(client.page_size()),
+            capacity: Some(client.capacity()),
+            ..self.clone()
+        })
+    }
+}

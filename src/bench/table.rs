@@ -1,0 +1,106 @@
+//! The human-readable report: one table per run, ratios between runs.
+
+use std::io::{self, Write};
+
+use super::{baseline, Latency, RunReport, Transport, OPS};
+
+pub(super) fn print_table(out: &mut impl Write, r: &RunReport) -> io::Result<()> {
+    let mode = if r.transport == Transport::Shm && r.busy_poll {
+        " (busy-poll)"
+    } else {
+        ""
+    };
+    writeln!(
+        out,
+        "{}{mode}, {} client(s): {} requests ({} rejected) in {:.2} s = {:.0} req/s, hit rate {:.1}%, slowest/fastest client {:.2}",
+        r.transport,
+        r.clients,
+        r.requests,
+        r.rejected,
+        r.seconds,
+        r.requests_per_second,
+        r.hit_rate * 100.0,
+        r.fairness
+    )?;
+    write!(
+        out,
+        "  {:<7} {:>8} {:>10} {:>10} {:>10} {:>10}",
+        "op", "count", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs"
+    )?;
+    if r.baseline.is_some() {
+        write!(out, " {:>14} {:>14}", "p50/ping-pong", "p50/4K copy")?;
+    }
+    writeln!(out)?;
+    for op in OPS {
+        if let Some(l) = r.ops.get(op) {
+            write!(
+                out,
+                "  {op:<7} {:>8} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+                l.count, l.p50_us, l.p90_us, l.p99_us, l.p999_us
+            )?;
+            if let Some(b) = &r.baseline {
+                write!(
+                    out,
+                    " {:>14} {:>14}",
+                    baseline::ratio(l.p50_us, b.pingpong_p50_us),
+                    baseline::ratio(l.p50_us, b.copy4k_p50_us)
+                )?;
+            }
+            writeln!(out)?;
+        }
+    }
+    if let Some(e) = &r.kv_events {
+        writeln!(
+            out,
+            "  kv events: {} batches, {} events received; {} gaps, {} resyncs after overflow",
+            e.batches, e.events, e.gaps, e.resyncs
+        )?;
+    }
+    Ok(())
+}
+
+pub(super) fn print_event_ratios(out: &mut impl Write, pair: &[RunReport]) -> io::Result<()> {
+    let [off, on] = pair else { return Ok(()) };
+    let ratio = |op: &str, f: fn(&Latency) -> f64| {
+        let (a, b) = (
+            off.ops.get(op).map_or(0.0, f),
+            on.ops.get(op).map_or(0.0, f),
+        );
+        if a > 0.0 {
+            b / a
+        } else {
+            0.0
+        }
+    };
+    writeln!(
+        out,
+        "  events on/off: match p50 {:.2}×, p99 {:.2}×; insert p50 {:.2}×, p99 {:.2}×; throughput {:.2}×\n",
+        ratio("match", |l| l.p50_us),
+        ratio("match", |l| l.p99_us),
+        ratio("insert", |l| l.p50_us),
+        ratio("insert", |l| l.p99_us),
+        on.requests_per_second / off.requests_per_second.max(1e-9)
+    )
+}
+
+pub(super) fn print_ratios(out: &mut impl Write, pair: &[RunReport]) -> io::Result<()> {
+    let [shm, uds] = pair else { return Ok(()) };
+    let ratio = |f: fn(&Latency) -> f64| {
+        let (a, b) = (
+            shm.ops.get("match").map_or(0.0, f),
+            uds.ops.get("match").map_or(0.0, f),
+        );
+        if a > 0.0 {
+            b / a
+        } else {
+            0.0
+        }
+    };
+    writeln!(
+        out,
+        "  uds/shm, match: p50 {:.1}×, p99 {:.1}×; throughput shm/uds {:.1}×\n",
+        ratio(|l| l.p50_us),
+        ratio(|l| l.p99_us),
+        shm.requests_per_second / uds.requests_per_second.max(1e-9)
+    )
+}

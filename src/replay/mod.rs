@@ -35,7 +35,7 @@ pub use policy::Policy;
 pub use radix::Radix;
 pub use registry::{make_policy, MAX_CAPACITY, POLICY_NAMES};
 pub use s3fifo::{small_queue_capacity, S3Fifo};
-pub use trace::{parse_trace, Request};
+pub use trace::{parse_trace, TraceRequest};
 
 /// Flags of `radixd replay TRACE --policy ... --capacity ...`.
 #[derive(clap::Args, Debug, Clone)]
@@ -103,7 +103,7 @@ pub struct RequestOutcome {
 /// Replays `requests` through `policy` (fresh, of `capacity` blocks), calling
 /// `each` after every request.
 pub fn replay_with<E>(
-    requests: &[Request],
+    requests: &[TraceRequest],
     policy: &mut dyn Policy,
     capacity: usize,
     block_size: u64,
@@ -146,7 +146,7 @@ pub fn replay_with<E>(
 
 /// [`replay_with`] without a per-request callback.
 pub fn replay(
-    requests: &[Request],
+    requests: &[TraceRequest],
     policy: &mut dyn Policy,
     capacity: usize,
     block_size: u64,

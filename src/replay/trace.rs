@@ -8,7 +8,7 @@ use super::ReplayError;
 
 /// One request of a trace line.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Request {
+pub struct TraceRequest {
     /// Arrival time in milliseconds.
     pub timestamp: u64,
     /// Prompt length in tokens.
@@ -25,7 +25,7 @@ pub struct Request {
 /// Blank lines are skipped; any other line that is not a request object is
 /// an error naming its 1-based line number. `source` names the trace in I/O
 /// error messages.
-pub fn parse_trace(reader: impl BufRead, source: &str) -> Result<Vec<Request>, ReplayError> {
+pub fn parse_trace(reader: impl BufRead, source: &str) -> Result<Vec<TraceRequest>, ReplayError> {
     let mut requests = Vec::new();
     let mut reader = reader;
     let mut line = String::new();
@@ -42,10 +42,11 @@ pub fn parse_trace(reader: impl BufRead, source: &str) -> Result<Vec<Request>, R
         if line.trim().is_empty() {
             continue;
         }
-        let request = serde_json::from_str::<Request>(&line).map_err(|e| ReplayError::Parse {
-            line: line_no,
-            message: column_only(&e),
-        })?;
+        let request =
+            serde_json::from_str::<TraceRequest>(&line).map_err(|e| ReplayError::Parse {
+                line: line_no,
+                message: column_only(&e),
+            })?;
         requests.push(request);
     }
 }

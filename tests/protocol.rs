@@ -307,3 +307,19 @@ fn a_stuck_or_broken_client_leaves_the_daemon_idle() {
     fine.stats().unwrap();
     drop((stuck, broken));
 }
+
+/// A record stamped with another claim's generation (a previous holder's)
+/// is dropped unanswered: had it been answered, the client's next call
+/// would meet an answer out of sequence.
+#[test]
+fn a_record_of_another_generation_is_dropped() {
+    let daemon = Daemon::start(&["--page-size", "1", "--capacity", "16"]);
+    let mut client = connect(&daemon);
+    let mut raw = Raw::new(&daemon.name, &client);
+    raw.generation = raw.generation.wrapping_sub(1);
+    assert!(raw.post(&Request::Alloc { n: 2 }, 0));
+    std::thread::sleep(Duration::from_millis(100));
+    let (s, _) = client.stats().expect("no stray answer in the way");
+    assert_eq!((s.owned_pages, s.free_pages), (0, 16), "{s:?}");
+    assert_eq!(client.alloc(1).unwrap().len(), 1);
+}

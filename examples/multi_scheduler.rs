@@ -42,13 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     static STOP: AtomicU32 = AtomicU32::new(0);
     let daemon = std::thread::spawn(move || serve(&config, &STOP));
-    let start = Instant::now();
-    while Client::connect(&name).is_err() {
-        if start.elapsed() > Duration::from_secs(5) {
-            return Err("the daemon did not start".into());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    drop(Client::connect_waiting(&name, Duration::from_secs(5))?);
     println!("daemon up on /dev/shm/{name}; {SCHEDULERS} schedulers × {REQUESTS} requests");
     let me = std::env::current_exe()?;
     let children: Vec<_> = (0..SCHEDULERS)

@@ -15,14 +15,14 @@ use std::time::{Duration, Instant};
 use radixd_ipc::copy;
 use radixd_ipc::sync::{spin_loop, yield_now, Ordering};
 use radixd_ipc::{
-    ClaimError, Consumer, Doorbell, LoadSensor, Offset, OpenError, Producer, Scratch, Segment,
-    Spin, INFO_OFFSET,
+    ClaimError, Consumer, Doorbell, LoadSensor, Offset, OpenError, Producer, RegionError,
+    RingError, Scratch, ScratchError, Segment, Spin, INFO_OFFSET,
 };
 
 use crate::engine::{Handle, Stats, TreeReader};
 use crate::op::{ErrorKind, Rejection, Reply, Request};
-use crate::segment::{read_info, Info, Layout, LiveStats, PROTOCOL_VERSION, RING_CAPACITY};
-use crate::wire::{self, WireReply, WireRequest};
+use crate::shared::{read_info, Info, LiveStats, SharedLayout, PROTOCOL_VERSION, RING_CAPACITY};
+use crate::wire::{self, BadReply, WireReply, WireRequest};
 
 /// How long a client spins for an answer before it sleeps (when the host
 /// has a core to spare; otherwise it yields a few times and sleeps at once,
@@ -58,14 +58,63 @@ pub enum ClientError {
     Rejected(Rejection),
     /// The request does not fit this client's scratch area.
     TooLarge { bytes: usize, room: usize },
-    /// The daemon broke the protocol.
-    Protocol(String),
+    /// The daemon (or the segment) broke the protocol.
+    Protocol(ProtocolError),
     /// A lock-free read kept colliding with the daemon's writes.
     Contended,
     /// An earlier call left this connection out of step with the daemon
-    /// (a protocol violation); every call fails so until a reconnect, which
-    /// releases everything this client held.
-    Broken(String),
+    /// (the protocol violation named); every call fails so until a
+    /// reconnect, which releases everything this client held.
+    Broken(ProtocolError),
+}
+
+/// How the daemon or the segment broke the protocol, as a client saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// A part of the segment lies outside the mapping.
+    Region(RegionError),
+    /// A ring's counters are corrupt.
+    Ring(RingError),
+    /// The scratch window of an answer lies outside the scratch area.
+    Scratch(ScratchError),
+    /// Claiming a slot failed in a way the protocol does not foresee.
+    Claim(ClaimError),
+    /// The engine could not be mapped read-only (`mprotect` failed).
+    Protect(std::io::ErrorKind),
+    /// An answer arrived out of sequence.
+    OutOfSequence { expected: u64, got: u64 },
+    /// An answer that does not decode.
+    BadReply(BadReply),
+    /// An answer of the wrong kind for its request.
+    Unexpected(&'static str),
+    /// The daemon answered nothing to a posted request.
+    NoAnswer,
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Region(e) => write!(f, "segment region: {e}"),
+            Self::Ring(e) => write!(f, "ring: {e}"),
+            Self::Scratch(e) => write!(f, "answer window: {e}"),
+            Self::Claim(e) => write!(f, "slot claim: {e}"),
+            Self::Protect(k) => write!(f, "cannot map the engine read-only: {k}"),
+            Self::OutOfSequence { expected, got } => {
+                write!(f, "answer {got} for request {expected}")
+            }
+            Self::BadReply(e) => e.fmt(f),
+            Self::Unexpected(kind) => write!(f, "unexpected answer {kind}"),
+            Self::NoAnswer => f.write_str("no answer"),
+        }
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+impl From<ProtocolError> for ClientError {
+    fn from(e: ProtocolError) -> Self {
+        Self::Protocol(e)
+    }
 }
 
 impl fmt::Display for ClientError {
@@ -89,7 +138,7 @@ impl fmt::Display for ClientError {
             }
             Self::Protocol(m) => write!(f, "protocol error: {m}"),
             Self::Contended => write!(f, "the tree kept changing under the read; try again"),
-            Self::Broken(m) => write!(f, "client connection broken ({m}); reconnect"),
+            Self::Broken(e) => write!(f, "client connection broken ({e}); reconnect"),
         }
     }
 }
@@ -124,7 +173,7 @@ pub struct InsertResult {
 /// A connection to a running daemon.
 pub struct Client {
     segment: Segment,
-    layout: Layout,
+    layout: SharedLayout,
     slot: u32,
     /// Generation of this client's claim: the high half of every `seq`, so
     /// the daemon drops records of another holder of the slot.
@@ -138,7 +187,7 @@ pub struct Client {
     /// client: given back (free, unlock) before the next call.
     to_return: Returns,
     /// Set by a protocol violation: every later call fails with it.
-    broken: Option<String>,
+    broken: Option<ProtocolError>,
     /// Longest wait for an answer.
     pub timeout: Duration,
     /// Whether to spin or yield while waiting, sampled every
@@ -196,16 +245,34 @@ struct Port<'s> {
 }
 
 impl Client {
+    /// [`Client::connect`], retrying for at most `wait` while no daemon
+    /// serves `name` yet (one that is still starting): for a program that
+    /// starts its own daemon. Any other failure is returned at once.
+    pub fn connect_waiting(name: &str, wait: Duration) -> Result<Self, ClientError> {
+        let deadline = Instant::now() + wait;
+        loop {
+            match Self::connect(name) {
+                Err(
+                    ClientError::Open(
+                        OpenError::NotFound | OpenError::NotReady | OpenError::DaemonDead,
+                    )
+                    | ClientError::NotReady,
+                ) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+                done => return done,
+            }
+        }
+    }
+
     /// Connects to the daemon serving segment `name`.
     pub fn connect(name: &str) -> Result<Self, ClientError> {
         let segment = Segment::open_unverified(name).map_err(ClientError::Open)?;
         let info: &Info = segment
             .get(Offset::new(INFO_OFFSET))
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            .map_err(ProtocolError::Region)?;
         let start = Instant::now();
-        // Acquire: pairs with the Release store of `ready` in `serve`, so
+        // Acquire: pairs with the Release store of `serving` in `serve`, so
         // the configuration and the engine are in place.
-        while info.ready.load(Ordering::Acquire) == 0 {
+        while info.serving.load(Ordering::Acquire) == 0 {
             if start.elapsed() > READY_WAIT || !segment.is_daemon_alive().unwrap_or(false) {
                 return Err(ClientError::NotReady);
             }
@@ -221,7 +288,7 @@ impl Client {
             });
         }
         let config = read_info(info).ok_or(ClientError::LayoutMismatch)?;
-        let layout = Layout::new(config).map_err(|_| ClientError::LayoutMismatch)?;
+        let layout = SharedLayout::new(config).map_err(|_| ClientError::LayoutMismatch)?;
         if layout.ipc.hash != segment.info().layout_hash || layout.ipc.total_size != segment.len() {
             return Err(ClientError::LayoutMismatch);
         }
@@ -234,7 +301,7 @@ impl Client {
         let claim = claim.map_err(|e| match e {
             ClaimError::Full => ClientError::SegmentFull,
             ClaimError::Table(_) => ClientError::LayoutMismatch,
-            e => ClientError::Protocol(e.to_string()),
+            e => ProtocolError::Claim(e).into(),
         })?;
         let client = Self {
             segment,
@@ -308,7 +375,7 @@ impl Client {
     /// gives back what they handed over (pages freed, locks dropped).
     fn resync(&mut self) -> Result<(), ClientError> {
         if let Some(m) = &self.broken {
-            return Err(ClientError::Broken(m.clone()));
+            return Err(ClientError::Broken(*m));
         }
         if !self.outstanding.is_empty() {
             let port = port_of(&self.segment, &self.layout, self.slot)?;
@@ -320,9 +387,9 @@ impl Client {
                 let answer = read_answer(&port, &reply, sent, &mut buf);
                 let answer = match answer {
                     Ok(a) => a,
-                    Err(m) => {
-                        self.broken = Some(m.clone());
-                        return Err(ClientError::Broken(m));
+                    Err(e) => {
+                        self.broken = Some(e);
+                        return Err(ClientError::Broken(e));
                     }
                 };
                 self.to_return.note(sent.locks, &answer);
@@ -354,40 +421,36 @@ impl Client {
 }
 
 /// The rings, doorbells and scratch of slot `slot`.
-fn port_of<'s>(segment: &'s Segment, layout: &Layout, slot: u32) -> Result<Port<'s>, ClientError> {
-    {
-        let broken = |e: &dyn fmt::Display| ClientError::Protocol(e.to_string());
-        let c = layout
-            .ipc
-            .client(slot)
-            .ok_or_else(|| broken(&"slot out of range"))?;
-        let cap = u64::from(RING_CAPACITY);
-        let s = segment;
-        let req_header = s.get(c.request_header).map_err(|e| broken(&e))?;
-        let req_slots = s.slice(c.request_slots, cap).map_err(|e| broken(&e))?;
-        let resp_header = s.get(c.response_header).map_err(|e| broken(&e))?;
-        let resp_slots = s.slice(c.response_slots, cap).map_err(|e| broken(&e))?;
-        Ok(Port {
-            // SAFETY: this client holds the slot's claim, so it is the only
-            // producer of its request ring and the only consumer of its
-            // response ring; `&self` views never overlap a `&mut self` call.
-            requests: unsafe { Producer::new(req_header, req_slots) }.map_err(|e| broken(&e))?,
-            // SAFETY: as above.
-            replies: unsafe { Consumer::new(resp_header, resp_slots) }.map_err(|e| broken(&e))?,
-            doorbell: s.get(c.response_doorbell).map_err(|e| broken(&e))?,
-            daemon: s.get(layout.ipc.daemon_doorbell).map_err(|e| broken(&e))?,
-            scratch: s
-                .scratch(c.scratch, c.scratch_len)
-                .map_err(|e| broken(&e))?,
-        })
-    }
+fn port_of<'s>(
+    segment: &'s Segment,
+    layout: &SharedLayout,
+    slot: u32,
+) -> Result<Port<'s>, ClientError> {
+    let block = segment
+        .client_block(&layout.ipc, slot)
+        .map_err(ProtocolError::Region)?;
+    Ok(Port {
+        // SAFETY: this client holds the slot's claim, so it is the only
+        // producer of its request ring and the only consumer of its
+        // response ring; `&self` views never overlap a `&mut self` call.
+        requests: unsafe { Producer::new(block.request_header, block.request_slots) }
+            .map_err(ProtocolError::Ring)?,
+        // SAFETY: as above.
+        replies: unsafe { Consumer::new(block.response_header, block.response_slots) }
+            .map_err(ProtocolError::Ring)?,
+        doorbell: block.response_doorbell,
+        daemon: segment
+            .get(layout.ipc.daemon_doorbell)
+            .map_err(ProtocolError::Region)?,
+        scratch: block.scratch,
+    })
 }
 
 /// A protocol error leaves the connection out of step: remember it, so
 /// every later call says so.
-fn break_on(broken: &mut Option<String>, e: ClientError) -> ClientError {
-    if let ClientError::Protocol(m) = &e {
-        *broken = Some(m.clone());
+fn break_on(broken: &mut Option<ProtocolError>, e: ClientError) -> ClientError {
+    if let ClientError::Protocol(p) = e {
+        *broken = Some(p);
     }
     e
 }
@@ -399,14 +462,17 @@ fn read_answer(
     reply: &WireReply,
     sent: Sent,
     buf: &mut Vec<u8>,
-) -> Result<Result<Reply, Rejection>, String> {
+) -> Result<Result<Reply, Rejection>, ProtocolError> {
     if reply.seq != sent.seq {
-        return Err(format!("answer {} for request {}", reply.seq, sent.seq));
+        return Err(ProtocolError::OutOfSequence {
+            expected: sent.seq,
+            got: reply.seq,
+        });
     }
     port.scratch
         .read_bytes(u64::from(sent.window), u64::from(reply.payload_len), buf)
-        .map_err(|e| e.to_string())?;
-    wire::decode_reply(reply, buf).map_err(|e| e.to_string())
+        .map_err(ProtocolError::Scratch)?;
+    wire::decode_reply(reply, buf).map_err(ProtocolError::BadReply)
 }
 
 impl Client {
@@ -415,7 +481,7 @@ impl Client {
         let mut answers = self.batch(std::slice::from_ref(request))?;
         match answers.pop() {
             Some(answer) => answer.map_err(ClientError::Rejected),
-            None => Err(ClientError::Protocol("no answer".into())),
+            None => Err(ProtocolError::NoAnswer.into()),
         }
     }
 
@@ -515,7 +581,7 @@ impl Client {
                 })
                 .and_then(|()| port.scratch.write_bytes(at + words as u64, e.session));
             if let Err(e) = written {
-                posted = Err(ClientError::Protocol(e.to_string()));
+                posted = Err(ProtocolError::Scratch(e).into());
                 break;
             }
             payload_at += e.payload_len();
@@ -550,9 +616,9 @@ impl Client {
             };
             match read_answer(&port, &reply, front, &mut buf) {
                 Ok(answer) => answers.push(answer),
-                Err(m) => {
-                    self.broken = Some(m.clone());
-                    return Err(ClientError::Broken(m));
+                Err(e) => {
+                    self.broken = Some(e);
+                    return Err(ClientError::Broken(e));
                 }
             }
             self.outstanding.pop_front();
@@ -567,7 +633,7 @@ impl Client {
         let base = self
             .segment
             .region(self.layout.engine_at, self.layout.engine.size() as u64)
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            .map_err(ProtocolError::Region)?;
         // SAFETY: the engine region lies inside our mapping (checked just
         // now), which lives as long as `self` and therefore the reader; it
         // is page aligned (the layout puts it after a page-aligned stats
@@ -734,7 +800,7 @@ fn wait(
         match port.replies.pop() {
             Ok(Some(reply)) => return Ok(reply),
             Ok(None) => {}
-            Err(e) => return Err(ClientError::Protocol(e.to_string())),
+            Err(e) => return Err(ProtocolError::Ring(e).into()),
         }
         tries += 1;
         if oversubscribed {
@@ -770,11 +836,11 @@ fn gone_or(segment: &Segment, other: ClientError) -> ClientError {
 /// Maps the user area (live stats and engine) read-only in this process: a
 /// client reads them at most, and a stray write of its own should fault
 /// here rather than corrupt the cache every client shares.
-fn protect_engine(segment: &Segment, layout: &Layout) -> Result<(), ClientError> {
+fn protect_engine(segment: &Segment, layout: &SharedLayout) -> Result<(), ClientError> {
     let len = layout.ipc.total_size - layout.ipc.user;
     let start = segment
         .region(layout.ipc.user, len)
-        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        .map_err(ProtocolError::Region)?;
     // SAFETY: the range is page aligned (the user area starts on a page and
     // the segment size is a page multiple) and lies inside our mapping;
     // nothing in this process writes it, so dropping write access breaks no
@@ -782,15 +848,13 @@ fn protect_engine(segment: &Segment, layout: &Layout) -> Result<(), ClientError>
     let rc = unsafe { libc::mprotect(start.as_ptr().cast(), len as usize, libc::PROT_READ) };
     if rc != 0 {
         let err = std::io::Error::last_os_error();
-        return Err(ClientError::Protocol(format!(
-            "cannot map the engine read-only: {err}"
-        )));
+        return Err(ProtocolError::Protect(err.kind()).into());
     }
     Ok(())
 }
 
 fn unexpected(reply: Reply) -> ClientError {
-    ClientError::Protocol(format!("unexpected answer {reply:?}"))
+    ProtocolError::Unexpected(reply.kind()).into()
 }
 
 impl Drop for Client {

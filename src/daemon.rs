@@ -22,8 +22,8 @@ use radixd_ipc::{
 
 use crate::engine::{ClientId, ConfigError, Engine, CORRUPT};
 use crate::op::{self, ErrorKind, Rejection, Request};
-use crate::segment::{
-    bucket_of, write_info, Info, Layout, LayoutProblem, LiveStats, SegmentConfig, ShmRegion,
+use crate::shared::{
+    bucket_of, write_info, Info, LayoutProblem, LiveStats, SegmentConfig, SharedLayout, ShmRegion,
 };
 use crate::wire::{self, ScratchWindow, WireReply, WireRequest};
 
@@ -128,7 +128,7 @@ impl fmt::Display for ServeError {
 impl std::error::Error for ServeError {}
 
 /// One client slot as the daemon sees it.
-struct Port<'s> {
+struct Peer<'s> {
     requests: Consumer<'s, WireRequest>,
     replies: Producer<'s, WireReply>,
     doorbell: &'s Doorbell,
@@ -166,7 +166,7 @@ pub fn serve_reporting(
         clients: config.max_clients,
         scratch_bytes: config.scratch_bytes,
     };
-    let layout = Layout::new(seg_config).map_err(ServeError::Layout)?;
+    let layout = SharedLayout::new(seg_config).map_err(ServeError::Layout)?;
     let segment = Segment::create(
         &config.name,
         layout.ipc.total_size,
@@ -194,8 +194,8 @@ pub fn serve_reporting(
     let mut engine = Engine::in_region(region, layout.engine).map_err(ServeError::Engine)?;
     let mut events = crate::events::Events::start(config.events.as_ref(), &mut engine, live)
         .map_err(ServeError::Events)?;
-    let mut ports = (0..config.max_clients)
-        .map(|i| port(&segment, &layout, i))
+    let mut peers = (0..config.max_clients)
+        .map(|i| peer(&segment, &layout, i))
         .collect::<Result<Vec<_>, _>>()?;
     let slots = segment
         .slots(layout.ipc.slots, config.max_clients)
@@ -207,7 +207,7 @@ pub fn serve_reporting(
     live.set_engine(&engine.stats(), 0);
     // Release: publishes the configuration and the formatted engine; pairs
     // with the Acquire load of `ready` in `Client::connect`.
-    info.ready.store(1, Ordering::Release);
+    info.serving.store(1, Ordering::Release);
     started(&Started {
         path: segment.path().to_owned(),
         bytes: segment.len(),
@@ -219,20 +219,20 @@ pub fn serve_reporting(
     // Relaxed: a plain flag set by the signal handler; nothing to order.
     while stop.load(Ordering::Relaxed) == 0 {
         let mut work = 0;
-        for (index, port) in ports.iter_mut().enumerate() {
+        for (index, peer) in peers.iter_mut().enumerate() {
             let index = index as u32;
             let Ok(word) = slots.word(index) else {
                 continue;
             };
-            port.serving = adopt(&mut engine, port, &slots, index, word, live);
-            if !port.serving || port.broken {
+            peer.serving = adopt(&mut engine, peer, &slots, index, word, live);
+            if !peer.serving || peer.broken {
                 continue;
             }
-            work += drain(&mut engine, port, index, live, config.allow_reset, |i| {
+            work += drain(&mut engine, peer, index, live, config.allow_reset, |i| {
                 slots.word(i).ok()
             });
         }
-        if let Some(damage) = ports.iter_mut().find_map(|p| p.corrupt.take()) {
+        if let Some(damage) = peers.iter_mut().find_map(|p| p.corrupt.take()) {
             return Err(ServeError::Corrupted(damage));
         }
         events.after_requests(&mut engine, live);
@@ -247,8 +247,8 @@ pub fn serve_reporting(
         }
         if now.duration_since(last_sweep) >= SWEEP {
             last_sweep = now;
-            sweep(&mut engine, &mut ports, &slots, live);
-            if let Some(damage) = ports.iter_mut().find_map(|p| p.corrupt.take()) {
+            sweep(&mut engine, &mut peers, &slots, live);
+            if let Some(damage) = peers.iter_mut().find_map(|p| p.corrupt.take()) {
                 return Err(ServeError::Corrupted(damage));
             }
             if let Some(ttl) = config.session_ttl {
@@ -275,7 +275,7 @@ pub fn serve_reporting(
             // or one no longer served keeps the daemon asleep: the nap's
             // timeout retries them.
             let pending = || {
-                ports
+                peers
                     .iter()
                     .any(|p| p.serving && !p.broken && p.pending.is_none() && p.requests.has_work())
                     || (0..config.max_clients).any(|i| slots.word(i).is_ok_and(|w| w.1 == CLAIMED))
@@ -288,31 +288,26 @@ pub fn serve_reporting(
     Ok(())
 }
 
-fn port<'s>(segment: &'s Segment, layout: &Layout, index: u32) -> Result<Port<'s>, ServeError> {
-    let c = layout
-        .ipc
-        .client(index)
-        .ok_or(ServeError::Region(RegionError::OutOfBounds {
-            offset: 0,
-            len: 0,
-            size: segment.len(),
-        }))?;
-    let cap = u64::from(crate::segment::RING_CAPACITY);
-    let region = ServeError::Region;
-    let req_header = segment.get(c.request_header).map_err(region)?;
-    let req_slots = segment.slice(c.request_slots, cap).map_err(region)?;
-    let resp_header = segment.get(c.response_header).map_err(region)?;
-    let resp_slots = segment.slice(c.response_slots, cap).map_err(region)?;
+fn peer<'s>(
+    segment: &'s Segment,
+    layout: &SharedLayout,
+    index: u32,
+) -> Result<Peer<'s>, ServeError> {
+    let block = segment
+        .client_block(&layout.ipc, index)
+        .map_err(ServeError::Region)?;
     // SAFETY: the daemon is the only consumer of every request ring and the
     // only producer of every response ring, and builds one view of each.
-    let requests = unsafe { Consumer::new(req_header, req_slots) }.map_err(ServeError::Ring)?;
+    let requests = unsafe { Consumer::new(block.request_header, block.request_slots) }
+        .map_err(ServeError::Ring)?;
     // SAFETY: as above.
-    let replies = unsafe { Producer::new(resp_header, resp_slots) }.map_err(ServeError::Ring)?;
-    Ok(Port {
+    let replies = unsafe { Producer::new(block.response_header, block.response_slots) }
+        .map_err(ServeError::Ring)?;
+    Ok(Peer {
         requests,
         replies,
-        doorbell: segment.get(c.response_doorbell).map_err(region)?,
-        scratch: segment.scratch(c.scratch, c.scratch_len).map_err(region)?,
+        doorbell: block.response_doorbell,
+        scratch: block.scratch,
         tenancy: Tenancy::new(),
         serving: false,
         next_probe: Instant::now(),
@@ -328,7 +323,7 @@ fn client_id(index: u32) -> ClientId {
     index
 }
 
-/// Keeps the port in step with the slot word (the hand-over protocol of
+/// Keeps the peer in step with the slot word (the hand-over protocol of
 /// `radixd_ipc::slots`, daemon side); returns whether the slot is served.
 ///
 /// A new claim (CLAIMED) is adopted here, between two drains, so no pop is
@@ -339,24 +334,24 @@ fn client_id(index: u32) -> ClientId {
 /// (probed at most every [`SWEEP`]).
 fn adopt<R: crate::engine::Region, L: SlotLocks>(
     engine: &mut Engine<R>,
-    port: &mut Port<'_>,
+    peer: &mut Peer<'_>,
     slots: &SlotTable<'_, L>,
     index: u32,
     word: (u32, u32),
     live: &LiveStats,
 ) -> bool {
-    if port.tenancy.serves(word) {
+    if peer.tenancy.serves(word) {
         return true;
     }
-    let probe = port.tenancy.owner().is_some() && word.1 != CLAIMED && {
+    let probe = peer.tenancy.owner().is_some() && word.1 != CLAIMED && {
         let now = Instant::now();
-        let due = now >= port.next_probe;
+        let due = now >= peer.next_probe;
         if due {
-            port.next_probe = now + SWEEP;
+            peer.next_probe = now + SWEEP;
         }
         due
     };
-    let Port {
+    let Peer {
         tenancy,
         requests,
         replies,
@@ -364,7 +359,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
         broken,
         corrupt,
         ..
-    } = port;
+    } = peer;
     let before = tenancy.owner();
     let served = tenancy.settle(
         slots,
@@ -410,31 +405,31 @@ fn forget<R: crate::engine::Region>(
 /// Answers up to [`BATCH`] requests of one active slot; returns how many.
 fn drain<R: crate::engine::Region>(
     engine: &mut Engine<R>,
-    port: &mut Port<'_>,
+    peer: &mut Peer<'_>,
     index: u32,
     live: &LiveStats,
     allow_reset: bool,
     word: impl Fn(u32) -> Option<(u32, u32)>,
 ) -> usize {
-    if let Some(reply) = port.pending.take() {
-        if let Err(reply) = port.replies.push(reply) {
-            port.pending = Some(reply);
+    if let Some(reply) = peer.pending.take() {
+        if let Err(reply) = peer.replies.push(reply) {
+            peer.pending = Some(reply);
             return 0;
         }
-        port.doorbell.ring();
+        peer.doorbell.ring();
     }
     let (mut answered, mut popped) = (0, 0);
     // Dropped records count too, so a ring refilled with them still yields.
     while answered < BATCH && popped < 2 * BATCH {
         popped += 1;
-        let record = match port.requests.pop() {
+        let record = match peer.requests.pop() {
             Ok(Some(r)) => r,
             Ok(None) => break,
             Err(_) => {
                 // Garbage counters: nothing in this ring can be trusted or
                 // answered. The client is broken; its slot's next claim
                 // starts clean.
-                port.broken = true;
+                peer.broken = true;
                 break;
             }
         };
@@ -447,18 +442,18 @@ fn drain<R: crate::engine::Region>(
         // never while a pop is in flight.
         let generation = (record.seq >> 32) as u32;
         match word(index) {
-            Some(w) if port.tenancy.admits(w, generation) => {}
-            Some(w) if port.tenancy.serves(w) => continue,
+            Some(w) if peer.tenancy.admits(w, generation) => {}
+            Some(w) if peer.tenancy.serves(w) => continue,
             _ => break,
         }
         let start = Instant::now();
         let reply = answer(
             engine,
             client_id(index),
-            &port.scratch,
+            &peer.scratch,
             &record,
             allow_reset,
-            &mut port.corrupt,
+            &mut peer.corrupt,
         );
         let ns = start.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
         LiveStats::bump(&live.service_ns[bucket_of(ns)], 1);
@@ -467,13 +462,13 @@ fn drain<R: crate::engine::Region>(
             LiveStats::bump(&live.rejected, 1);
         }
         answered += 1;
-        if let Err(reply) = port.replies.push(reply) {
-            port.pending = Some(reply);
+        if let Err(reply) = peer.replies.push(reply) {
+            peer.pending = Some(reply);
             break;
         }
     }
     if answered > 0 {
-        port.doorbell.ring();
+        peer.doorbell.ring();
     }
     answered
 }
@@ -529,17 +524,12 @@ fn answer<R: crate::engine::Region>(
                 })
             })
     };
-    let (mut reply, mut bytes) = wire::encode_reply(record.seq, &result);
-    if !window_ok {
-        bytes.clear();
-    }
-    // Only an error message can outgrow the window (checked above for the
-    // rest): cut it on a character boundary.
-    let mut keep = bytes.len().min(record.reply_len as usize);
-    while result.is_err() && std::str::from_utf8(&bytes[..keep]).is_err() {
-        keep -= 1;
-    }
-    bytes.truncate(keep);
+    let room = if window_ok {
+        record.reply_len as usize
+    } else {
+        0
+    };
+    let (mut reply, mut bytes) = wire::encode_reply(record.seq, &result, room);
     if scratch
         .write_bytes(u64::from(record.reply_off), &bytes)
         .is_err()
@@ -576,20 +566,20 @@ fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
 /// Probes every occupied slot and reclaims the dead.
 fn sweep<R: crate::engine::Region, L: radixd_ipc::SlotLocks>(
     engine: &mut Engine<R>,
-    ports: &mut [Port<'_>],
+    peers: &mut [Peer<'_>],
     slots: &radixd_ipc::SlotTable<'_, L>,
     live: &LiveStats,
 ) {
     for status in slots.occupied() {
-        let Some(port) = ports.get_mut(status.index as usize) else {
+        let Some(peer) = peers.get_mut(status.index as usize) else {
             continue;
         };
         if status.is_dead() {
             // Only requests of an adopted claim are answered, so a client
             // the daemon never adopted holds nothing to release.
-            let Port {
+            let Peer {
                 tenancy, corrupt, ..
-            } = port;
+            } = peer;
             tenancy.vacate(&mut || {
                 if let Err(damage) = forget(engine, status.index, live) {
                     *corrupt = Some(damage);

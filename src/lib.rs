@@ -23,7 +23,7 @@ pub mod engine;
 pub mod events;
 pub mod op;
 pub mod order;
-pub mod segment;
+pub mod shared;
 pub mod wire;
 
 // The command-line tools and what only they need (clap, serde_json,

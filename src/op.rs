@@ -103,6 +103,21 @@ pub fn check_session_len(len: usize) -> Result<(), Rejection> {
     }
 }
 
+impl Reply {
+    /// The name of this kind of answer.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Pages(_) => "pages",
+            Self::Done => "done",
+            Self::Inserted { .. } => "inserted",
+            Self::Matched { .. } => "matched",
+            Self::Evicted(_) => "evicted",
+            Self::Session { .. } => "session",
+            Self::Stats { .. } => "stats",
+        }
+    }
+}
+
 impl Request {
     /// The session a request names, if any.
     pub fn session(&self) -> Option<&str> {

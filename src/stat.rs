@@ -7,7 +7,7 @@ use std::time::Duration;
 use radixd_ipc::sync::Ordering;
 use radixd_ipc::{Offset, Segment, INFO_OFFSET};
 
-use crate::segment::{bucket_floor, read_info, Info, Layout, LiveStats};
+use crate::shared::{bucket_floor, read_info, Info, LiveStats, SharedLayout};
 
 /// Why the figures could not be read.
 #[derive(Debug)]
@@ -82,11 +82,11 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
         .get(Offset::new(INFO_OFFSET))
         .map_err(|e| unreadable(&e))?;
     // Acquire: pairs with the Release store of `ready` in `serve`.
-    if info.ready.load(Ordering::Acquire) == 0 {
+    if info.serving.load(Ordering::Acquire) == 0 {
         return Err(unreadable(&"the daemon is still starting"));
     }
     let config = read_info(info).ok_or_else(|| unreadable(&"bad configuration"))?;
-    let layout = Layout::new(config).map_err(|e| unreadable(&e))?;
+    let layout = SharedLayout::new(config).map_err(|e| unreadable(&e))?;
     if layout.ipc.hash != segment.info().layout_hash {
         return Err(unreadable(&"layout mismatch"));
     }
@@ -164,7 +164,7 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::segment::{bucket_of, HISTOGRAM_BUCKETS};
+    use crate::shared::{bucket_of, HISTOGRAM_BUCKETS};
 
     #[test]
     fn quantiles_pick_the_right_bucket() {

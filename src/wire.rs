@@ -449,8 +449,14 @@ pub fn decode_request<P: Payload + ?Sized>(
     Ok(request)
 }
 
-/// Encodes an answer into a reply record and the bytes for its window.
-pub fn encode_reply(seq: u64, result: &Result<Reply, Rejection>) -> (WireReply, Vec<u8>) {
+/// Encodes an answer into a reply record and the bytes for its window of
+/// `room` bytes. Only an error message can outgrow a window whose room was
+/// checked against [`reply_need`]: it is cut, never inside a character.
+pub fn encode_reply(
+    seq: u64,
+    result: &Result<Reply, Rejection>,
+    room: usize,
+) -> (WireReply, Vec<u8>) {
     let mut w = WireReply {
         seq,
         ..WireReply::default()
@@ -459,13 +465,8 @@ pub fn encode_reply(seq: u64, result: &Result<Reply, Rejection>) -> (WireReply, 
     match result {
         Err(rejection) => {
             w.status = rejection.kind as u32;
-            let mut message = rejection.message.as_bytes();
-            message = &message[..message.len().min(MIN_REPLY_WINDOW)];
-            // Never cut a character in half.
-            while std::str::from_utf8(message).is_err() {
-                message = &message[..message.len() - 1];
-            }
-            payload.extend_from_slice(message);
+            let message = utf8_prefix(&rejection.message, room.min(MIN_REPLY_WINDOW));
+            payload.extend_from_slice(message.as_bytes());
         }
         Ok(Reply::Pages(pages)) => {
             w.kind = kind::PAGES;
@@ -522,13 +523,41 @@ fn set_handle(w: &mut WireReply, handle: Option<u64>, locked: bool) {
     }
 }
 
+/// The longest prefix of `s` of at most `max` bytes that ends on a
+/// character boundary.
+fn utf8_prefix(s: &str, max: usize) -> &str {
+    let mut end = max.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// A reply the daemon should never have sent.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BadReply(pub String);
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadReply {
+    /// The record's payload length is not the window's.
+    PayloadLength,
+    /// An error code no [`ErrorKind`] has.
+    UnknownError(u32),
+    /// A page list that is not whole `u32`s.
+    RaggedPages,
+    /// A stats payload of the wrong size.
+    StatsSize(usize),
+    /// A reply kind this client does not know.
+    UnknownKind(u32),
+}
 
 impl std::fmt::Display for BadReply {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "malformed reply from the daemon: {}", self.0)
+        f.write_str("malformed reply from the daemon: ")?;
+        match self {
+            Self::PayloadLength => f.write_str("payload length disagrees with the record"),
+            Self::UnknownError(code) => write!(f, "unknown error code {code}"),
+            Self::RaggedPages => f.write_str("page list is not whole u32s"),
+            Self::StatsSize(n) => write!(f, "stats payload of {n} bytes, not {STATS_BYTES}"),
+            Self::UnknownKind(k) => write!(f, "unknown reply kind {k}"),
+        }
     }
 }
 
@@ -537,11 +566,10 @@ impl std::error::Error for BadReply {}
 /// Decodes a reply record and the bytes of its window.
 pub fn decode_reply(w: &WireReply, payload: &[u8]) -> Result<Result<Reply, Rejection>, BadReply> {
     if payload.len() != w.payload_len as usize {
-        return Err(BadReply("payload length disagrees with the record".into()));
+        return Err(BadReply::PayloadLength);
     }
     if w.status != 0 {
-        let kind = ErrorKind::from_code(w.status)
-            .ok_or_else(|| BadReply(format!("unknown error code {}", w.status)))?;
+        let kind = ErrorKind::from_code(w.status).ok_or(BadReply::UnknownError(w.status))?;
         return Ok(Err(Rejection::new(kind, String::from_utf8_lossy(payload))));
     }
     let handle = (w.flags & FLAG_HANDLE != 0).then_some(w.c);
@@ -550,7 +578,7 @@ pub fn decode_reply(w: &WireReply, payload: &[u8]) -> Result<Result<Reply, Rejec
         if payload.len() % 4 == 0 {
             Ok(u32s(payload))
         } else {
-            Err(BadReply("page list is not whole u32s".into()))
+            Err(BadReply::RaggedPages)
         }
     };
     Ok(Ok(match w.kind {
@@ -574,7 +602,7 @@ pub fn decode_reply(w: &WireReply, payload: &[u8]) -> Result<Result<Reply, Rejec
         },
         kind::STATS => {
             if payload.len() != STATS_BYTES {
-                return Err(BadReply("stats payload has the wrong size".into()));
+                return Err(BadReply::StatsSize(payload.len()));
             }
             let mut x = [0u64; Stats::LEN + 1];
             for (v, c) in x.iter_mut().zip(payload.chunks_exact(8)) {
@@ -587,13 +615,24 @@ pub fn decode_reply(w: &WireReply, payload: &[u8]) -> Result<Result<Reply, Rejec
                 sessions: x[Stats::LEN],
             }
         }
-        k => return Err(BadReply(format!("unknown reply kind {k}"))),
+        k => return Err(BadReply::UnknownKind(k)),
     }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_messages_are_cut_on_character_boundaries() {
+        assert_eq!(utf8_prefix("µµµ", 3), "µ");
+        assert_eq!(utf8_prefix("µµµ", 4), "µµ");
+        assert_eq!(utf8_prefix("abc", 10), "abc");
+        assert_eq!(utf8_prefix("µ", 1), "");
+        let r = Err(Rejection::new(ErrorKind::Malformed, "ééééé"));
+        let (_, bytes) = encode_reply(1, &r, 5);
+        assert_eq!(bytes, "éé".as_bytes());
+    }
 
     fn requests() -> Vec<Request> {
         vec![
@@ -710,7 +749,7 @@ mod tests {
             Err(Rejection::new(ErrorKind::StaleHandle, "gone")),
         ];
         for reply in replies {
-            let (w, payload) = encode_reply(42, &reply);
+            let (w, payload) = encode_reply(42, &reply, usize::MAX);
             assert_eq!(w.seq, 42);
             assert_eq!(decode_reply(&w, &payload), Ok(reply));
         }

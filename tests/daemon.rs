@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{radixd, Daemon, Exec};
 use proptest::prelude::*;
-use radixd::segment::{read_info, Info, Layout, RING_CAPACITY};
+use radixd::shared::{read_info, Info, SharedLayout, RING_CAPACITY};
 use radixd::wire::{WireReply, WireRequest};
 use radixd::{Client, ClientError};
 use radixd_ipc::{Consumer, Doorbell, Offset, Producer, Segment, INFO_OFFSET};
@@ -254,7 +254,7 @@ fn stat_prints_live_figures() {
 /// write them.
 struct Raw {
     segment: Segment,
-    layout: Layout,
+    layout: SharedLayout,
     slot: u32,
     /// The claim's generation: the high half of every `seq` the daemon
     /// accepts from this slot.
@@ -266,7 +266,7 @@ impl Raw {
         let (slot, generation) = (client.slot(), client.generation());
         let segment = Segment::open_unverified(name).unwrap();
         let info: &Info = segment.get(Offset::new(INFO_OFFSET)).unwrap();
-        let layout = Layout::new(read_info(info).unwrap()).unwrap();
+        let layout = SharedLayout::new(read_info(info).unwrap()).unwrap();
         Self {
             segment,
             layout,

@@ -242,7 +242,7 @@ fn printing_into_a_closed_pipe_is_quiet() {
 
 #[test]
 fn a_corrupted_engine_region_stops_the_daemon_cleanly() {
-    use radixd::segment::{Layout, SegmentConfig};
+    use radixd::shared::{SegmentConfig, SharedLayout};
     let name = unique("corrupt");
     let mut child = radixd()
         .args(["serve", "--name", &name, "--page-size", "2"])
@@ -254,7 +254,7 @@ fn a_corrupted_engine_region_stops_the_daemon_cleanly() {
     let mut err = BufReader::new(child.stderr.take().unwrap());
     err.read_line(&mut line).unwrap();
     assert!(line.contains("serving"), "{line}");
-    let layout = Layout::new(SegmentConfig {
+    let layout = SharedLayout::new(SegmentConfig {
         page_size: 2,
         capacity: 64,
         clients: 4,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::Daemon;
 use radixd::engine::Stats;
 use radixd::op::{Reply, Request};
-use radixd::segment::{read_info, Info, Layout, RING_CAPACITY};
+use radixd::shared::{read_info, Info, SharedLayout, RING_CAPACITY};
 use radixd::wire::{self, WireRequest};
 use radixd::{Client, ClientError};
 use radixd_ipc::slots::FREE;
@@ -34,7 +34,7 @@ fn signal(d: &Daemon, sig: i32) {
 /// post records behind the client's back.
 struct Raw {
     segment: Segment,
-    layout: Layout,
+    layout: SharedLayout,
     slot: u32,
     generation: u32,
 }
@@ -43,7 +43,7 @@ impl Raw {
     fn new(name: &str, client: &Client) -> Self {
         let segment = Segment::open_unverified(name).unwrap();
         let info: &Info = segment.get(Offset::new(INFO_OFFSET)).unwrap();
-        let layout = Layout::new(read_info(info).unwrap()).unwrap();
+        let layout = SharedLayout::new(read_info(info).unwrap()).unwrap();
         Self {
             segment,
             layout,

@@ -38,7 +38,7 @@ pub use ring::{Consumer, HeapRing, Producer, RingError, RingHeader};
 #[cfg(not(loom))]
 pub use scratch::{Scratch, ScratchError};
 #[cfg(not(loom))]
-pub use segment::{CreateError, HeaderInfo, OpenError, RegionError, Segment};
+pub use segment::{ClientBlock, CreateError, HeaderInfo, OpenError, RegionError, Segment};
 pub use seqlock::SeqLock;
 pub use shm::{Offset, Plain, ShmSafe};
 pub use slots::{

@@ -99,17 +99,9 @@ fn check_capacity(cap: usize) -> Result<u64, RingError> {
     u64::try_from(cap).map_err(|_| RingError::BadCapacity(cap))
 }
 
-/// The producing end of a ring. `Send` but not `Sync`: exactly one thread
-/// pushes at a time.
-pub struct Producer<'a, T> {
-    header: &'a RingHeader,
-    slots: &'a [UnsafeCell<T>],
-    mask: u64,
-    _not_sync: PhantomData<Cell<()>>,
-}
-
-/// The consuming end of a ring. `Send` but not `Sync`.
-pub struct Consumer<'a, T> {
+/// What either end of a ring holds: the shared header, the slots and the
+/// index mask. `Send` but not `Sync`: one thread uses an end at a time.
+struct End<'a, T> {
     header: &'a RingHeader,
     slots: &'a [UnsafeCell<T>],
     mask: u64,
@@ -117,10 +109,27 @@ pub struct Consumer<'a, T> {
 }
 
 // SAFETY: the slots are only touched through the SPSC protocol, and the view
-// is !Sync, so moving it to another thread keeps a single producer.
-unsafe impl<T: Send> Send for Producer<'_, T> {}
-// SAFETY: as for `Producer`.
-unsafe impl<T: Send> Send for Consumer<'_, T> {}
+// is !Sync, so moving it to another thread keeps a single user of this end.
+unsafe impl<T: Send> Send for End<'_, T> {}
+
+impl<'a, T> End<'a, T> {
+    fn new(header: &'a RingHeader, slots: &'a [UnsafeCell<T>]) -> Result<Self, RingError> {
+        let mask = check_capacity(slots.len())? - 1;
+        Ok(Self {
+            header,
+            slots,
+            mask,
+            _not_sync: PhantomData,
+        })
+    }
+}
+
+/// The producing end of a ring. `Send` but not `Sync`: exactly one thread
+/// pushes at a time.
+pub struct Producer<'a, T>(End<'a, T>);
+
+/// The consuming end of a ring. `Send` but not `Sync`.
+pub struct Consumer<'a, T>(End<'a, T>);
 
 impl<'a, T: Plain> Producer<'a, T> {
     /// A producer view over `header` and `slots` (length = capacity).
@@ -134,42 +143,36 @@ impl<'a, T: Plain> Producer<'a, T> {
         header: &'a RingHeader,
         slots: &'a [UnsafeCell<T>],
     ) -> Result<Self, RingError> {
-        let mask = check_capacity(slots.len())? - 1;
-        Ok(Self {
-            header,
-            slots,
-            mask,
-            _not_sync: PhantomData,
-        })
+        End::new(header, slots).map(Self)
     }
 
     /// Number of slots.
     pub fn capacity(&self) -> usize {
-        self.slots.len()
+        self.0.slots.len()
     }
 
     /// Empties the ring: both counters to zero (see [`RingHeader::reset`]).
     /// Only while the consumer does not use the ring, and published to it
     /// by a Release the consumer acquires before its next `pop`.
     pub fn reset(&self) {
-        self.header.reset();
+        self.0.header.reset();
     }
 
     /// Appends `msg`, or hands it back when the ring is full (or the consumer
     /// wrote an impossible tail; the producer never overwrites unread slots).
     pub fn push(&self, msg: T) -> Result<(), T> {
         // Relaxed: `head` is written only by us.
-        let head = self.header.head.load(Ordering::Relaxed);
+        let head = self.0.header.head.load(Ordering::Relaxed);
         // Acquire: pairs with the Release store of `tail` in `Consumer::pop`,
         // so the consumer's read of the slot we are about to reuse is done.
-        let tail = self.header.tail.load(Ordering::Acquire);
+        let tail = self.0.header.tail.load(Ordering::Acquire);
         let used = head.wrapping_sub(tail);
-        if used > self.mask {
+        if used > self.0.mask {
             return Err(msg);
         }
-        let Some(slot) = usize::try_from(head & self.mask)
+        let Some(slot) = usize::try_from(head & self.0.mask)
             .ok()
-            .and_then(|i| self.slots.get(i))
+            .and_then(|i| self.0.slots.get(i))
         else {
             return Err(msg);
         };
@@ -178,7 +181,8 @@ impl<'a, T: Plain> Producer<'a, T> {
         // producer (contract of `new`), so no one else writes it.
         slot.with_mut(|p| unsafe { p.write_volatile(msg) });
         // Release: publishes the slot; pairs with Acquire of `head` in `pop`.
-        self.header
+        self.0
+            .header
             .head
             .store(head.wrapping_add(1), Ordering::Release);
         Ok(())
@@ -197,52 +201,47 @@ impl<'a, T: Plain> Consumer<'a, T> {
         header: &'a RingHeader,
         slots: &'a [UnsafeCell<T>],
     ) -> Result<Self, RingError> {
-        let mask = check_capacity(slots.len())? - 1;
-        Ok(Self {
-            header,
-            slots,
-            mask,
-            _not_sync: PhantomData,
-        })
+        End::new(header, slots).map(Self)
     }
 
     /// Number of slots.
     pub fn capacity(&self) -> usize {
-        self.slots.len()
+        self.0.slots.len()
     }
 
     /// Empties the ring: both counters to zero (see [`RingHeader::reset`]).
     /// Only while the producer does not use the ring, and published to it
     /// by a Release the producer acquires before its next `push`.
     pub fn reset(&self) {
-        self.header.reset();
+        self.0.header.reset();
     }
 
     /// Takes the oldest message, `Ok(None)` when empty, or
     /// [`RingError::Corrupt`] when the counters are impossible.
     pub fn pop(&self) -> Result<Option<T>, RingError> {
         // Relaxed: `tail` is written only by us.
-        let tail = self.header.tail.load(Ordering::Relaxed);
+        let tail = self.0.header.tail.load(Ordering::Relaxed);
         // Acquire: pairs with the Release store of `head` in `Producer::push`,
         // so the slot contents written before it are visible.
-        let head = self.header.head.load(Ordering::Acquire);
+        let head = self.0.header.head.load(Ordering::Acquire);
         let ready = head.wrapping_sub(tail);
         if ready == 0 {
             return Ok(None);
         }
-        if ready > self.mask + 1 {
+        if ready > self.0.mask + 1 {
             return Err(RingError::Corrupt { head, tail });
         }
-        let slot = usize::try_from(tail & self.mask)
+        let slot = usize::try_from(tail & self.0.mask)
             .ok()
-            .and_then(|i| self.slots.get(i))
+            .and_then(|i| self.0.slots.get(i))
             .ok_or(RingError::Corrupt { head, tail })?;
         // SAFETY: the slot was published by the producer (ready > 0) and is
         // not rewritten until we advance `tail`; `T: Plain` accepts whatever
         // bits a hostile producer left there. Copied out once, by value.
         let msg = slot.with(|p| unsafe { p.read_volatile() });
         // Release: frees the slot; pairs with Acquire of `tail` in `push`.
-        self.header
+        self.0
+            .header
             .tail
             .store(tail.wrapping_add(1), Ordering::Release);
         Ok(Some(msg))
@@ -252,9 +251,9 @@ impl<'a, T: Plain> Consumer<'a, T> {
     /// counts as "has work" so the caller goes on to `pop` and sees the error.
     pub fn has_work(&self) -> bool {
         // Acquire: pairs with the Release store of `head` in `push`.
-        let head = self.header.head.load(Ordering::Acquire);
+        let head = self.0.header.head.load(Ordering::Acquire);
         // Relaxed: `tail` is written only by us.
-        let tail = self.header.tail.load(Ordering::Relaxed);
+        let tail = self.0.header.tail.load(Ordering::Relaxed);
         head != tail
     }
 }
@@ -286,12 +285,7 @@ impl<T: Plain + Default> HeapRing<T> {
     ///
     /// At most one producer view of this ring may be alive at a time.
     pub unsafe fn producer(&self) -> Producer<'_, T> {
-        Producer {
-            header: &self.header,
-            slots: &self.slots,
-            mask: (self.slots.len() as u64) - 1,
-            _not_sync: PhantomData,
-        }
+        Producer(self.end())
     }
 
     /// The consumer view.
@@ -300,9 +294,14 @@ impl<T: Plain + Default> HeapRing<T> {
     ///
     /// At most one consumer view of this ring may be alive at a time.
     pub unsafe fn consumer(&self) -> Consumer<'_, T> {
-        Consumer {
+        Consumer(self.end())
+    }
+
+    fn end(&self) -> End<'_, T> {
+        End {
             header: &self.header,
             slots: &self.slots,
+            // `new` checked the capacity.
             mask: (self.slots.len() as u64) - 1,
             _not_sync: PhantomData,
         }

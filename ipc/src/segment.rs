@@ -19,18 +19,21 @@ use std::sync::Mutex;
 
 use memmap2::MmapRaw;
 
+use crate::doorbell::Doorbell;
+use crate::layout::SegmentLayout;
 use crate::liveness::{self, OfdLocks, DAEMON_BYTE};
+use crate::ring::RingHeader;
 use crate::scratch::Scratch;
-use crate::shm::{Offset, ShmSafe};
+use crate::shm::{Offset, Plain, ShmSafe};
 use crate::slots::{
     Claim, ClaimError, ClientSlot, LivenessError, SlotError, SlotTable, TableOutOfBounds,
 };
-use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
 
 /// Magic number at offset 0 ("RADIXSHM", little-endian).
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RADIXSHM");
 /// Version of this crate's segment header layout.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const HEADER_VERSION: u32 = 1;
 /// Directory holding segments.
 pub const SHM_DIR: &str = "/dev/shm";
 /// Size of [`SegmentHeader`]; user regions start at or after it.
@@ -151,6 +154,13 @@ pub enum RegionError {
         /// Segment size.
         size: u64,
     },
+    /// A client slot index beyond the layout's slots.
+    NoSuchClient {
+        /// The index asked for.
+        index: u32,
+        /// Slots in the layout.
+        clients: u32,
+    },
     /// Offset not aligned for the requested type.
     Misaligned {
         /// Requested offset.
@@ -216,6 +226,9 @@ impl fmt::Display for RegionError {
         match self {
             Self::OutOfBounds { offset, len, size } => {
                 write!(f, "region {offset}+{len} outside segment of {size} bytes")
+            }
+            Self::NoSuchClient { index, clients } => {
+                write!(f, "client slot {index} of {clients}")
             }
             Self::Misaligned { offset, align } => {
                 write!(f, "offset {offset} not aligned to {align}")
@@ -335,6 +348,23 @@ pub struct Segment {
     claim: Mutex<Option<Claim>>,
 }
 
+/// One client slot's shared pieces, resolved inside a mapping
+/// ([`Segment::client_block`]).
+pub struct ClientBlock<'s, Req, Resp> {
+    /// Request ring state (the client produces, the daemon consumes).
+    pub request_header: &'s RingHeader,
+    /// Request ring slots.
+    pub request_slots: &'s [UnsafeCell<Req>],
+    /// Response ring state (the daemon produces, the client consumes).
+    pub response_header: &'s RingHeader,
+    /// Response ring slots.
+    pub response_slots: &'s [UnsafeCell<Resp>],
+    /// The doorbell the daemon rings after posting a response.
+    pub response_doorbell: &'s Doorbell,
+    /// The client's scratch area.
+    pub scratch: Scratch<'s>,
+}
+
 /// Removes a temporary file on early return.
 struct TmpGuard(Option<PathBuf>);
 
@@ -416,7 +446,7 @@ impl Segment {
         let h = seg.header();
         // Relaxed: all published by the Release store of `ready` below.
         h.magic.store(MAGIC, Ordering::Relaxed);
-        h.version.store(LAYOUT_VERSION, Ordering::Relaxed);
+        h.version.store(HEADER_VERSION, Ordering::Relaxed);
         h.layout_hash.store(layout_hash, Ordering::Relaxed);
         h.total_size.store(size, Ordering::Relaxed);
         h.daemon_pid
@@ -508,9 +538,9 @@ impl Segment {
             return Err(OpenError::NotReady);
         }
         let info = seg.info();
-        if info.version != LAYOUT_VERSION {
+        if info.version != HEADER_VERSION {
             return Err(OpenError::VersionMismatch {
-                expected: LAYOUT_VERSION,
+                expected: HEADER_VERSION,
                 found: info.version,
             });
         }
@@ -657,6 +687,30 @@ impl Segment {
     ) -> Result<SlotTable<'_, OfdLocks<'_>>, RegionError> {
         let slots = self.slice(offset, u64::from(count))?;
         Ok(SlotTable::new(slots, OfdLocks::new(self.file.as_fd())))
+    }
+
+    /// The rings, doorbell and scratch of client slot `index` of `layout`,
+    /// resolved and bounds-checked: what the daemon and the client each
+    /// build their end of the rings from.
+    pub fn client_block<Req: Plain, Resp: Plain>(
+        &self,
+        layout: &SegmentLayout<Req, Resp>,
+        index: u32,
+    ) -> Result<ClientBlock<'_, Req, Resp>, RegionError> {
+        let c = layout.client(index).ok_or(RegionError::NoSuchClient {
+            index,
+            clients: layout.config.clients,
+        })?;
+        Ok(ClientBlock {
+            request_header: self.get(c.request_header)?,
+            request_slots: self
+                .slice(c.request_slots, u64::from(layout.config.request_capacity))?,
+            response_header: self.get(c.response_header)?,
+            response_slots: self
+                .slice(c.response_slots, u64::from(layout.config.response_capacity))?,
+            response_doorbell: self.get(c.response_doorbell)?,
+            scratch: self.scratch(c.scratch, c.scratch_len)?,
+        })
     }
 
     /// The slot table for this process's own claim.

@@ -368,14 +368,9 @@ fn consume(
 }
 
 fn wait_for_daemon(name: &str) -> Result<(), BenchError> {
-    let start = Instant::now();
-    while Client::connect(name).is_err() {
-        if start.elapsed() > Duration::from_secs(10) {
-            return Err(BenchError::Server("the daemon did not start".into()));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    Ok(())
+    Client::connect_waiting(name, Duration::from_secs(10))
+        .map(drop)
+        .map_err(|e| BenchError::Server(format!("the daemon did not start: {e}")))
 }
 
 fn run_workers(

@@ -123,7 +123,7 @@ fn serve(stream: UnixStream, client: u32, engine: &Mutex<Engine>) {
             }
         };
         let seq = from_bytes::<WireRequest>(head).map_or(0, |r| r.seq);
-        let (reply, bytes) = wire::encode_reply(seq, &result);
+        let (reply, bytes) = wire::encode_reply(seq, &result, usize::MAX);
         if write_frame(&mut writer, &to_bytes(&reply), &bytes).is_err() {
             break;
         }

@@ -4,7 +4,7 @@ use std::mem::size_of;
 
 use super::error::ConfigError;
 use super::layout::{
-    Bucket, EngineLayout, Header, Node, Page, LAYOUT_VERSION, NIL, NODE_FREE, NODE_LIVE, PAGE_FREE,
+    Bucket, EngineLayout, Header, Node, Page, ENGINE_VERSION, NIL, NODE_FREE, NODE_LIVE, PAGE_FREE,
     ROOT,
 };
 use super::record::CacheEvent;
@@ -73,7 +73,7 @@ impl<R: Region> Arena<R> {
     fn format_inner(&mut self) {
         let l = self.layout;
         *self.hdr_mut() = Header {
-            layout_version: LAYOUT_VERSION,
+            layout_version: ENGINE_VERSION,
             page_size: l.page_size,
             capacity: l.capacity,
             bucket_mask: l.buckets - 1,

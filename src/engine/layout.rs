@@ -27,7 +27,7 @@ pub const MAX_PAGE_SIZE: u32 = 1024;
 pub const MAX_CAPACITY: u32 = 1 << 30;
 
 /// Identifies this layout; bumped whenever a record changes shape.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const ENGINE_VERSION: u32 = 2;
 
 /// Engine-wide scalars at the start of the region.
 #[repr(C)]

@@ -11,9 +11,9 @@
 //! ```
 //!
 //! That is the layout the issue specifies and vLLM's example subscriber
-//! decodes ([`Layout::Array`], the default). Recent vLLM main dropped
+//! decodes ([`BatchLayout::Array`], the default). Recent vLLM main dropped
 //! `array_like` (events become maps tagged by `"type"`, the batch a map
-//! `{"ts", "events", "data_parallel_rank"}`); [`Layout::Map`]
+//! `{"ts", "events", "data_parallel_rank"}`); [`BatchLayout::Map`]
 //! (`--kv-events-layout map`) writes that form, and [`decode_batch`] reads
 //! both.
 //!
@@ -71,7 +71,7 @@ pub struct Batch {
 
 /// How msgspec lays the structs out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Layout {
+pub enum BatchLayout {
     /// `array_like=True`: positional arrays, the event's tag first.
     #[default]
     Array,
@@ -81,24 +81,24 @@ pub enum Layout {
 
 /// A `--kv-events-layout` value that names no layout.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UnknownLayout(pub String);
+pub struct UnknownBatchLayout(pub String);
 
-impl std::fmt::Display for UnknownLayout {
+impl std::fmt::Display for UnknownBatchLayout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "unknown layout {:?} (expected array or map)", self.0)
     }
 }
 
-impl std::error::Error for UnknownLayout {}
+impl std::error::Error for UnknownBatchLayout {}
 
-impl std::str::FromStr for Layout {
-    type Err = UnknownLayout;
+impl std::str::FromStr for BatchLayout {
+    type Err = UnknownBatchLayout;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "array" => Ok(Self::Array),
             "map" => Ok(Self::Map),
-            other => Err(UnknownLayout(other.into())),
+            other => Err(UnknownBatchLayout(other.into())),
         }
     }
 }
@@ -108,7 +108,7 @@ impl std::str::FromStr for Layout {
 pub struct BatchWriter {
     body: Vec<u8>,
     count: usize,
-    layout: Layout,
+    layout: BatchLayout,
 }
 
 impl BatchWriter {
@@ -118,7 +118,7 @@ impl BatchWriter {
     }
 
     /// An empty batch in `layout`.
-    pub fn with_layout(layout: Layout) -> Self {
+    pub fn with_layout(layout: BatchLayout) -> Self {
         Self {
             layout,
             ..Self::default()
@@ -128,8 +128,8 @@ impl BatchWriter {
     /// Opens a struct of `n` fields (the tag counted) tagged `tag`.
     fn open(&mut self, n: usize, tag: &str) {
         match self.layout {
-            Layout::Array => msgpack::array(&mut self.body, n),
-            Layout::Map => {
+            BatchLayout::Array => msgpack::array(&mut self.body, n),
+            BatchLayout::Map => {
                 msgpack::map(&mut self.body, n);
                 msgpack::str(&mut self.body, "type");
             }
@@ -139,7 +139,7 @@ impl BatchWriter {
 
     /// The field name, in the map layout.
     fn key(&mut self, name: &str) {
-        if self.layout == Layout::Map {
+        if self.layout == BatchLayout::Map {
             msgpack::str(&mut self.body, name);
         }
     }
@@ -213,7 +213,7 @@ impl BatchWriter {
     /// empty again afterwards.
     pub fn finish(&mut self, ts: f64, data_parallel_rank: u32) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.body.len() + 48);
-        let map = self.layout == Layout::Map;
+        let map = self.layout == BatchLayout::Map;
         let key = |out: &mut Vec<u8>, name: &str| {
             if map {
                 msgpack::str(out, name);
@@ -257,7 +257,7 @@ fn fields(v: Value, names: &[&str]) -> Option<Vec<Value>> {
     }
 }
 
-/// Decodes a `KVEventBatch` payload in either [`Layout`].
+/// Decodes a `KVEventBatch` payload in either [`BatchLayout`].
 pub fn decode_batch(payload: &[u8]) -> Result<Batch, DecodeError> {
     let top = fields(
         msgpack::decode(payload)?,
@@ -378,7 +378,7 @@ mod tests {
 
     #[test]
     fn both_layouts_round_trip() {
-        for layout in [Layout::Array, Layout::Map] {
+        for layout in [BatchLayout::Array, BatchLayout::Map] {
             let mut w = BatchWriter::with_layout(layout);
             w.stored(&[7, 8], Some(6), &[1, 2], 1, MEDIUM_GPU);
             w.removed(&[7], MEDIUM_GPU);

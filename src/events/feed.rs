@@ -7,12 +7,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
-use super::batch::{BatchWriter, Layout};
+use super::batch::{BatchLayout, BatchWriter};
 use super::hash::{Scheme, SchemeName};
 use super::publisher::{Msg, Publisher, Shared};
 use super::{CacheEvent, EventsConfig, EventsError};
 use crate::engine::{Engine, Region};
-use crate::segment::LiveStats;
+use crate::shared::LiveStats;
 
 /// Publishes what an engine caches and evicts (see the module docs of
 /// [`crate::events`]). Dropping it flushes the queue and stops the thread.
@@ -38,7 +38,7 @@ impl Feed {
             .hash
             .parse()
             .map_err(|e| EventsError::Config(format!("{e}")))?;
-        let layout: Layout = config
+        let layout: BatchLayout = config
             .layout
             .parse()
             .map_err(|e| EventsError::Config(format!("{e}")))?;

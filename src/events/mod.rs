@@ -56,7 +56,7 @@ pub struct EventsConfig {
     /// The `medium` field of every event (vLLM's `"GPU"`).
     pub medium: String,
     /// `array` (msgspec `array_like=True`, the default) or `map` (recent
-    /// vLLM main): see [`batch::Layout`].
+    /// vLLM main): see [`batch::BatchLayout`].
     pub layout: String,
     /// Batches kept for replay (vLLM's `buffer_steps`, 10,000).
     pub replay_buffer: usize,
@@ -129,7 +129,7 @@ impl Events {
     pub fn start<R: crate::engine::Region>(
         config: Option<&EventsConfig>,
         engine: &mut crate::engine::Engine<R>,
-        live: &crate::segment::LiveStats,
+        live: &crate::shared::LiveStats,
     ) -> Result<Self, EventsError> {
         let Some(config) = config else {
             return Ok(Self {
@@ -158,7 +158,7 @@ impl Events {
     pub fn after_requests<R: crate::engine::Region>(
         &mut self,
         engine: &mut crate::engine::Engine<R>,
-        live: &crate::segment::LiveStats,
+        live: &crate::shared::LiveStats,
     ) {
         #[cfg(feature = "kv-events")]
         if let Some(feed) = self.feed.as_mut() {

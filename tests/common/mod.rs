@@ -120,13 +120,8 @@ impl Daemon {
             name: name.to_owned(),
             child,
         };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while radixd::Client::connect(name).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "daemon {name} did not come up"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
+        if let Err(e) = radixd::Client::connect_waiting(name, std::time::Duration::from_secs(10)) {
+            panic!("daemon {name} did not come up: {e}");
         }
         daemon
     }

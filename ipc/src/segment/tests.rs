@@ -117,11 +117,11 @@ fn garbage_files_are_refused() {
     assert_eq!(
         Segment::open(&n, HASH).err(),
         Some(OpenError::VersionMismatch {
-            expected: LAYOUT_VERSION,
+            expected: HEADER_VERSION,
             found: 99
         })
     );
-    bytes[8..12].copy_from_slice(&LAYOUT_VERSION.to_le_bytes());
+    bytes[8..12].copy_from_slice(&HEADER_VERSION.to_le_bytes());
     bytes[16..24].copy_from_slice(&HASH.to_le_bytes());
     bytes[24..32].copy_from_slice(&8192u64.to_le_bytes());
     std::fs::write(&path, &bytes).unwrap();

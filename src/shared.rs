@@ -9,7 +9,7 @@
 //! [`Info`] sits at a fixed offset so a client can learn the configuration
 //! (and from it the whole layout and its hash) before it trusts anything
 //! else. The daemon fills `Info` and formats the engine, then sets
-//! `Info::ready` last.
+//! `Info::serving` last.
 
 use std::marker::PhantomData;
 use std::mem::size_of;
@@ -18,6 +18,7 @@ use std::ptr::NonNull;
 use radixd_ipc::sync::{AtomicU64, Ordering};
 use radixd_ipc::{LayoutConfig, LayoutError, Segment, SegmentLayout, ShmSafe, INFO_BYTES};
 
+use crate::engine::layout::ENGINE_VERSION;
 use crate::engine::{EngineLayout, Region, Stats, REGION_ALIGN};
 use crate::wire::{WireReply, WireRequest};
 
@@ -32,7 +33,7 @@ pub const RING_CAPACITY: u32 = 64;
 #[derive(Debug, Default)]
 pub struct Info {
     /// 0 until everything else in the segment is in place; then 1.
-    pub ready: AtomicU64,
+    pub serving: AtomicU64,
     pub protocol: AtomicU64,
     pub page_size: AtomicU64,
     pub capacity: AtomicU64,
@@ -104,7 +105,6 @@ pub fn bucket_floor(bucket: usize) -> u64 {
 }
 
 impl LiveStats {
-    /// Publishes the engine's figures.
     /// Adds `n` to one of these counters. The daemon is their only writer,
     /// so a load and a store do: no locked read-modify-write on the request
     /// path.
@@ -115,6 +115,7 @@ impl LiveStats {
         counter.store(v, Ordering::Relaxed);
     }
 
+    /// Publishes the engine's figures and the number of sessions.
     pub fn set_engine(&self, s: &Stats, sessions: u64) {
         let values = s.to_array().into_iter().chain([sessions]);
         for (slot, v) in self.engine.iter().zip(values) {
@@ -149,7 +150,7 @@ pub struct SegmentConfig {
 
 /// The carved segment: the ipc layout plus where radixd's parts sit.
 #[derive(Debug)]
-pub struct Layout {
+pub struct SharedLayout {
     pub config: SegmentConfig,
     pub ipc: SegmentLayout<WireRequest, WireReply>,
     pub engine: EngineLayout,
@@ -183,7 +184,7 @@ impl std::fmt::Display for LayoutProblem {
 
 impl std::error::Error for LayoutProblem {}
 
-impl Layout {
+impl SharedLayout {
     /// Carves a segment for `config`.
     pub fn new(config: SegmentConfig) -> Result<Self, LayoutProblem> {
         if !(1..=1024).contains(&config.clients) {
@@ -200,7 +201,9 @@ impl Layout {
             response_capacity: RING_CAPACITY,
             scratch_bytes: config.scratch_bytes,
             user_bytes: LIVE_STATS_BYTES + engine.size() as u64,
-            user_version: PROTOCOL_VERSION,
+            // Both versions are hashed, so a client of another protocol or
+            // engine layout is refused at connect (`LayoutMismatch`).
+            user_version: (PROTOCOL_VERSION << 16) | ENGINE_VERSION,
         })
         .map_err(LayoutProblem::Ipc)?;
         // The user area is page aligned, so the engine region that follows
@@ -218,7 +221,7 @@ impl Layout {
     }
 }
 
-/// Writes `config` into `info` (not `ready`).
+/// Writes `config` into `info` (not `serving`).
 pub fn write_info(info: &Info, config: &SegmentConfig) {
     // Relaxed: published by the Release store of `ready`.
     info.protocol
@@ -233,7 +236,7 @@ pub fn write_info(info: &Info, config: &SegmentConfig) {
         .store(config.scratch_bytes, Ordering::Relaxed);
 }
 
-/// Reads the configuration from a ready `info`; `None` if a field does not
+/// Reads the configuration from a serving `info`; `None` if a field does not
 /// fit its type.
 pub fn read_info(info: &Info) -> Option<SegmentConfig> {
     // Relaxed: the caller's Acquire load of `ready` ordered these.
@@ -260,7 +263,7 @@ impl<'s> ShmRegion<'s> {
     ///
     /// Only the daemon that created `segment` may call this, once: the region
     /// must have no other writer in any process.
-    pub unsafe fn new(segment: &'s Segment, layout: &Layout) -> Option<Self> {
+    pub unsafe fn new(segment: &'s Segment, layout: &SharedLayout) -> Option<Self> {
         let len = layout.engine.size();
         let ptr = segment.region(layout.engine_at, len as u64).ok()?;
         Some(Self {
@@ -309,11 +312,11 @@ mod tests {
             clients: 4,
             scratch_bytes: 1 << 20,
         };
-        let a = Layout::new(c).unwrap();
-        let b = Layout::new(SegmentConfig { clients: 5, ..c }).unwrap();
+        let a = SharedLayout::new(c).unwrap();
+        let b = SharedLayout::new(SegmentConfig { clients: 5, ..c }).unwrap();
         assert_ne!(a.ipc.hash, b.ipc.hash);
         assert_eq!(a.engine_at % 4096, 0);
-        assert!(Layout::new(SegmentConfig { clients: 0, ..c }).is_err());
-        assert!(Layout::new(SegmentConfig { page_size: 0, ..c }).is_err());
+        assert!(SharedLayout::new(SegmentConfig { clients: 0, ..c }).is_err());
+        assert!(SharedLayout::new(SegmentConfig { page_size: 0, ..c }).is_err());
     }
 }

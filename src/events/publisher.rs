@@ -105,7 +105,6 @@ pub(crate) struct Publisher {
 impl Publisher {
     /// The thread's body: until the daemon stops and the queue is empty.
     pub fn run(mut self) {
-        batch_priority();
         let mut last_active = Instant::now();
         loop {
             self.serve_replay();
@@ -265,8 +264,10 @@ impl Publisher {
 
 /// Puts the calling thread under `SCHED_BATCH`: the scheduler never lets
 /// its wake-ups preempt a running thread, so the publisher runs in the
-/// gaps of the request path instead of cutting into it. Best effort: the
-/// thread runs as it is if the call fails.
+/// gaps of the request path instead of cutting into it. Threads it starts
+/// afterwards inherit the policy (glibc's default `PTHREAD_INHERIT_SCHED`),
+/// libzmq's I/O thread among them. Best effort: the thread runs as it is if
+/// the call fails.
 pub fn batch_priority() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler(2) with pid 0 changes only the calling

@@ -80,16 +80,23 @@ pub fn map(out: &mut Vec<u8>, n: usize) {
 /// A decoded MessagePack value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
+    /// `nil`.
     Nil,
+    /// `true` or `false`.
     Bool(bool),
     /// Any integer that fits an `i64`.
     Int(i64),
     /// A positive integer above `i64::MAX`.
     UInt(u64),
+    /// A float32 (widened) or float64.
     Float(f64),
+    /// A UTF-8 string.
     Str(String),
+    /// A byte string.
     Bin(Vec<u8>),
+    /// An array.
     Array(Vec<Value>),
+    /// A map, its pairs in order.
     Map(Vec<(Value, Value)>),
 }
 

@@ -78,6 +78,7 @@ impl Shared {
         // with the fence in `Publisher::idle` between its store of `asleep`
         // and its look at the queue (Dekker: one of the two sees the other).
         fence(Ordering::SeqCst);
+        // Relaxed: ordered by the fence above (pairs with `idle`'s fence).
         if self.asleep.load(Ordering::Relaxed) {
             thread.unpark();
         }
@@ -142,12 +143,20 @@ impl Publisher {
     }
 
     fn idle(&self) {
+        // Relaxed: ordered before the look at the queue by the fence below,
+        // which pairs with the fence in `Shared::wake`.
         self.shared.asleep.store(true, Ordering::Relaxed);
-        // SeqCst fence: pairs with the fence in `Shared::wake` (see there).
+        // SeqCst fence: pairs with the fence in `Shared::wake` (Dekker: the
+        // daemon sees `asleep` and unparks, or this thread sees its push).
         fence(Ordering::SeqCst);
+        // Relaxed `stop`: a missed store costs one park of at most `PARK`
+        // (`Feed::drop` also unparks); the Acquire load in `run` orders
+        // the final drain.
         if self.shared.queue.is_empty() && !self.shared.stop.load(Ordering::Relaxed) {
             thread::park_timeout(PARK);
         }
+        // Relaxed: a spurious unpark by a daemon that still sees `true`
+        // only shortens the next park.
         self.shared.asleep.store(false, Ordering::Relaxed);
     }
 

@@ -104,6 +104,10 @@ pub struct BenchArgs {
     /// Run shm with KV events off, then on, and print the ratios.
     #[arg(long, conflicts_with = "compare")]
     pub kv_events_compare: bool,
+    /// With KV events on, subscribe nobody (a router runs on its own host):
+    /// measures the daemon and publisher side alone.
+    #[arg(long)]
+    pub kv_events_no_subscriber: bool,
 }
 
 /// Flags of the hidden worker subcommand.
@@ -206,7 +210,11 @@ pub struct RunReport {
     /// Slowest worker's elapsed time over the fastest's (1 = perfectly fair).
     pub fairness: f64,
     pub ops: BTreeMap<String, Latency>,
-    /// What a subscriber received, when the daemon published KV events.
+    /// Whether the daemon published KV events.
+    #[serde(default)]
+    pub kv_events_on: bool,
+    /// What a subscriber received, when the daemon published KV events
+    /// and one subscribed.
     #[serde(default)]
     pub kv_events: Option<EventFigures>,
 }
@@ -342,7 +350,7 @@ pub fn run_once(
                 let stop = &stop;
                 daemon = Some(scope.spawn(move || serve(&serve_config, stop)));
                 wait_for_daemon(&name)?;
-                if args.kv_events {
+                if args.kv_events && !args.kv_events_no_subscriber {
                     let ev = events_config(&name);
                     subscriber = Some(scope.spawn(move || consume(ev, sub_stop)));
                     // Let the subscription reach the publisher.
@@ -356,6 +364,9 @@ pub fn run_once(
             }
         };
         let mut result = run_workers(args, transport, clients, &target, exe);
+        if let Ok(report) = result.as_mut() {
+            report.kv_events_on = args.kv_events;
+        }
         if let Some(sub) = subscriber {
             // Relaxed: a lone stop flag; the subscriber drains what is left.
             sub_stop.store(1, Ordering::Relaxed);
@@ -595,6 +606,7 @@ fn merge(
             1.0
         },
         ops,
+        kv_events_on: false,
         kv_events: None,
     }
 }
@@ -629,6 +641,9 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> io::Result<()> {
                 l.count, l.p50_us, l.p90_us, l.p99_us, l.p999_us
             )?;
         }
+    }
+    if r.kv_events_on && r.kv_events.is_none() {
+        writeln!(out, "  kv events: on, nobody subscribed")?;
     }
     if let Some(e) = &r.kv_events {
         writeln!(

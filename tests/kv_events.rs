@@ -31,7 +31,8 @@ use radixd::Client;
 
 const P: usize = 4;
 
-/// Fresh ipc:// endpoints for one daemon: (events, replay).
+/// Fresh ipc:// endpoints for one daemon: (events, replay), socket files
+/// under /tmp named by this process and a counter.
 fn endpoints() -> (String, String) {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);

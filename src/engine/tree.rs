@@ -120,10 +120,12 @@ impl<R: Region> Arena<R> {
         let p = self.page_size();
         if self.recording() {
             let parent_page = self.run_parent(parent);
+            // `copy::to_vec`: 2 KiB chunks, clear of glibc's slow `rep movsb`
+            // case for 4 KiB and more (see `radixd_ipc::copy`).
             self.record(|_| CacheEvent::Stored {
                 parent: parent_page,
-                pages: pages.to_vec(),
-                tokens: key[..pages.len() * p].to_vec(),
+                pages: radixd_ipc::copy::to_vec(pages),
+                tokens: radixd_ipc::copy::to_vec(&key[..pages.len() * p]),
             });
         }
         let leaf = self.node_alloc();

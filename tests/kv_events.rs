@@ -53,6 +53,9 @@ fn start(extra: &[&str]) -> (Daemon, String, String) {
         &rep,
         "--kv-events-buffer",
         "1000000",
+        // Explicit: the default follows $PYTHONHASHSEED.
+        "--kv-events-hash-seed",
+        "0",
     ];
     args.extend_from_slice(extra);
     let d = Daemon::start(&args);

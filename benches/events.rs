@@ -4,7 +4,8 @@
 //! - `record`: insert of a new 1K-token suffix under a cached 1K-token
 //!   prefix (P = 16) with the engine's record off, and on with what the
 //!   daemon does after the request (take the facts, push them onto a
-//!   bounded lock-free queue): the request path's whole share;
+//!   bounded lock-free queue; the copies go into buffers the publisher
+//!   handed back): the request path's whole share;
 //! - `publish`: what the publisher thread does per `BlockStored` of 1K
 //!   tokens (64 pages): chain-hash every page (xxh3, sha256-cbor) and
 //!   encode the event into a batch. Its inverse is the event rate one
@@ -66,7 +67,14 @@ fn bench_record(c: &mut Criterion) {
                         .collect();
                     taken.clear();
                     e.take_events(&mut taken);
-                    while queue.pop().is_some() {}
+                    // The publisher's side, untimed: consume, and hand
+                    // the buffers back as it does.
+                    while let Some(ev) = queue.pop() {
+                        if let CacheEvent::Stored { pages, tokens, .. } = ev {
+                            e.recycle_event_buffer(pages);
+                            e.recycle_event_buffer(tokens);
+                        }
+                    }
                     let t = Instant::now();
                     for (key, pages) in keys.iter().zip(&pages) {
                         black_box(e.insert(0, black_box(key), pages, false).expect("insert"));

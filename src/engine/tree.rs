@@ -120,12 +120,12 @@ impl<R: Region> Arena<R> {
         let p = self.page_size();
         if self.recording() {
             let parent_page = self.run_parent(parent);
-            // `copy::to_vec`: 2 KiB chunks, clear of glibc's slow `rep movsb`
-            // case for 4 KiB and more (see `radixd_ipc::copy`).
+            let pages_copy = self.record_copy(pages);
+            let tokens = self.record_copy(&key[..pages.len() * p]);
             self.record(|_| CacheEvent::Stored {
                 parent: parent_page,
-                pages: radixd_ipc::copy::to_vec(pages),
-                tokens: radixd_ipc::copy::to_vec(&key[..pages.len() * p]),
+                pages: pages_copy,
+                tokens,
             });
         }
         let leaf = self.node_alloc();

@@ -116,6 +116,15 @@ impl Feed {
         if self.taken.is_empty() && !self.lost {
             return;
         }
+        // Buffers the publisher is done with, for the engine's next copies.
+        while engine.spare_event_buffers() < crate::engine::SPARE_BUFFERS / 2 {
+            match self.shared.spares.pop() {
+                Some(buf) => {
+                    engine.recycle_event_buffer(buf);
+                }
+                None => break,
+            }
+        }
         let queue = &self.shared.queue;
         let mut pushed = false;
         if self.lost {

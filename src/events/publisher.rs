@@ -60,6 +60,8 @@ pub(crate) struct Shared {
     pub stop: AtomicBool,
     /// Batches sent (the next sequence number).
     pub batches: AtomicU64,
+    /// Emptied `Stored` buffers on their way back to the engine.
+    pub spares: ArrayQueue<Vec<u32>>,
 }
 
 impl Shared {
@@ -69,6 +71,7 @@ impl Shared {
             asleep: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             batches: AtomicU64::new(0),
+            spares: ArrayQueue::new(crate::engine::SPARE_BUFFERS * 2),
         }
     }
 
@@ -198,6 +201,13 @@ impl Publisher {
                 let toks = &tokens[..(ext.len() * p).min(tokens.len())];
                 self.writer
                     .stored(&ext, parent_ext, toks, self.page_size, &self.medium);
+                // Back to the daemon for the next `Stored` (dropped when
+                // the way back is full).
+                for buf in [pages, tokens] {
+                    if buf.capacity() <= crate::engine::SPARE_BUFFER_LEN {
+                        let _ = self.shared.spares.push(buf);
+                    }
+                }
             }
             CacheEvent::Removed { pages } => {
                 let ext: Vec<u64> = pages

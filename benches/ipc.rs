@@ -196,6 +196,7 @@ fn four_processes(c: &mut Criterion) {
                     plot: None,
                     kv_events: false,
                     kv_events_compare: false,
+                    kv_events_no_subscriber: false,
                 };
                 let report = run_once(&args, transport, 4, exe).expect("bench run");
                 Duration::from_secs_f64(report.seconds)

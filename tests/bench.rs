@@ -164,3 +164,35 @@ fn bad_flags_exit_2() {
         assert!(!out.stderr.is_empty());
     }
 }
+
+#[cfg(feature = "kv-events")]
+#[test]
+fn kv_events_compare_runs_off_then_on_with_a_subscriber() {
+    let out = bench(&[
+        "--kv-events-compare",
+        "--json",
+        "--requests",
+        "60",
+        "--prompt-tokens",
+        "64",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2, "events off, then on");
+    assert!(runs[0]["kv_events"].is_null());
+    let ev = &runs[1]["kv_events"];
+    assert!(ev["batches"].as_u64().unwrap() > 0, "{ev}");
+    assert!(ev["events"].as_u64().unwrap() > 0, "{ev}");
+    assert_eq!(ev["gaps"], 0);
+    assert_eq!(ev["resyncs"], 0);
+    // Same requests either way.
+    assert_eq!(runs[0]["hit_rate"], runs[1]["hit_rate"]);
+}

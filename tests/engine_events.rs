@@ -87,3 +87,29 @@ fn stores_splits_page_granular_evictions_and_reset() {
     assert_eq!(out, vec![CacheEvent::Cleared]);
     assert!(e.cached_runs().is_empty());
 }
+
+#[test]
+fn recycled_buffers_carry_exactly_the_new_facts() {
+    let mut e = engine();
+    // Not recording: nothing is kept.
+    assert!(!e.recycle_event_buffer(vec![9; 4]));
+    e.record_events(true);
+    assert!(e.recycle_event_buffer(vec![9, 9, 9, 9, 9, 9, 9, 9]));
+    assert!(e.recycle_event_buffer(Vec::with_capacity(2)));
+    assert_eq!(e.spare_event_buffers(), 2);
+    let a = e.alloc(0, 2).expect("alloc");
+    e.insert(0, &[1, 2, 3, 4], &a, false).expect("insert");
+    let mut out = Vec::new();
+    e.take_events(&mut out);
+    assert_eq!(
+        out,
+        vec![CacheEvent::Stored {
+            parent: None,
+            pages: a,
+            tokens: vec![1, 2, 3, 4],
+        }]
+    );
+    assert_eq!(e.spare_event_buffers(), 0);
+    // Oversized buffers are not kept.
+    assert!(!e.recycle_event_buffer(Vec::with_capacity(radixd::engine::SPARE_BUFFER_LEN + 1)));
+}

@@ -31,7 +31,8 @@ use radixd::Client;
 
 const P: usize = 4;
 
-/// Fresh ipc:// endpoints for one daemon: (events, replay).
+/// Fresh ipc:// endpoints for one daemon: (events, replay), socket files
+/// under /tmp named by this process and a counter.
 fn endpoints() -> (String, String) {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -53,6 +54,9 @@ fn start(extra: &[&str]) -> (Daemon, String, String) {
         "--kv-events-buffer",
         "1000000",
         "--allow-reset", // the workload resets
+        // Explicit: the default follows $PYTHONHASHSEED.
+        "--kv-events-hash-seed",
+        "0",
     ];
     args.extend_from_slice(extra);
     let d = Daemon::start(&args);

@@ -83,6 +83,10 @@ pub struct BenchArgs {
     /// Run shm with KV events off, then on, and print the ratios.
     #[arg(long, conflicts_with = "compare")]
     pub kv_events_compare: bool,
+    /// With KV events on, subscribe nobody (a router runs on its own host):
+    /// measures the daemon and publisher side alone.
+    #[arg(long)]
+    pub kv_events_no_subscriber: bool,
 }
 
 /// Flags of the hidden worker subcommand.

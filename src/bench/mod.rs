@@ -117,7 +117,11 @@ pub struct RunReport {
     /// Slowest worker's elapsed time over the fastest's (1 = perfectly fair).
     pub fairness: f64,
     pub ops: BTreeMap<String, Latency>,
-    /// What a subscriber received, when the daemon published KV events.
+    /// Whether the daemon published KV events.
+    #[serde(default)]
+    pub kv_events_on: bool,
+    /// What a subscriber received, when the daemon published KV events
+    /// and one subscribed.
     #[serde(default)]
     pub kv_events: Option<EventFigures>,
     /// The physical limits measured in the same run (`--baseline`).
@@ -271,7 +275,7 @@ pub fn run_once(
                 let stop = &stop;
                 daemon = Some(scope.spawn(move || serve(&serve_config, stop)));
                 wait_for_daemon(&name)?;
-                if args.kv_events {
+                if args.kv_events && !args.kv_events_no_subscriber {
                     let ev = events_config(&name);
                     subscriber = Some(scope.spawn(move || consume(ev, sub_stop)));
                     // Let the subscription reach the publisher.
@@ -285,6 +289,9 @@ pub fn run_once(
             }
         };
         let mut result = run_workers(args, transport, clients, &target, exe);
+        if let Ok(report) = result.as_mut() {
+            report.kv_events_on = args.kv_events;
+        }
         if let Some(sub) = subscriber {
             // Relaxed: a lone stop flag; the subscriber drains what is left.
             sub_stop.store(1, Ordering::Relaxed);

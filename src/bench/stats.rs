@@ -61,6 +61,7 @@ pub(super) fn merge(
             1.0
         },
         ops,
+        kv_events_on: false,
         kv_events: None,
         baseline: None,
     }

@@ -49,6 +49,9 @@ pub(super) fn print_table(out: &mut impl Write, r: &RunReport) -> io::Result<()>
             writeln!(out)?;
         }
     }
+    if r.kv_events_on && r.kv_events.is_none() {
+        writeln!(out, "  kv events: on, nobody subscribed")?;
+    }
     if let Some(e) = &r.kv_events {
         writeln!(
             out,

@@ -32,6 +32,9 @@ pub(crate) struct Arena<R> {
     /// What became cached or went, while KV events are recorded
     /// ([`super::record`]); `None` when they are not.
     pub(crate) events: Option<Vec<CacheEvent>>,
+    /// Emptied buffers handed back for the next `Stored` facts (see
+    /// [`super::Engine::recycle_event_buffer`]).
+    pub(crate) spares: Vec<Vec<u32>>,
 }
 
 impl<R: Region> Arena<R> {
@@ -59,6 +62,7 @@ impl<R: Region> Arena<R> {
             region,
             layout,
             events: None,
+            spares: Vec::new(),
         };
         arena.format();
         Ok(arena)

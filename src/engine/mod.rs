@@ -42,6 +42,11 @@ use arena::Arena;
 use layout::{NODE_LIVE, PAGE_CLAIMED, PAGE_OWNED, ROOT};
 use session::Session;
 
+/// Recycled event buffers an engine keeps at most.
+pub const SPARE_BUFFERS: usize = 64;
+/// Longest recycled event buffer kept (elements): 64 KiB of tokens.
+pub const SPARE_BUFFER_LEN: usize = 16 * 1024;
+
 /// Identifies the client that owns pages and locks.
 pub type ClientId = u32;
 
@@ -490,11 +495,33 @@ impl<R: Region> Engine<R> {
     /// default; when off, each hook costs one branch.
     pub fn record_events(&mut self, on: bool) {
         self.arena.events = on.then(Vec::new);
+        if !on {
+            self.arena.spares = Vec::new();
+        }
     }
 
     /// Whether [`Engine::record_events`] is on.
     pub fn recording_events(&self) -> bool {
         self.arena.recording()
+    }
+
+    /// Hands back an emptied buffer of a consumed [`CacheEvent::Stored`],
+    /// so the next one copies into it instead of allocating. Keeps at most
+    /// [`SPARE_BUFFERS`] of at most [`SPARE_BUFFER_LEN`] elements; returns
+    /// whether it was kept.
+    pub fn recycle_event_buffer(&mut self, buf: Vec<u32>) -> bool {
+        let keep = self.arena.recording()
+            && self.arena.spares.len() < SPARE_BUFFERS
+            && buf.capacity() <= SPARE_BUFFER_LEN;
+        if keep {
+            self.arena.spares.push(buf);
+        }
+        keep
+    }
+
+    /// How many recycled buffers the engine holds now.
+    pub fn spare_event_buffers(&self) -> usize {
+        self.arena.spares.len()
     }
 
     /// Moves the facts recorded since the last call to the end of `out`.

@@ -51,6 +51,20 @@ impl<R: Region> Arena<R> {
         }
     }
 
+    /// A copy of `src` in a recycled buffer when there is one, in chunks
+    /// clear of glibc's slow `rep movsb` case (see `radixd_ipc::copy`).
+    pub fn record_copy(&mut self, src: &[u32]) -> Vec<u32> {
+        let Some(mut buf) = self.spares.pop() else {
+            return radixd_ipc::copy::to_vec(src);
+        };
+        buf.clear();
+        buf.reserve(src.len());
+        for chunk in src.chunks(radixd_ipc::copy::CHUNK / 4) {
+            buf.extend_from_slice(chunk);
+        }
+        buf
+    }
+
     /// The last page of `node`, or `None` for the root.
     pub fn run_parent(&self, node: u32) -> Option<u32> {
         (node != ROOT).then(|| self.nodes()[node as usize].last_page)

@@ -120,10 +120,12 @@ impl<R: Region> Arena<R> {
         let p = self.page_size();
         if self.recording() {
             let parent_page = self.run_parent(parent);
+            let pages_copy = self.record_copy(pages);
+            let tokens = self.record_copy(&key[..pages.len() * p]);
             self.record(|_| CacheEvent::Stored {
                 parent: parent_page,
-                pages: pages.to_vec(),
-                tokens: key[..pages.len() * p].to_vec(),
+                pages: pages_copy,
+                tokens,
             });
         }
         let leaf = self.node_alloc();

@@ -175,10 +175,7 @@ impl BatchWriter {
             None => msgpack::nil(&mut self.body),
         }
         self.key("token_ids");
-        msgpack::array(&mut self.body, tokens.len());
-        for &t in tokens {
-            msgpack::uint(&mut self.body, u64::from(t));
-        }
+        msgpack::u32_array(&mut self.body, tokens);
         self.key("block_size");
         msgpack::uint(&mut self.body, u64::from(block_size));
         self.key("lora_id");

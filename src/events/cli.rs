@@ -25,9 +25,10 @@ pub struct ServeEventsArgs {
     /// Block hashes: `xxh3` (Dynamo) or `sha256-cbor` (vLLM, llm-d).
     #[arg(long, default_value = "xxh3", value_parser = ["xxh3", "sha256-cbor"])]
     pub kv_events_hash: String,
-    /// vLLM's PYTHONHASHSEED, the root of `sha256-cbor` hashes.
-    #[arg(long, default_value = "0", value_name = "SEED")]
-    pub kv_events_hash_seed: String,
+    /// vLLM's PYTHONHASHSEED, the root of `sha256-cbor` hashes (default:
+    /// $PYTHONHASHSEED as vLLM reads it, else "0").
+    #[arg(long, value_name = "SEED")]
+    pub kv_events_hash_seed: Option<String>,
     /// Batches kept for replay.
     #[arg(long, default_value_t = 10_000, value_name = "BATCHES")]
     pub kv_events_buffer: usize,
@@ -53,7 +54,11 @@ impl ServeEventsArgs {
             replay_endpoint: self.kv_events_replay.clone(),
             topic: self.kv_events_topic.clone(),
             hash: self.kv_events_hash.clone(),
-            hash_seed: self.kv_events_hash_seed.clone(),
+            hash_seed: self
+                .kv_events_hash_seed
+                .clone()
+                .or_else(|| std::env::var("PYTHONHASHSEED").ok())
+                .unwrap_or_else(|| "0".into()),
             medium: self.kv_events_medium.clone(),
             layout: self.kv_events_layout.clone(),
             replay_buffer: self.kv_events_buffer,

@@ -4,12 +4,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
 
 use super::batch::{BatchLayout, BatchWriter};
 use super::hash::{Scheme, SchemeName};
-use super::publisher::{Msg, Publisher, Shared};
+use super::publisher::{batch_priority, Msg, Publisher, Shared};
 use super::{CacheEvent, EventsConfig, EventsError};
 use crate::engine::{Engine, Region};
 use crate::shared::LiveStats;
@@ -47,69 +47,53 @@ impl Feed {
                 "the queue needs room for 2 events".into(),
             ));
         }
-        let ctx = zmq::Context::new();
-        let pub_socket = ctx
-            .socket(zmq::PUB)
-            .map_err(|e| EventsError::Zmq("create the PUB socket", e))?;
-        // vLLM's `hwm` default.
-        pub_socket
-            .set_sndhwm(100_000)
-            .map_err(|e| EventsError::Zmq("set the PUB high-water mark", e))?;
-        pub_socket
-            .set_linger(500)
-            .map_err(|e| EventsError::Zmq("set the PUB linger", e))?;
-        if config.connect {
-            pub_socket
-                .connect(&config.endpoint)
-                .map_err(|e| EventsError::Zmq("connect the PUB socket", e))?;
-        } else {
-            pub_socket
-                .bind(&config.endpoint)
-                .map_err(|e| EventsError::Zmq("bind the PUB socket", e))?;
-        }
-        let replay = match &config.replay_endpoint {
-            None => None,
-            Some(ep) => {
-                let s = ctx
-                    .socket(zmq::ROUTER)
-                    .map_err(|e| EventsError::Zmq("create the ROUTER socket", e))?;
-                // A replay from 0 sends the whole buffer at once: room for it.
-                let hwm = i32::try_from(config.replay_buffer.saturating_mul(2))
-                    .unwrap_or(i32::MAX)
-                    .max(1000);
-                s.set_sndhwm(hwm)
-                    .map_err(|e| EventsError::Zmq("set the ROUTER high-water mark", e))?;
-                s.set_linger(0)
-                    .map_err(|e| EventsError::Zmq("set the ROUTER linger", e))?;
-                s.bind(ep)
-                    .map_err(|e| EventsError::Zmq("bind the ROUTER replay socket", e))?;
-                Some(s)
-            }
-        };
         let shared = Arc::new(Shared::new(config.queue));
-        let publisher = Publisher {
-            shared: Arc::clone(&shared),
-            pub_socket,
-            replay,
-            topic: config.topic.as_bytes().to_vec(),
-            scheme: Scheme::new(name, &config.hash_seed),
-            page_size,
-            medium: config.medium.clone(),
-            buffer_cap: config.replay_buffer,
-            buffer: VecDeque::new(),
-            hashes: HashMap::new(),
-            writer: BatchWriter::with_layout(layout),
-            scratch: Vec::new(),
-        };
+        let (setup_tx, setup_rx) = mpsc::channel();
+        let (config, thread_shared) = (config.clone(), Arc::clone(&shared));
         let thread = thread::Builder::new()
             .name("kv-events".into())
             .spawn(move || {
-                publisher.run();
-                // Sockets close (lingering on unsent batches) before the
-                // context ends.
+                // Before the context exists: libzmq's I/O thread inherits
+                // the policy (see `batch_priority`).
+                batch_priority();
+                let ctx = zmq::Context::new();
+                match sockets(&ctx, &config) {
+                    Ok((pub_socket, replay)) => {
+                        let _ = setup_tx.send(Ok(()));
+                        Publisher {
+                            shared: thread_shared,
+                            pub_socket,
+                            replay,
+                            topic: config.topic.as_bytes().to_vec(),
+                            scheme: Scheme::new(name, &config.hash_seed),
+                            page_size,
+                            medium: config.medium.clone(),
+                            buffer_cap: config.replay_buffer,
+                            buffer: VecDeque::new(),
+                            hashes: HashMap::new(),
+                            writer: BatchWriter::with_layout(layout),
+                            scratch: Vec::new(),
+                        }
+                        .run();
+                        // The sockets closed (lingering on unsent batches)
+                        // as `run` returned; now the context ends.
+                    }
+                    Err(e) => {
+                        let _ = setup_tx.send(Err(e));
+                    }
+                }
                 drop(ctx);
             })
             .map_err(EventsError::Thread)?;
+        let setup = setup_rx.recv().unwrap_or_else(|_| {
+            Err(EventsError::Config(
+                "the publisher thread ended during setup".into(),
+            ))
+        });
+        if let Err(e) = setup {
+            let _ = thread.join();
+            return Err(e);
+        }
         engine.record_events(true);
         Ok(Self {
             shared,
@@ -131,6 +115,15 @@ impl Feed {
         engine.take_events(&mut self.taken);
         if self.taken.is_empty() && !self.lost {
             return;
+        }
+        // Buffers the publisher is done with, for the engine's next copies.
+        while engine.spare_event_buffers() < crate::engine::SPARE_BUFFERS / 2 {
+            match self.shared.spares.pop() {
+                Some(buf) => {
+                    engine.recycle_event_buffer(buf);
+                }
+                None => break,
+            }
         }
         let queue = &self.shared.queue;
         let mut pushed = false;
@@ -184,4 +177,51 @@ impl Drop for Feed {
             let _ = t.join();
         }
     }
+}
+
+/// Creates and binds (or connects) the PUB socket and the optional ROUTER
+/// replay socket `config` names.
+fn sockets(
+    ctx: &zmq::Context,
+    config: &EventsConfig,
+) -> Result<(zmq::Socket, Option<zmq::Socket>), EventsError> {
+    let pub_socket = ctx
+        .socket(zmq::PUB)
+        .map_err(|e| EventsError::Zmq("create the PUB socket", e))?;
+    // vLLM's `hwm` default.
+    pub_socket
+        .set_sndhwm(100_000)
+        .map_err(|e| EventsError::Zmq("set the PUB high-water mark", e))?;
+    pub_socket
+        .set_linger(500)
+        .map_err(|e| EventsError::Zmq("set the PUB linger", e))?;
+    if config.connect {
+        pub_socket
+            .connect(&config.endpoint)
+            .map_err(|e| EventsError::Zmq("connect the PUB socket", e))?;
+    } else {
+        pub_socket
+            .bind(&config.endpoint)
+            .map_err(|e| EventsError::Zmq("bind the PUB socket", e))?;
+    }
+    let replay = match &config.replay_endpoint {
+        None => None,
+        Some(ep) => {
+            let s = ctx
+                .socket(zmq::ROUTER)
+                .map_err(|e| EventsError::Zmq("create the ROUTER socket", e))?;
+            // A replay from 0 sends the whole buffer at once: room for it.
+            let hwm = i32::try_from(config.replay_buffer.saturating_mul(2))
+                .unwrap_or(i32::MAX)
+                .max(1000);
+            s.set_sndhwm(hwm)
+                .map_err(|e| EventsError::Zmq("set the ROUTER high-water mark", e))?;
+            s.set_linger(0)
+                .map_err(|e| EventsError::Zmq("set the ROUTER linger", e))?;
+            s.bind(ep)
+                .map_err(|e| EventsError::Zmq("bind the ROUTER replay socket", e))?;
+            Some(s)
+        }
+    };
+    Ok((pub_socket, replay))
 }

@@ -117,10 +117,7 @@ impl Scheme {
         buf.clear();
         match self {
             Self::Xxh3 => {
-                for t in tokens {
-                    buf.extend_from_slice(&t.to_le_bytes());
-                }
-                let local = xxh3_64_with_seed(buf, XXH3_SEED);
+                let local = xxh3_64_with_seed(le_bytes(tokens, buf), XXH3_SEED);
                 let seq = match parent {
                     None => local,
                     Some(p) => {
@@ -182,6 +179,28 @@ impl Scheme {
             })
             .collect()
     }
+}
+
+/// `tokens` as little-endian bytes: the tokens' own memory on a
+/// little-endian machine (as Dynamo hashes them), a copy into `buf`
+/// elsewhere.
+#[cfg(target_endian = "little")]
+fn le_bytes<'a>(tokens: &'a [u32], _buf: &'a mut Vec<u8>) -> &'a [u8] {
+    // SAFETY: a `u32` slice is `4 * len` initialised bytes, aligned for
+    // `u8`, borrowed for as long as `tokens`; on a little-endian machine
+    // they are exactly the tokens' little-endian encodings.
+    unsafe {
+        std::slice::from_raw_parts(tokens.as_ptr().cast::<u8>(), std::mem::size_of_val(tokens))
+    }
+}
+
+#[cfg(not(target_endian = "little"))]
+fn le_bytes<'a>(tokens: &'a [u32], buf: &'a mut Vec<u8>) -> &'a [u8] {
+    buf.clear();
+    for t in tokens {
+        buf.extend_from_slice(&t.to_le_bytes());
+    }
+    buf
 }
 
 /// A CBOR head: major type `major`, argument `n`, shortest form (RFC 8949

@@ -28,6 +28,26 @@ pub fn uint(out: &mut Vec<u8>, n: u64) {
     }
 }
 
+/// Appends an array of `u32`s, each in its shortest form: the token lists,
+/// the bulk of every payload, in one reservation.
+pub fn u32_array(out: &mut Vec<u8>, items: &[u32]) {
+    array(out, items.len());
+    out.reserve(items.len() * 5);
+    for &t in items {
+        if t < 0x80 {
+            out.push(t as u8);
+        } else if t <= 0xff {
+            out.extend_from_slice(&[0xcc, t as u8]);
+        } else if t <= 0xffff {
+            let [a, b] = (t as u16).to_be_bytes();
+            out.extend_from_slice(&[0xcd, a, b]);
+        } else {
+            let [a, b, c, d] = t.to_be_bytes();
+            out.extend_from_slice(&[0xce, a, b, c, d]);
+        }
+    }
+}
+
 /// Appends a float64.
 pub fn float(out: &mut Vec<u8>, x: f64) {
     out.push(0xcb);
@@ -80,16 +100,23 @@ pub fn map(out: &mut Vec<u8>, n: usize) {
 /// A decoded MessagePack value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
+    /// `nil`.
     Nil,
+    /// `true` or `false`.
     Bool(bool),
     /// Any integer that fits an `i64`.
     Int(i64),
     /// A positive integer above `i64::MAX`.
     UInt(u64),
+    /// A float32 (widened) or float64.
     Float(f64),
+    /// A UTF-8 string.
     Str(String),
+    /// A byte string.
     Bin(Vec<u8>),
+    /// An array.
     Array(Vec<Value>),
+    /// A map, its pairs in order.
     Map(Vec<(Value, Value)>),
 }
 

@@ -60,6 +60,8 @@ pub(crate) struct Shared {
     pub stop: AtomicBool,
     /// Batches sent (the next sequence number).
     pub batches: AtomicU64,
+    /// Emptied `Stored` buffers on their way back to the engine.
+    pub spares: ArrayQueue<Vec<u32>>,
 }
 
 impl Shared {
@@ -69,6 +71,7 @@ impl Shared {
             asleep: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             batches: AtomicU64::new(0),
+            spares: ArrayQueue::new(crate::engine::SPARE_BUFFERS * 2),
         }
     }
 
@@ -78,6 +81,7 @@ impl Shared {
         // with the fence in `Publisher::idle` between its store of `asleep`
         // and its look at the queue (Dekker: one of the two sees the other).
         fence(Ordering::SeqCst);
+        // Relaxed: ordered by the fence above (pairs with `idle`'s fence).
         if self.asleep.load(Ordering::Relaxed) {
             thread.unpark();
         }
@@ -105,7 +109,6 @@ pub(crate) struct Publisher {
 impl Publisher {
     /// The thread's body: until the daemon stops and the queue is empty.
     pub fn run(mut self) {
-        batch_priority();
         let mut last_active = Instant::now();
         loop {
             self.serve_replay();
@@ -143,12 +146,20 @@ impl Publisher {
     }
 
     fn idle(&self) {
+        // Relaxed: ordered before the look at the queue by the fence below,
+        // which pairs with the fence in `Shared::wake`.
         self.shared.asleep.store(true, Ordering::Relaxed);
-        // SeqCst fence: pairs with the fence in `Shared::wake` (see there).
+        // SeqCst fence: pairs with the fence in `Shared::wake` (Dekker: the
+        // daemon sees `asleep` and unparks, or this thread sees its push).
         fence(Ordering::SeqCst);
+        // Relaxed `stop`: a missed store costs one park of at most `PARK`
+        // (`Feed::drop` also unparks); the Acquire load in `run` orders
+        // the final drain.
         if self.shared.queue.is_empty() && !self.shared.stop.load(Ordering::Relaxed) {
             thread::park_timeout(PARK);
         }
+        // Relaxed: a spurious unpark by a daemon that still sees `true`
+        // only shortens the next park.
         self.shared.asleep.store(false, Ordering::Relaxed);
     }
 
@@ -190,6 +201,13 @@ impl Publisher {
                 let toks = &tokens[..(ext.len() * p).min(tokens.len())];
                 self.writer
                     .stored(&ext, parent_ext, toks, self.page_size, &self.medium);
+                // Back to the daemon for the next `Stored` (dropped when
+                // the way back is full).
+                for buf in [pages, tokens] {
+                    if buf.capacity() <= crate::engine::SPARE_BUFFER_LEN {
+                        let _ = self.shared.spares.push(buf);
+                    }
+                }
             }
             CacheEvent::Removed { pages } => {
                 let ext: Vec<u64> = pages
@@ -265,8 +283,10 @@ impl Publisher {
 
 /// Puts the calling thread under `SCHED_BATCH`: the scheduler never lets
 /// its wake-ups preempt a running thread, so the publisher runs in the
-/// gaps of the request path instead of cutting into it. Best effort: the
-/// thread runs as it is if the call fails.
+/// gaps of the request path instead of cutting into it. Threads it starts
+/// afterwards inherit the policy (glibc's default `PTHREAD_INHERIT_SCHED`),
+/// libzmq's I/O thread among them. Best effort: the thread runs as it is if
+/// the call fails.
 pub fn batch_priority() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler(2) with pid 0 changes only the calling

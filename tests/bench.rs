@@ -14,6 +14,20 @@ fn bench(args: &[&str]) -> std::process::Output {
         .expect("run radixd bench")
 }
 
+/// The JSON lines of a successful `--json` run.
+fn json_runs(out: std::process::Output) -> Vec<Value> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 #[test]
 fn compare_json_reports_every_op_for_both_transports() {
     let out = bench(&[
@@ -26,16 +40,7 @@ fn compare_json_reports_every_op_for_both_transports() {
         "--prompt-tokens",
         "64",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let runs: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let runs = json_runs(out);
     assert_eq!(runs.len(), 4, "shm and uds for 1 and 2 clients");
     for (run, (transport, clients)) in
         runs.iter()
@@ -176,16 +181,7 @@ fn kv_events_compare_runs_off_then_on_with_a_subscriber() {
         "--prompt-tokens",
         "64",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let runs: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let runs = json_runs(out);
     assert_eq!(runs.len(), 2, "events off, then on");
     assert!(runs[0]["kv_events"].is_null());
     let ev = &runs[1]["kv_events"];

@@ -146,11 +146,6 @@ impl<'a, T: Plain> Producer<'a, T> {
         End::new(header, slots).map(Self)
     }
 
-    /// Number of slots.
-    pub fn capacity(&self) -> usize {
-        self.0.slots.len()
-    }
-
     /// Empties the ring: both counters to zero (see [`RingHeader::reset`]).
     /// Only while the consumer does not use the ring, and published to it
     /// by a Release the consumer acquires before its next `pop`.
@@ -202,11 +197,6 @@ impl<'a, T: Plain> Consumer<'a, T> {
         slots: &'a [UnsafeCell<T>],
     ) -> Result<Self, RingError> {
         End::new(header, slots).map(Self)
-    }
-
-    /// Number of slots.
-    pub fn capacity(&self) -> usize {
-        self.0.slots.len()
     }
 
     /// Empties the ring: both counters to zero (see [`RingHeader::reset`]).

@@ -265,6 +265,117 @@ mod reply {
     }
 }
 
+/// Defines the `#[pymethods]` of a class with a `run(&self, py, Request)`:
+/// its own methods, then the operations every cache answers the same way.
+macro_rules! cache_methods {
+    ($(#[$attr:meta])* impl $ty:ident { $($own:tt)* }) => {
+        $(#[$attr])*
+        impl $ty {
+            $($own)*
+
+            /// Caches `tokens` with `pages` (one owned page per whole page of
+            /// tokens): `.cached`, `.len`, `.handle` (only with `lock`).
+            #[pyo3(signature = (tokens, pages, lock = false))]
+            fn insert(
+                &self,
+                py: Python<'_>,
+                tokens: &Bound<'_, PyAny>,
+                pages: &Bound<'_, PyAny>,
+                lock: bool,
+            ) -> PyResult<InsertResult> {
+                let tokens = input::u32s(tokens, "tokens")?;
+                let pages = input::u32s(pages, "pages")?;
+                let request = Request::Insert {
+                    tokens,
+                    pages,
+                    lock,
+                };
+                reply::inserted(self.run(py, request)?)
+            }
+
+            /// Takes `n` pages from the pool (evicting as needed), as
+            /// `array.array('I')`.
+            fn alloc<'py>(&self, py: Python<'py>, n: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+                let n = count(n, "n")?;
+                reply::pages(py, self.run(py, Request::Alloc { n })?)
+            }
+
+            /// Returns owned pages to the pool.
+            fn free(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<()> {
+                let pages = input::u32s(pages, "pages")?;
+                reply::done(self.run(py, Request::Free { pages })?)
+            }
+
+            /// Locks a node and its ancestors.
+            fn lock(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
+                let handle = count(handle, "handle")?;
+                reply::done(self.run(py, Request::Lock { handle })?)
+            }
+
+            /// Drops one of this client's locks.
+            fn unlock(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
+                let handle = count(handle, "handle")?;
+                reply::done(self.run(py, Request::Unlock { handle })?)
+            }
+
+            /// Evicts at least `tokens` tokens (whole pages, unlocked leaves first);
+            /// returns the tokens evicted.
+            fn evict(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<u64> {
+                let tokens = count(tokens, "tokens")?;
+                reply::evicted(self.run(py, Request::Evict { tokens })?)
+            }
+
+            /// Commits a session's conversation so far: `.cached`, `.len`.
+            fn session_commit(
+                &self,
+                py: Python<'_>,
+                session: String,
+                tokens: &Bound<'_, PyAny>,
+                pages: &Bound<'_, PyAny>,
+            ) -> PyResult<InsertResult> {
+                let tokens = input::u32s(tokens, "tokens")?;
+                let pages = input::u32s(pages, "pages")?;
+                let request = Request::SessionCommit {
+                    session,
+                    tokens,
+                    pages,
+                };
+                reply::inserted(self.run(py, request)?)
+            }
+
+            /// Drops a session's lock and forgets it.
+            fn session_release(&self, py: Python<'_>, session: String) -> PyResult<()> {
+                reply::done(self.run(py, Request::SessionRelease { session })?)
+            }
+
+            /// `{"resident_tokens": R, "idle_ms": T}` of a session.
+            fn session_status<'py>(
+                &self,
+                py: Python<'py>,
+                session: String,
+            ) -> PyResult<Bound<'py, PyDict>> {
+                reply::session(py, self.run(py, Request::SessionStatus { session })?)
+            }
+
+            /// The figures of `radixd exec`'s `stats` answer, as a dict.
+            fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+                reply::stats(py, self.run(py, Request::Stats)?)
+            }
+
+            /// Checks every invariant of the daemon's engine (raises
+            /// `InvariantError` naming the first broken one).
+            fn validate(&self, py: Python<'_>) -> PyResult<()> {
+                reply::done(self.run(py, Request::Validate)?)
+            }
+
+            /// Empties the cache (a daemon may refuse it).
+            fn reset(&self, py: Python<'_>) -> PyResult<()> {
+                reply::done(self.run(py, Request::Reset)?)
+            }
+        }
+    };
+}
+
 /// A connection to a running radixd daemon.
 ///
 /// `Client(name="radixd", timeout=None)`: `name` is the segment's name
@@ -308,242 +419,154 @@ impl Client {
     }
 }
 
-#[pymethods]
-impl Client {
-    #[new]
-    #[pyo3(signature = (name = "radixd", timeout = None))]
-    fn new(py: Python<'_>, name: &str, timeout: Option<f64>) -> PyResult<Self> {
-        let timeout = match timeout {
-            None => NO_TIMEOUT,
-            Some(t) => Duration::try_from_secs_f64(t)
-                .map_err(|e| PyValueError::new_err(format!("timeout {t}: {e}")))?,
-        };
-        let owned = name.to_owned();
-        let mut client = py
-            .allow_threads(|| RustClient::connect(&owned))
-            .map_err(|e| rejected(py, client_error(e)))?;
-        client.timeout = timeout;
-        Ok(Self {
-            page_size: client.page_size(),
-            capacity: client.capacity(),
-            inner: Mutex::new(Some(client)),
-            name: name.to_owned(),
-        })
-    }
+// One `#[pymethods]` block per class (without pyo3's `multiple-pymethods`),
+// so the methods `Client` and `Engine` share over their own `run` are
+// spliced into each by `cache_methods!`.
+cache_methods! {
+    #[pymethods]
+    impl Client {
+        #[new]
+        #[pyo3(signature = (name = "radixd", timeout = None))]
+        fn new(py: Python<'_>, name: &str, timeout: Option<f64>) -> PyResult<Self> {
+            let timeout = match timeout {
+                None => NO_TIMEOUT,
+                Some(t) => Duration::try_from_secs_f64(t)
+                    .map_err(|e| PyValueError::new_err(format!("timeout {t}: {e}")))?,
+            };
+            let owned = name.to_owned();
+            let mut client = py
+                .allow_threads(|| RustClient::connect(&owned))
+                .map_err(|e| rejected(py, client_error(e)))?;
+            client.timeout = timeout;
+            Ok(Self {
+                page_size: client.page_size(),
+                capacity: client.capacity(),
+                inner: Mutex::new(Some(client)),
+                name: name.to_owned(),
+            })
+        }
 
-    /// The segment's name.
-    #[getter]
-    fn name(&self) -> &str {
-        &self.name
-    }
+        /// The segment's name.
+        #[getter]
+        fn name(&self) -> &str {
+            &self.name
+        }
 
-    /// Tokens per page of the daemon's engine.
-    #[getter]
-    fn page_size(&self) -> u32 {
-        self.page_size
-    }
+        /// Tokens per page of the daemon's engine.
+        #[getter]
+        fn page_size(&self) -> u32 {
+            self.page_size
+        }
 
-    /// Pages in the daemon's pool.
-    #[getter]
-    fn capacity(&self) -> u32 {
-        self.capacity
-    }
+        /// Pages in the daemon's pool.
+        #[getter]
+        fn capacity(&self) -> u32 {
+            self.capacity
+        }
 
-    /// Whether `close()` was called.
-    #[getter]
-    fn closed(&self) -> PyResult<bool> {
-        Ok(guard(&self.inner)?.is_none())
-    }
+        /// Whether `close()` was called.
+        #[getter]
+        fn closed(&self) -> PyResult<bool> {
+            Ok(guard(&self.inner)?.is_none())
+        }
 
-    /// The longest cached prefix of `tokens`: `.len`, `.pages`, `.handle`
-    /// (locked when `lock`; `None` when nothing matched).
-    #[pyo3(signature = (tokens, lock = false))]
-    fn match_prefix(
-        &self,
-        py: Python<'_>,
-        tokens: &Bound<'_, PyAny>,
-        lock: bool,
-    ) -> PyResult<MatchResult> {
-        let tokens = input::u32s(tokens, "tokens")?;
-        reply::matched(py, self.run(py, Request::Match { tokens, lock })?)
-    }
+        /// The longest cached prefix of `tokens`: `.len`, `.pages`, `.handle`
+        /// (locked when `lock`; `None` when nothing matched).
+        #[pyo3(signature = (tokens, lock = false))]
+        fn match_prefix(
+            &self,
+            py: Python<'_>,
+            tokens: &Bound<'_, PyAny>,
+            lock: bool,
+        ) -> PyResult<MatchResult> {
+            let tokens = input::u32s(tokens, "tokens")?;
+            reply::matched(py, self.run(py, Request::Match { tokens, lock })?)
+        }
 
-    /// `(len, pages)` of the longest cached prefix, read straight from the
-    /// shared tree: no round trip, no lock, no LRU touch.
-    fn peek<'py>(
-        &self,
-        py: Python<'py>,
-        tokens: &Bound<'py, PyAny>,
-    ) -> PyResult<(usize, Bound<'py, PyAny>)> {
-        let tokens = input::u32s(tokens, "tokens")?;
-        let (len, pages) = self
-            .hold(py)?
-            .as_ref()
-            .ok_or_else(closed)?
-            .peek(&tokens)
-            .map_err(|e| rejected(py, client_error(e)))?;
-        Ok((len, input::array_out(py, &pages)?))
-    }
+        /// `(len, pages)` of the longest cached prefix, read straight from the
+        /// shared tree: no round trip, no lock, no LRU touch.
+        fn peek<'py>(
+            &self,
+            py: Python<'py>,
+            tokens: &Bound<'py, PyAny>,
+        ) -> PyResult<(usize, Bound<'py, PyAny>)> {
+            let tokens = input::u32s(tokens, "tokens")?;
+            let (len, pages) = self
+                .hold(py)?
+                .as_ref()
+                .ok_or_else(closed)?
+                .peek(&tokens)
+                .map_err(|e| rejected(py, client_error(e)))?;
+            Ok((len, input::array_out(py, &pages)?))
+        }
 
-    /// Caches `tokens` with `pages` (one owned page per whole page of
-    /// tokens): `.cached`, `.len`, `.handle` (only with `lock`).
-    #[pyo3(signature = (tokens, pages, lock = false))]
-    fn insert(
-        &self,
-        py: Python<'_>,
-        tokens: &Bound<'_, PyAny>,
-        pages: &Bound<'_, PyAny>,
-        lock: bool,
-    ) -> PyResult<InsertResult> {
-        let tokens = input::u32s(tokens, "tokens")?;
-        let pages = input::u32s(pages, "pages")?;
-        let request = Request::Insert {
-            tokens,
-            pages,
-            lock,
-        };
-        reply::inserted(self.run(py, request)?)
-    }
 
-    /// Takes `n` pages from the pool (evicting as needed), as
-    /// `array.array('I')`.
-    fn alloc<'py>(&self, py: Python<'py>, n: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let n = count(n, "n")?;
-        reply::pages(py, self.run(py, Request::Alloc { n })?)
-    }
+        /// Indices into `prompts` in the order to run them under `policy`
+        /// (`"lpm"` or `"dfs-weight"`), from lock-free peeks.
+        #[pyo3(signature = (prompts, policy = "lpm"))]
+        fn order(
+            &self,
+            py: Python<'_>,
+            prompts: &Bound<'_, PyAny>,
+            policy: &str,
+        ) -> PyResult<Vec<usize>> {
+            let policy = self::policy(policy)?;
+            let held = self.hold(py)?;
+            let client = held.as_ref().ok_or_else(closed)?;
+            self::order(prompts, policy, |tokens| {
+                client
+                    .matched_pages(tokens)
+                    .map_err(|e| rejected(py, client_error(e)))
+            })
+        }
 
-    /// Returns owned pages to the pool.
-    fn free(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<()> {
-        let pages = input::u32s(pages, "pages")?;
-        reply::done(self.run(py, Request::Free { pages })?)
-    }
+        /// Locks (`lock=True`) or unlocks `handle` between two `stats`, in one
+        /// round trip; returns protected tokens before minus after (SGLang's
+        /// `inc_lock_ref`/`dec_lock_ref` answer).
+        fn _lock_delta(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<i64> {
+            let handle = count(handle, "handle")?;
+            let middle = if lock {
+                Request::Lock { handle }
+            } else {
+                Request::Unlock { handle }
+            };
+            let requests = [Request::Stats, middle, Request::Stats];
+            let answers = self
+                .with(py, |c| c.batch(&requests))?
+                .map_err(|e| rejected(py, client_error(e)))?;
+            reply::lock_delta(py, answers)
+        }
 
-    /// Locks a node and its ancestors.
-    fn lock(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
-        let handle = count(handle, "handle")?;
-        reply::done(self.run(py, Request::Lock { handle })?)
-    }
+        /// Disconnects; the daemon releases whatever this client still holds
+        /// (locks, sessions, owned pages). Idempotent.
+        fn close(&self, py: Python<'_>) -> PyResult<()> {
+            let client = py.allow_threads(|| guard(&self.inner).map(|mut g| g.take()))?;
+            drop(client);
+            Ok(())
+        }
 
-    /// Drops one of this client's locks.
-    fn unlock(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
-        let handle = count(handle, "handle")?;
-        reply::done(self.run(py, Request::Unlock { handle })?)
-    }
+        fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+            slf
+        }
 
-    /// Evicts at least `tokens` tokens (whole pages, unlocked leaves first);
-    /// returns the tokens evicted.
-    fn evict(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let tokens = count(tokens, "tokens")?;
-        reply::evicted(self.run(py, Request::Evict { tokens })?)
-    }
+        /// Closes the client; exceptions propagate.
+        fn __exit__(
+            &self,
+            py: Python<'_>,
+            _type: &Bound<'_, PyAny>,
+            _value: &Bound<'_, PyAny>,
+            _traceback: &Bound<'_, PyAny>,
+        ) -> PyResult<bool> {
+            self.close(py)?;
+            Ok(false)
+        }
 
-    /// Commits a session's conversation so far: `.cached`, `.len`.
-    fn session_commit(
-        &self,
-        py: Python<'_>,
-        session: String,
-        tokens: &Bound<'_, PyAny>,
-        pages: &Bound<'_, PyAny>,
-    ) -> PyResult<InsertResult> {
-        let tokens = input::u32s(tokens, "tokens")?;
-        let pages = input::u32s(pages, "pages")?;
-        let request = Request::SessionCommit {
-            session,
-            tokens,
-            pages,
-        };
-        reply::inserted(self.run(py, request)?)
-    }
-
-    /// Drops a session's lock and forgets it.
-    fn session_release(&self, py: Python<'_>, session: String) -> PyResult<()> {
-        reply::done(self.run(py, Request::SessionRelease { session })?)
-    }
-
-    /// `{"resident_tokens": R, "idle_ms": T}` of a session.
-    fn session_status<'py>(
-        &self,
-        py: Python<'py>,
-        session: String,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        reply::session(py, self.run(py, Request::SessionStatus { session })?)
-    }
-
-    /// The figures of `radixd exec`'s `stats` answer, as a dict.
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        reply::stats(py, self.run(py, Request::Stats)?)
-    }
-
-    /// Checks every invariant of the daemon's engine (raises
-    /// `InvariantError` naming the first broken one).
-    fn validate(&self, py: Python<'_>) -> PyResult<()> {
-        reply::done(self.run(py, Request::Validate)?)
-    }
-
-    /// Empties the cache (a daemon may refuse it).
-    fn reset(&self, py: Python<'_>) -> PyResult<()> {
-        reply::done(self.run(py, Request::Reset)?)
-    }
-
-    /// Indices into `prompts` in the order to run them under `policy`
-    /// (`"lpm"` or `"dfs-weight"`), from lock-free peeks.
-    #[pyo3(signature = (prompts, policy = "lpm"))]
-    fn order(
-        &self,
-        py: Python<'_>,
-        prompts: &Bound<'_, PyAny>,
-        policy: &str,
-    ) -> PyResult<Vec<usize>> {
-        let policy = self::policy(policy)?;
-        let held = self.hold(py)?;
-        let client = held.as_ref().ok_or_else(closed)?;
-        self::order(prompts, policy, |tokens| {
-            client
-                .matched_pages(tokens)
-                .map_err(|e| rejected(py, client_error(e)))
-        })
-    }
-
-    /// Locks (`lock=True`) or unlocks `handle` between two `stats`, in one
-    /// round trip; returns protected tokens before minus after (SGLang's
-    /// `inc_lock_ref`/`dec_lock_ref` answer).
-    fn _lock_delta(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<i64> {
-        let handle = count(handle, "handle")?;
-        let middle = if lock {
-            Request::Lock { handle }
-        } else {
-            Request::Unlock { handle }
-        };
-        let requests = [Request::Stats, middle, Request::Stats];
-        let answers = self
-            .with(py, |c| c.batch(&requests))?
-            .map_err(|e| rejected(py, client_error(e)))?;
-        reply::lock_delta(py, answers)
-    }
-
-    /// Disconnects; the daemon releases whatever this client still holds
-    /// (locks, sessions, owned pages). Idempotent.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let client = py.allow_threads(|| guard(&self.inner).map(|mut g| g.take()))?;
-        drop(client);
-        Ok(())
-    }
-
-    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
-        self.close(py)?;
-        Ok(false)
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "radixd.Client(name={:?}, page_size={}, capacity={})",
-            self.name, self.page_size, self.capacity
-        )
+        fn __repr__(&self) -> String {
+            format!(
+                "radixd.Client(name={:?}, page_size={}, capacity={})",
+                self.name, self.page_size, self.capacity
+            )
+        }
     }
 }
 
@@ -562,193 +585,105 @@ impl Engine {
     }
 }
 
-#[pymethods]
-impl Engine {
-    #[new]
-    fn new(page_size: u32, capacity: u32) -> PyResult<Self> {
-        let config = Config {
-            page_size,
-            capacity,
-        };
-        let engine = RustEngine::new(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(Self {
-            inner: Mutex::new(Local {
-                engine,
-                client: 0,
-                session_ttl: None,
-            }),
-        })
-    }
+cache_methods! {
+    #[pymethods]
+    impl Engine {
+        #[new]
+        fn new(page_size: u32, capacity: u32) -> PyResult<Self> {
+            let config = Config {
+                page_size,
+                capacity,
+            };
+            let engine = RustEngine::new(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
+            Ok(Self {
+                inner: Mutex::new(Local {
+                    engine,
+                    client: 0,
+                    session_ttl: None,
+                }),
+            })
+        }
 
-    /// Tokens per page.
-    #[getter]
-    fn page_size(&self) -> PyResult<u32> {
-        Ok(guard(&self.inner)?.engine.page_size())
-    }
+        /// Tokens per page.
+        #[getter]
+        fn page_size(&self) -> PyResult<u32> {
+            Ok(guard(&self.inner)?.engine.page_size())
+        }
 
-    /// Pages in the pool.
-    #[getter]
-    fn capacity(&self) -> PyResult<u32> {
-        Ok(guard(&self.inner)?.engine.capacity())
-    }
+        /// Pages in the pool.
+        #[getter]
+        fn capacity(&self) -> PyResult<u32> {
+            Ok(guard(&self.inner)?.engine.capacity())
+        }
 
-    /// As `Client.match_prefix`.
-    #[pyo3(signature = (tokens, lock = false))]
-    fn match_prefix(
-        &self,
-        py: Python<'_>,
-        tokens: &Bound<'_, PyAny>,
-        lock: bool,
-    ) -> PyResult<MatchResult> {
-        let tokens = input::u32s(tokens, "tokens")?;
-        reply::matched(py, self.run(py, Request::Match { tokens, lock })?)
-    }
+        /// As `Client.match_prefix`.
+        #[pyo3(signature = (tokens, lock = false))]
+        fn match_prefix(
+            &self,
+            py: Python<'_>,
+            tokens: &Bound<'_, PyAny>,
+            lock: bool,
+        ) -> PyResult<MatchResult> {
+            let tokens = input::u32s(tokens, "tokens")?;
+            reply::matched(py, self.run(py, Request::Match { tokens, lock })?)
+        }
 
-    /// As `Client.insert`.
-    #[pyo3(signature = (tokens, pages, lock = false))]
-    fn insert(
-        &self,
-        py: Python<'_>,
-        tokens: &Bound<'_, PyAny>,
-        pages: &Bound<'_, PyAny>,
-        lock: bool,
-    ) -> PyResult<InsertResult> {
-        let tokens = input::u32s(tokens, "tokens")?;
-        let pages = input::u32s(pages, "pages")?;
-        let request = Request::Insert {
-            tokens,
-            pages,
-            lock,
-        };
-        reply::inserted(self.run(py, request)?)
-    }
 
-    /// As `Client.alloc`.
-    fn alloc<'py>(&self, py: Python<'py>, n: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let n = count(n, "n")?;
-        reply::pages(py, self.run(py, Request::Alloc { n })?)
-    }
+        /// As `Client.order`, from the engine's own tree.
+        #[pyo3(signature = (prompts, policy = "lpm"))]
+        fn order(&self, prompts: &Bound<'_, PyAny>, policy: &str) -> PyResult<Vec<usize>> {
+            let policy = self::policy(policy)?;
+            let local = guard(&self.inner)?;
+            self::order(prompts, policy, |tokens| {
+                let mut pages = Vec::new();
+                local.engine.peek(tokens, &mut pages);
+                Ok(pages)
+            })
+        }
 
-    /// As `Client.free`.
-    fn free(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<()> {
-        let pages = input::u32s(pages, "pages")?;
-        reply::done(self.run(py, Request::Free { pages })?)
-    }
+        /// As `Client._lock_delta`.
+        fn _lock_delta(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<i64> {
+            let handle = count(handle, "handle")?;
+            let middle = if lock {
+                Request::Lock { handle }
+            } else {
+                Request::Unlock { handle }
+            };
+            let mut local = guard(&self.inner)?;
+            let client = local.client;
+            let answers = [Request::Stats, middle, Request::Stats]
+                .into_iter()
+                .map(|r| apply(&mut local.engine, client, r))
+                .collect();
+            reply::lock_delta(py, answers)
+        }
 
-    /// As `Client.lock`.
-    fn lock(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
-        let handle = count(handle, "handle")?;
-        reply::done(self.run(py, Request::Lock { handle })?)
-    }
+        /// Nothing to release (symmetry with `Client`).
+        fn close(&self) {}
 
-    /// As `Client.unlock`.
-    fn unlock(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
-        let handle = count(handle, "handle")?;
-        reply::done(self.run(py, Request::Unlock { handle })?)
-    }
+        fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+            slf
+        }
 
-    /// As `Client.evict`.
-    fn evict(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let tokens = count(tokens, "tokens")?;
-        reply::evicted(self.run(py, Request::Evict { tokens })?)
-    }
+        /// Nothing to close; exceptions propagate.
+        fn __exit__(
+            &self,
+            _type: &Bound<'_, PyAny>,
+            _value: &Bound<'_, PyAny>,
+            _traceback: &Bound<'_, PyAny>,
+        ) -> bool {
+            false
+        }
 
-    /// As `Client.session_commit`.
-    fn session_commit(
-        &self,
-        py: Python<'_>,
-        session: String,
-        tokens: &Bound<'_, PyAny>,
-        pages: &Bound<'_, PyAny>,
-    ) -> PyResult<InsertResult> {
-        let tokens = input::u32s(tokens, "tokens")?;
-        let pages = input::u32s(pages, "pages")?;
-        let request = Request::SessionCommit {
-            session,
-            tokens,
-            pages,
-        };
-        reply::inserted(self.run(py, request)?)
-    }
-
-    /// As `Client.session_release`.
-    fn session_release(&self, py: Python<'_>, session: String) -> PyResult<()> {
-        reply::done(self.run(py, Request::SessionRelease { session })?)
-    }
-
-    /// As `Client.session_status`.
-    fn session_status<'py>(
-        &self,
-        py: Python<'py>,
-        session: String,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        reply::session(py, self.run(py, Request::SessionStatus { session })?)
-    }
-
-    /// As `Client.stats`.
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        reply::stats(py, self.run(py, Request::Stats)?)
-    }
-
-    /// As `Client.validate`.
-    fn validate(&self, py: Python<'_>) -> PyResult<()> {
-        reply::done(self.run(py, Request::Validate)?)
-    }
-
-    /// Empties the cache.
-    fn reset(&self, py: Python<'_>) -> PyResult<()> {
-        reply::done(self.run(py, Request::Reset)?)
-    }
-
-    /// As `Client.order`, from the engine's own tree.
-    #[pyo3(signature = (prompts, policy = "lpm"))]
-    fn order(&self, prompts: &Bound<'_, PyAny>, policy: &str) -> PyResult<Vec<usize>> {
-        let policy = self::policy(policy)?;
-        let local = guard(&self.inner)?;
-        self::order(prompts, policy, |tokens| {
-            let mut pages = Vec::new();
-            local.engine.peek(tokens, &mut pages);
-            Ok(pages)
-        })
-    }
-
-    /// As `Client._lock_delta`.
-    fn _lock_delta(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<i64> {
-        let handle = count(handle, "handle")?;
-        let middle = if lock {
-            Request::Lock { handle }
-        } else {
-            Request::Unlock { handle }
-        };
-        let mut local = guard(&self.inner)?;
-        let client = local.client;
-        let answers = [Request::Stats, middle, Request::Stats]
-            .into_iter()
-            .map(|r| apply(&mut local.engine, client, r))
-            .collect();
-        reply::lock_delta(py, answers)
-    }
-
-    /// Nothing to release (symmetry with `Client`).
-    fn close(&self) {}
-
-    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    #[pyo3(signature = (*_args))]
-    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        false
-    }
-
-    fn __repr__(&self) -> String {
-        match guard(&self.inner) {
-            Ok(l) => format!(
-                "radixd.Engine(page_size={}, capacity={})",
-                l.engine.page_size(),
-                l.engine.capacity()
-            ),
-            Err(_) => "radixd.Engine(<poisoned>)".to_owned(),
+        fn __repr__(&self) -> String {
+            match guard(&self.inner) {
+                Ok(l) => format!(
+                    "radixd.Engine(page_size={}, capacity={})",
+                    l.engine.page_size(),
+                    l.engine.capacity()
+                ),
+                Err(_) => "radixd.Engine(<poisoned>)".to_owned(),
+            }
         }
     }
 }

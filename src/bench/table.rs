@@ -64,17 +64,7 @@ pub(super) fn print_table(out: &mut impl Write, r: &RunReport) -> io::Result<()>
 
 pub(super) fn print_event_ratios(out: &mut impl Write, pair: &[RunReport]) -> io::Result<()> {
     let [off, on] = pair else { return Ok(()) };
-    let ratio = |op: &str, f: fn(&Latency) -> f64| {
-        let (a, b) = (
-            off.ops.get(op).map_or(0.0, f),
-            on.ops.get(op).map_or(0.0, f),
-        );
-        if a > 0.0 {
-            b / a
-        } else {
-            0.0
-        }
-    };
+    let ratio = |op: &str, f: fn(&Latency) -> f64| op_ratio(on, off, op, f);
     writeln!(
         out,
         "  events on/off: match p50 {:.2}×, p99 {:.2}×; insert p50 {:.2}×, p99 {:.2}×; throughput {:.2}×\n",
@@ -88,17 +78,7 @@ pub(super) fn print_event_ratios(out: &mut impl Write, pair: &[RunReport]) -> io
 
 pub(super) fn print_ratios(out: &mut impl Write, pair: &[RunReport]) -> io::Result<()> {
     let [shm, uds] = pair else { return Ok(()) };
-    let ratio = |f: fn(&Latency) -> f64| {
-        let (a, b) = (
-            shm.ops.get("match").map_or(0.0, f),
-            uds.ops.get("match").map_or(0.0, f),
-        );
-        if a > 0.0 {
-            b / a
-        } else {
-            0.0
-        }
-    };
+    let ratio = |f: fn(&Latency) -> f64| op_ratio(uds, shm, "match", f);
     writeln!(
         out,
         "  uds/shm, match: p50 {:.1}×, p99 {:.1}×; throughput shm/uds {:.1}×\n",
@@ -106,4 +86,18 @@ pub(super) fn print_ratios(out: &mut impl Write, pair: &[RunReport]) -> io::Resu
         ratio(|l| l.p99_us),
         shm.requests_per_second / uds.requests_per_second.max(1e-9)
     )
+}
+
+/// `f` of `op` in `over` divided by the same in `under` (0 when `under` has
+/// no such figure).
+fn op_ratio(over: &RunReport, under: &RunReport, op: &str, f: fn(&Latency) -> f64) -> f64 {
+    let (a, b) = (
+        under.ops.get(op).map_or(0.0, f),
+        over.ops.get(op).map_or(0.0, f),
+    );
+    if a > 0.0 {
+        b / a
+    } else {
+        0.0
+    }
 }

@@ -12,7 +12,11 @@
 //! counts locks on a node and its descendants, and `evictable_tokens` /
 //! `protected_tokens` move on its 0 ↔ 1 transitions.
 //!
-//! Memory: 48 bytes per node (at most `capacity + 1`), 16 bytes + 4 bytes
+//! Readers in other processes walk the same region without locks
+//! ([`TreeReader`]), validating node by node against per-node versions.
+//!
+//! Memory: 48 bytes per node plus a 4-byte version (at most `capacity + 1`
+//! nodes), 16 bytes + 4 bytes
 //! of free ring + 16 bytes of child table per page, plus the tokens.
 
 mod arena;

@@ -63,6 +63,9 @@ pub struct TreeReader {
 /// with changes of that very node gives up.
 pub const NODE_TRIES: u32 = 64;
 
+/// Tokens compared per volatile load in [`TreeReader::peek`]'s walk.
+const LANES: usize = 8;
+
 /// One step of the walk: a node the reader stands on.
 #[derive(Clone, Copy, Debug)]
 struct Frame {
@@ -188,17 +191,24 @@ impl TreeReader {
         }
         let p = self.layout.page_size as usize;
         let at = self.layout.tokens_at + page as usize * p * size_of::<u32>();
+        // SAFETY: page < capacity, so its `p` tokens lie inside the token
+        // array, aligned for u32.
+        let tokens = unsafe { self.base.as_ptr().add(at).cast::<u32>() };
+        let key = &key[..key.len().min(p)];
         let mut diff = 0;
-        for (i, k) in key.iter().enumerate() {
-            // SAFETY: page < capacity and i < p, so the token lies inside
-            // the token array; u32 takes any bits.
-            let t = unsafe {
-                self.base
-                    .as_ptr()
-                    .add(at + i * size_of::<u32>())
-                    .cast::<u32>()
-                    .read_volatile()
-            };
+        // Eight tokens per volatile load (one 32-byte vector where the
+        // target has one), then the rest one by one.
+        let mut chunks = key.chunks_exact(LANES);
+        for (c, k) in chunks.by_ref().enumerate() {
+            // SAFETY: `(c + 1) * LANES <= key.len() <= p`: inside the page;
+            // `[u32; LANES]` has u32's alignment and takes any bits.
+            let t = unsafe { tokens.add(c * LANES).cast::<[u32; LANES]>().read_volatile() };
+            diff |= t.iter().zip(k).fold(0, |d, (x, y)| d | (x ^ y));
+        }
+        let done = key.len() - chunks.remainder().len();
+        for (i, k) in chunks.remainder().iter().enumerate() {
+            // SAFETY: `done + i < key.len() <= p`: inside the page.
+            let t = unsafe { tokens.add(done + i).read_volatile() };
             diff |= t ^ k;
         }
         Some(diff == 0)
@@ -397,5 +407,99 @@ impl TreeReader {
             backoff(tries);
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Config, Engine, Region};
+
+    fn engine_with(prompts: &[&[u32]]) -> Engine {
+        let mut e = Engine::new(Config {
+            page_size: 2,
+            capacity: 32,
+        })
+        .expect("engine");
+        for key in prompts {
+            let pages = e.alloc(1, key.len() as u64 / 2).expect("alloc");
+            e.insert(1, key, &pages, false).expect("insert");
+        }
+        e
+    }
+
+    fn reader(e: &Engine) -> TreeReader {
+        let base = NonNull::new(e.region().as_ptr()).expect("region");
+        // SAFETY: the engine's heap region outlives the reader in each test,
+        // and the tests change it only between peeks.
+        unsafe { TreeReader::new(base, e.layout()) }
+    }
+
+    #[test]
+    fn a_change_elsewhere_fails_no_read_and_a_change_underfoot_is_waited_out() {
+        let (a, b): (&[u32], &[u32]) = (&[1, 2, 3, 4, 5, 6], &[1, 2, 7, 7]);
+        let e = engine_with(&[a, b]);
+        let r = reader(&e);
+        let mut pages = Vec::new();
+        let mut want = Vec::new();
+        assert_eq!(e.peek(a, &mut want), 6);
+        // A writer stopped in the middle of changing the other branch's
+        // leaf (or the table, between lookups) disturbs nothing on this path.
+        let mut b_pages = Vec::new();
+        e.peek(b, &mut b_pages);
+        let leaf_b = e
+            .arena
+            .nodes()
+            .iter()
+            .position(|n| n.state == NODE_LIVE && n.first_page == b_pages[1]);
+        let leaf_b = leaf_b.expect("b's leaf") as u32;
+        e.arena.version(leaf_b).begin();
+        assert_eq!(r.peek(a, &mut pages), Some(6));
+        assert_eq!(pages, want);
+        e.arena.version(leaf_b).end();
+        // Mid-change of a node on the path: the reader retries that node and
+        // gives up only after its budget.
+        let leaf_a = e
+            .arena
+            .nodes()
+            .iter()
+            .position(|n| n.state == NODE_LIVE && n.first_page == want[1]);
+        let leaf_a = leaf_a.expect("a's leaf") as u32;
+        e.arena.version(leaf_a).begin();
+        assert_eq!(r.peek(a, &mut pages), None);
+        // ...while a key that stops above it still reads.
+        assert_eq!(r.peek(&[1, 2, 9, 9], &mut pages), Some(2));
+        e.arena.version(leaf_a).end();
+        assert_eq!(r.peek(a, &mut pages), Some(6));
+        assert_eq!(pages, want);
+    }
+
+    #[test]
+    fn whole_lanes_and_remainders_compare_every_token() {
+        for p in [8u32, 16, 13] {
+            let mut e = Engine::new(Config {
+                page_size: p,
+                capacity: 8,
+            })
+            .expect("engine");
+            let key: Vec<u32> = (0..4 * p).map(|i| i * 3 + 1).collect();
+            let pages = e.alloc(1, 4).expect("alloc");
+            e.insert(1, &key, &pages, false).expect("insert");
+            let r = reader(&e);
+            let mut out = Vec::new();
+            assert_eq!(r.peek(&key, &mut out), Some(key.len()));
+            assert_eq!(out, pages);
+            for bad in [p + 1, 2 * p + p - 1, 3 * p + 7] {
+                let mut k = key.clone();
+                k[bad as usize] ^= 1;
+                let page = bad / p;
+                assert_eq!(
+                    r.peek(&k, &mut out),
+                    Some((page * p) as usize),
+                    "P={p} token {bad}"
+                );
+                assert_eq!(out, pages[..page as usize]);
+            }
+        }
     }
 }

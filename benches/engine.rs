@@ -2,6 +2,9 @@
 //!
 //! - `match`: match of a cached 1K/4K/32K-token prompt at P = 1, 16, 64,
 //!   beside a `memcmp` of the same tokens as the floor any match pays;
+//! - `peek`: a lock-free `TreeReader::peek` of a cached 4K-token prompt at
+//!   P = 16, beside the engine's match and a `memcmp` of the same tokens
+//!   (one group, so one filter runs all three);
 //! - `insert_suffix`: insert of a new 1K/4K/32K-token suffix under a cached
 //!   1K-token prefix (pages allocated outside the timed part);
 //! - `evict`: eviction of 100k pages (P = 16) spread over 10k leaves;
@@ -83,6 +86,37 @@ fn bench_match(c: &mut Criterion) {
             b.iter(|| black_box(prompt.as_slice()) == black_box(stored.as_slice()))
         });
     }
+    g.finish();
+}
+
+fn bench_peek(c: &mut Criterion) {
+    use radixd::engine::{Region, TreeReader};
+    let (p, n) = (16u32, 4096usize);
+    let mut g = c.benchmark_group("peek");
+    g.throughput(Throughput::Elements(n as u64));
+    let prompt = tokens(1, n);
+    let mut e = engine(p, (n / p as usize) as u32 + 1);
+    put(&mut e, &prompt, false);
+    let mut pages = Vec::with_capacity(n / p as usize);
+    let base = std::ptr::NonNull::new(e.region().as_ptr()).unwrap();
+    // SAFETY: the engine's own heap region, alive until `e` drops at the end
+    // of this function, after every use of the reader; nothing writes it
+    // while the reader runs (the match below runs after the peek bench).
+    let reader = unsafe { TreeReader::new(base, e.layout()) };
+    g.bench_function(BenchmarkId::new("reader_P16", n), |b| {
+        b.iter(|| {
+            let len = reader.peek(black_box(&prompt), &mut pages);
+            debug_assert_eq!(len, Some(n));
+            len
+        })
+    });
+    g.bench_function(BenchmarkId::new("engine_match_P16", n), |b| {
+        b.iter(|| e.match_prefix(CLIENT, black_box(&prompt), false, &mut pages))
+    });
+    let stored = tokens(1, n);
+    g.bench_function(BenchmarkId::new("memcmp", n), |b| {
+        b.iter(|| black_box(prompt.as_slice()) == black_box(stored.as_slice()))
+    });
     g.finish();
 }
 
@@ -228,5 +262,5 @@ fn bench_evict(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_match, bench_insert, bench_evict);
+criterion_group!(benches, bench_match, bench_peek, bench_insert, bench_evict);
 criterion_main!(benches);

@@ -484,3 +484,262 @@ fn a_tree_reader_sees_what_the_engine_sees() {
         assert_eq!(theirs, mine, "{key:?}");
     }
 }
+
+/// A grace period driven by the test: `pinned` is the epoch a pretend
+/// reader announced (crossbeam's rule: it blocks advancing past it + 1).
+#[derive(Default)]
+struct FakeClock {
+    epoch: u64,
+    pinned: Option<u64>,
+}
+
+#[derive(Clone, Default)]
+struct FakeGrace(std::sync::Arc<std::sync::Mutex<FakeClock>>);
+
+impl FakeGrace {
+    fn clock(&self) -> std::sync::MutexGuard<'_, FakeClock> {
+        self.0.lock().expect("fake clock")
+    }
+    fn pin(&self) {
+        let mut c = self.clock();
+        c.pinned = Some(c.epoch);
+    }
+    fn unpin(&self) {
+        self.clock().pinned = None;
+    }
+}
+
+impl radixd::engine::Grace for FakeGrace {
+    fn epoch(&self) -> u64 {
+        self.clock().epoch
+    }
+    fn try_advance(&mut self) -> bool {
+        let mut c = self.clock();
+        if c.pinned.is_some_and(|p| p != c.epoch) {
+            return false;
+        }
+        c.epoch += 1;
+        true
+    }
+    fn reusable(&self, tag: u64) -> bool {
+        self.clock().epoch >= tag + 2
+    }
+}
+
+#[test]
+fn evicted_pages_come_back_only_after_the_grace_period() {
+    let mut e = engine(2, 8);
+    let g = FakeGrace::default();
+    e.set_grace(Box::new(g.clone()), 64);
+    let first = put(&mut e, A, &[1, 2, 3, 4, 5, 6, 7, 8]);
+    put(&mut e, A, &[9, 9, 9, 9, 9, 9, 9, 9]);
+    assert_eq!(e.stats().free_pages, 0);
+    g.pin();
+    // Evicting the older prompt puts its pages and node in limbo.
+    assert_eq!(e.evict(8), 8);
+    ok(&e);
+    assert_eq!(e.in_limbo(), (4, 1));
+    assert_eq!(e.stats().free_pages, 0, "limbo pages are not free");
+    assert_eq!(e.stats().nodes, 1);
+    assert_eq!(e.reclaim(), 0, "the reader still holds them");
+    // The pages are still held: an alloc that needs them fails cleanly.
+    let before = snapshot(&e);
+    assert!(matches!(
+        e.alloc(B, 2),
+        Err(PageError::Insufficient { requested: 2, .. })
+    ));
+    ok(&e);
+    // That alloc handed out nothing; it evicted its shortfall (two pages of
+    // the other prompt) into limbo, where they wait like the rest.
+    assert_eq!(e.stats().owned_pages, before.0.owned_pages);
+    assert_eq!(e.in_limbo(), (6, 1));
+    g.unpin();
+    assert_eq!(e.reclaim(), 6 + 1);
+    assert_eq!(e.in_limbo(), (0, 0));
+    assert_eq!(e.stats().free_pages, 6);
+    ok(&e);
+    // FIFO as ever: the pages evicted first come back first.
+    assert_eq!(e.alloc(B, 4).unwrap(), {
+        let mut back = first.clone();
+        back.reverse(); // evicted from the leaf's end
+        back
+    });
+    ok(&e);
+}
+
+#[test]
+fn a_full_limbo_makes_alloc_fail_and_change_nothing() {
+    let mut e = engine(2, 8);
+    let g = FakeGrace::default();
+    e.set_grace(Box::new(g.clone()), 3);
+    put(&mut e, A, &[1, 2, 3, 4, 5, 6, 7, 8]);
+    put(&mut e, A, &[9, 9, 9, 9, 9, 9, 9, 9]);
+    g.pin();
+    let before = snapshot(&e);
+    let (len, pages) = matched(&e, &[1, 2, 3, 4, 5, 6, 7, 8]);
+    // Two pages to evict, room for one (each may free a node too).
+    assert!(matches!(
+        e.alloc(B, 2),
+        Err(PageError::Insufficient {
+            requested: 2,
+            available: 0
+        })
+    ));
+    assert_eq!(snapshot(&e), before);
+    assert_eq!(matched(&e, &[1, 2, 3, 4, 5, 6, 7, 8]), (len, pages));
+    ok(&e);
+    // One page fits: evicted into limbo, still held, so the alloc fails.
+    assert!(e.alloc(B, 1).is_err());
+    ok(&e);
+    g.unpin();
+    assert_eq!(e.alloc(B, 1).unwrap().len(), 1);
+    ok(&e);
+}
+
+#[test]
+fn with_no_readers_a_grace_changes_no_answer() {
+    // The same random workload on an engine without a grace and one with a
+    // grace no reader holds: every answer and figure is identical.
+    let mut plain = engine(2, 24);
+    let mut graced = engine(2, 24);
+    graced.set_grace(Box::new(FakeGrace::default()), 1024);
+    let mut seed = 0x9e37_79b9_u64;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for step in 0..3000 {
+        let len = 2 * (1 + next(6) as usize);
+        let key: Vec<u32> = (0..len).map(|_| next(3) as u32).collect();
+        let client = 1 + next(2) as u32;
+        match next(4) {
+            0 => {
+                let n = next(5);
+                assert_eq!(plain.evict(n), graced.evict(n), "step {step}");
+            }
+            1 => {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                let ma = plain.match_prefix(client, &key, false, &mut a);
+                let mb = graced.match_prefix(client, &key, false, &mut b);
+                assert_eq!((ma, a), (mb, b), "step {step}");
+            }
+            _ => {
+                let n = key.len() as u64 / 2;
+                let (pa, pb) = (plain.alloc(client, n), graced.alloc(client, n));
+                assert_eq!(pa, pb, "step {step}");
+                if let Ok(pages) = pa {
+                    let ia = plain.insert(client, &key, &pages, false);
+                    let ib = graced.insert(client, &key, &pages, false);
+                    assert_eq!(ia, ib, "step {step}");
+                }
+            }
+        }
+        assert_eq!(plain.stats(), graced.stats(), "step {step}");
+        assert_eq!(graced.in_limbo(), (0, 0));
+    }
+    ok(&plain);
+    ok(&graced);
+}
+
+#[test]
+fn readers_keep_succeeding_while_a_writer_churns_the_tree() {
+    use radixd::engine::{Region, TreeReader};
+    use radixd_ipc::sync::{AtomicU32, Ordering};
+
+    const PAGE: u32 = 4;
+    let mut e = engine(PAGE, 600);
+    // The locked prompt: 64 pages.
+    let locked: Vec<u32> = (0..64 * PAGE).map(|i| 1_000_000 + i).collect();
+    let pages = put(&mut e, A, &locked);
+    let (_, handle) = {
+        let mut out = Vec::new();
+        let m = e.match_prefix(A, &locked, true, &mut out);
+        (out, m.handle.expect("matched"))
+    };
+    let layout = e.layout();
+    let base = e.region().as_ptr() as usize;
+    let stop = AtomicU32::new(0);
+    let (stop, locked, pages) = (&stop, &locked, &pages);
+    let readers = 2;
+    let (tally, e) = std::thread::scope(|s| {
+        let peekers: Vec<_> = (0..readers)
+            .map(|_| {
+                s.spawn(move || {
+                    let base = std::ptr::NonNull::new(base as *mut u8).expect("region");
+                    // SAFETY: the engine's heap region stays allocated until
+                    // after this scope (the writer hands the engine back, and
+                    // it is dropped only once every thread is joined); the
+                    // writer changes it only through the engine, whose
+                    // versions this reader checks; the reader only copies.
+                    let reader = unsafe { TreeReader::new(base, layout) };
+                    let (mut ok, mut contended) = (0u64, 0u64);
+                    let mut out = Vec::new();
+                    // Relaxed: a stop request, nothing to publish.
+                    while stop.load(Ordering::Relaxed) == 0 {
+                        match reader.peek(locked, &mut out) {
+                            Some(len) => {
+                                assert_eq!(len, locked.len(), "wrong length");
+                                assert_eq!(&out, pages, "wrong pages");
+                                ok += 1;
+                            }
+                            None => contended += 1,
+                        }
+                    }
+                    (ok, contended)
+                })
+            })
+            .collect();
+        let writer = s.spawn(move || {
+            let mut seed = 0x2545_f491_u64;
+            let mut next = move |n: u64| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed % n
+            };
+            let mut evicted = 0;
+            for _ in 0..20_000 {
+                let len = (1 + next(16) as usize) * PAGE as usize;
+                // A quarter share a page-aligned prefix of the locked prompt
+                // (splitting the nodes readers stand on); the rest are new.
+                let key: Vec<u32> = if next(4) == 0 {
+                    let shared = (1 + next(63) as usize) * PAGE as usize;
+                    let mut k = locked[..shared].to_vec();
+                    k.extend((0..len).map(|_| next(1 << 20) as u32));
+                    k
+                } else {
+                    (0..len).map(|_| next(1 << 20) as u32).collect()
+                };
+                let mut have = Vec::new();
+                e.match_prefix(B, &key, false, &mut have);
+                let need = key.len() as u64 / u64::from(PAGE) - have.len() as u64;
+                let before = e.stats().evicted_pages;
+                if let Ok(new) = e.alloc(B, need) {
+                    have.extend(new);
+                    e.insert(B, &key, &have, false).expect("insert");
+                }
+                evicted += e.stats().evicted_pages - before;
+            }
+            // Relaxed: a stop request, nothing to publish.
+            stop.store(1, Ordering::Relaxed);
+            assert!(evicted > 1000, "the churn evicted");
+            e
+        });
+        let e = writer.join().expect("writer");
+        let tally: Vec<(u64, u64)> = peekers
+            .into_iter()
+            .map(|p| p.join().expect("reader"))
+            .collect();
+        (tally, e)
+    });
+    ok(&e);
+    e.validate().expect("invariants");
+    let _ = handle;
+    let (ok_n, contended): (u64, u64) = tally.iter().fold((0, 0), |a, t| (a.0 + t.0, a.1 + t.1));
+    let total = ok_n + contended;
+    eprintln!("peeks: {ok_n} ok, {contended} contended");
+    assert!(total >= 100, "the readers ran: {total} peeks");
+    assert!(ok_n * 10 >= total * 9, "{ok_n} of {total} peeks succeeded");
+}

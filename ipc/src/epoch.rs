@@ -265,9 +265,16 @@ impl<T> Limbo<T> {
 
     /// Takes out, oldest first, every record the collector says may be
     /// reused.
-    pub fn reclaim(&mut self, collector: &Collector<'_>, mut reuse: impl FnMut(T)) {
+    pub fn reclaim(&mut self, collector: &Collector<'_>, reuse: impl FnMut(T)) {
+        self.reclaim_when(|tag| collector.reusable(tag), reuse);
+    }
+
+    /// Takes out, oldest first, every record whose tag `reusable` accepts
+    /// (for a writer that judges grace periods through its own interface);
+    /// stops at the first it refuses, since tags never decrease.
+    pub fn reclaim_when(&mut self, reusable: impl Fn(u64) -> bool, mut reuse: impl FnMut(T)) {
         while let Some(&(tag, _)) = self.queue.front() {
-            if !collector.reusable(tag) {
+            if !reusable(tag) {
                 break;
             }
             if let Some((_, item)) = self.queue.pop_front() {

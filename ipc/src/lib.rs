@@ -1,7 +1,7 @@
 //! Shared-memory plumbing for radixd: a named segment with a checked header,
 //! offsets instead of pointers, lock-free SPSC rings, futex doorbells (and
 //! the spin-or-yield policy around them, `load`), a client slot table with
-//! pid-reuse-proof liveness, reader epochs for lock-free readers in other
+//! pid-reuse-proof liveness, reader epochs and per-record versions for lock-free readers in other
 //! processes, scratch regions and a layout helper. It knows nothing about
 //! caches.
 //!
@@ -26,6 +26,7 @@ pub mod seqlock;
 pub mod shm;
 pub mod slots;
 pub mod sync;
+pub mod version;
 
 pub use doorbell::{Doorbell, Spin, Wake};
 pub use epoch::{Blocked, Collector, EpochClock, Limbo, ReaderSlot};
@@ -45,3 +46,4 @@ pub use slots::{
     Claim, ClaimError, ClientSlot, LivenessError, SlotError, SlotLocks, SlotStatus, SlotTable,
     TableOutOfBounds, Tenancy,
 };
+pub use version::Version;

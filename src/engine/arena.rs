@@ -3,13 +3,14 @@
 use std::mem::size_of;
 
 use super::error::ConfigError;
+use super::grace::Retirement;
 use super::layout::{
     Bucket, EngineLayout, Header, Node, Page, ENGINE_VERSION, NIL, NODE_FREE, NODE_LIVE, PAGE_FREE,
     ROOT,
 };
 use super::record::CacheEvent;
 use super::region::{Region, REGION_ALIGN};
-use radixd_ipc::SeqLock;
+use radixd_ipc::Version;
 
 /// Stops at a broken invariant of the region's shared data, which only a
 /// process writing the segment behind the daemon's back can cause. The
@@ -35,6 +36,8 @@ pub(crate) struct Arena<R> {
     /// Emptied buffers handed back for the next `Stored` facts (see
     /// [`super::Engine::recycle_event_buffer`]).
     pub(crate) spares: Vec<Vec<u32>>,
+    /// The readers' grace period and limbo; `None`: free at once.
+    pub(crate) retire: Option<Retirement>,
 }
 
 impl<R: Region> Arena<R> {
@@ -63,6 +66,7 @@ impl<R: Region> Arena<R> {
             layout,
             events: None,
             spares: Vec::new(),
+            retire: None,
         };
         arena.format();
         Ok(arena)
@@ -70,8 +74,21 @@ impl<R: Region> Arena<R> {
 
     /// Writes an empty cache over the whole region: every page free (handed
     /// out in id order first, as SGLang's allocator does), only the root live.
+    ///
+    /// Every node's version and the table's move, so a reader standing
+    /// anywhere (the root included) starts over.
     pub fn format(&mut self) {
-        self.structural(Self::format_inner);
+        let nodes = self.layout.node_cap;
+        self.table_version().begin();
+        for i in 0..nodes {
+            self.version(i).begin();
+        }
+        self.format_inner();
+        self.forget_limbo();
+        for i in 0..nodes {
+            self.version(i).end();
+        }
+        self.table_version().end();
     }
 
     fn format_inner(&mut self) {
@@ -144,21 +161,43 @@ impl<R: Region> Arena<R> {
         unsafe { std::slice::from_raw_parts_mut(self.region.as_ptr().add(at).cast::<T>(), len) }
     }
 
-    /// The sequence word readers in other processes check (see
-    /// [`TreeReader`](super::TreeReader)).
-    pub fn seq(&self) -> &SeqLock {
-        // SAFETY: offset 0 of a REGION_ALIGN-aligned region, which the layout
-        // leaves to the sequence word alone; `SeqLock` is one atomic, valid
-        // for any bits and shared through `&` only.
-        unsafe { &self.slice::<SeqLock>(0, 1)[0] }
+    /// The child table's version, which readers in other processes check
+    /// around a probe (see [`TreeReader`](super::TreeReader)).
+    pub fn table_version(&self) -> &Version {
+        // SAFETY: offset 0 of a REGION_ALIGN-aligned region, a cache line
+        // the layout leaves to this word alone; `Version` is one atomic,
+        // valid for any bits and only ever shared through `&`.
+        unsafe { &self.slice::<Version>(0, 1)[0] }
     }
 
-    /// Runs a change to what readers of the tree see (links, page lists,
-    /// tokens, the child table) inside a write of the sequence word.
-    pub fn structural<T>(&mut self, change: impl FnOnce(&mut Self) -> T) -> T {
-        self.seq().begin_write();
+    /// Node `node`'s version: made odd before and even after every change
+    /// of the node a reader could see (its record, its pages' links and
+    /// tokens, its freeing and reuse).
+    #[inline]
+    pub fn version(&self, node: u32) -> &Version {
+        // SAFETY: the layout places `node_cap` versions at `versions_at`,
+        // aligned; no `&mut` slice ever covers them (they are not inside
+        // any record), so a shared reference to the atomic is sound.
+        let all = unsafe {
+            self.slice::<Version>(self.layout.versions_at, self.layout.node_cap as usize)
+        };
+        all.get(node as usize)
+            .unwrap_or_else(|| corrupt("node index out of range"))
+    }
+
+    /// Runs a change of the child table inside its version.
+    pub fn table_change<T>(&mut self, change: impl FnOnce(&mut Self) -> T) -> T {
+        self.table_version().begin();
         let result = change(self);
-        self.seq().end_write();
+        self.table_version().end();
+        result
+    }
+
+    /// Runs a change of node `node` inside its version.
+    pub fn node_change<T>(&mut self, node: u32, change: impl FnOnce(&mut Self) -> T) -> T {
+        self.version(node).begin();
+        let result = change(self);
+        self.version(node).end();
         result
     }
 

@@ -2,9 +2,16 @@
 //! array starts.
 //!
 //! ```text
-//! [SeqLock][Header][Node; capacity + 1][Page; capacity][free ring: u32; capacity]
-//!         [Bucket; 2^k >= 2 * (capacity + 1)][tokens: u32; capacity * page_size]
+//! [table Version][Header][Node; capacity + 1][Version; capacity + 1][Page; capacity]
+//!         [free ring: u32; capacity][Bucket; 2^k >= 2 * (capacity + 1)]
+//!         [tokens: u32; capacity * page_size]
 //! ```
+//!
+//! The versions ([`radixd_ipc::Version`]) are atomics, so they live apart
+//! from the records they guard: the engine writes nodes through `&mut`
+//! slices, which must never alias a word another thread or process updates
+//! or reads atomically. Node `i`'s version guards its record, its pages'
+//! links and their tokens; the table's version guards the child table.
 //!
 //! Every array starts on a cache line. Records hold indices, never pointers,
 //! bools or enums, so the region means the same thing in every process that
@@ -27,7 +34,7 @@ pub const MAX_PAGE_SIZE: u32 = 1024;
 pub const MAX_CAPACITY: u32 = 1 << 30;
 
 /// Identifies this layout; bumped whenever a record changes shape.
-pub const ENGINE_VERSION: u32 = 2;
+pub const ENGINE_VERSION: u32 = 3;
 
 /// Engine-wide scalars at the start of the region.
 #[repr(C)]
@@ -125,6 +132,8 @@ pub(crate) const PAGE_CACHED: u32 = 2;
 /// Transient mark used while validating a request's page list (catches a page
 /// named twice); never visible between operations.
 pub(crate) const PAGE_CLAIMED: u32 = 3;
+/// Evicted, waiting in limbo for readers' grace period (see `grace`).
+pub(crate) const PAGE_RETIRED: u32 = 4;
 
 /// One KV page of the pool.
 #[repr(C)]
@@ -163,6 +172,7 @@ pub struct EngineLayout {
     pub(crate) buckets: u32,
     pub(crate) header_at: usize,
     pub(crate) nodes_at: usize,
+    pub(crate) versions_at: usize,
     pub(crate) pages_at: usize,
     pub(crate) free_at: usize,
     pub(crate) buckets_at: usize,
@@ -190,11 +200,12 @@ impl EngineLayout {
         // buckets (what 2^30 pages get) is the most a u32 mask addresses.
         let buckets = (2 * node_cap as u64).next_power_of_two().min(1 << 31) as u32;
         let (cap, nodes) = (capacity as usize, node_cap as usize);
-        // The sequence word has a cache line of its own at offset 0, where
-        // `format` (which rewrites the header) never touches it.
+        // The child table's version has a cache line of its own at offset
+        // 0, where `format` (which rewrites the header) never touches it.
         let header_at = REGION_ALIGN;
         let nodes_at = align_up(header_at + size_of::<Header>());
-        let pages_at = align_up(nodes_at + nodes * size_of::<Node>());
+        let versions_at = align_up(nodes_at + nodes * size_of::<Node>());
+        let pages_at = align_up(versions_at + nodes * size_of::<u32>());
         let free_at = align_up(pages_at + cap * size_of::<Page>());
         let buckets_at = align_up(free_at + cap * size_of::<u32>());
         let tokens_at = align_up(buckets_at + buckets as usize * size_of::<Bucket>());
@@ -216,6 +227,7 @@ impl EngineLayout {
             buckets,
             header_at,
             nodes_at,
+            versions_at,
             pages_at,
             free_at,
             buckets_at,

@@ -12,12 +12,17 @@
 //! counts locks on a node and its descendants, and `evictable_tokens` /
 //! `protected_tokens` move on its 0 ↔ 1 transitions.
 //!
-//! Memory: 48 bytes per node (at most `capacity + 1`), 16 bytes + 4 bytes
+//! Readers in other processes walk the same region without locks
+//! ([`TreeReader`]), validating node by node against per-node versions.
+//!
+//! Memory: 48 bytes per node plus a 4-byte version (at most `capacity + 1`
+//! nodes), 16 bytes + 4 bytes
 //! of free ring + 16 bytes of child table per page, plus the tokens.
 
 mod arena;
 pub use arena::CORRUPT;
 mod error;
+mod grace;
 pub mod layout;
 mod lru;
 mod pool;
@@ -32,6 +37,7 @@ mod validate;
 use std::collections::HashMap;
 
 pub use error::{ConfigError, HandleError, InvariantError, PageError};
+pub use grace::Grace;
 pub use layout::EngineLayout;
 pub use reader::TreeReader;
 pub use record::CacheEvent;
@@ -225,7 +231,17 @@ impl<R: Region> Engine<R> {
     /// Hands `n` pages to `client`, evicting exactly the shortfall when the
     /// free pool is short. Fails, changing nothing, when free plus evictable
     /// pages are fewer than `n`.
+    ///
+    /// With a [`Grace`] set ([`Engine::set_grace`]), evicted pages pass
+    /// through limbo: `alloc` first reclaims what readers have released,
+    /// and fails, changing nothing, when limbo has no room for the
+    /// shortfall. After evicting it waits a bounded few microseconds for
+    /// readers to move on; if the evicted pages are still held then, it
+    /// fails with the same error and hands out nothing (the evicted pages
+    /// stay in limbo, counted in [`Engine::in_limbo`], and come back at a
+    /// later reclaim).
     pub fn alloc(&mut self, client: ClientId, n: u64) -> Result<Vec<u32>, PageError> {
+        self.arena.reclaim();
         let h = self.arena.hdr();
         let free = u64::from(h.free_len);
         let available = free + h.evictable_tokens / u64::from(self.page_size());
@@ -236,9 +252,63 @@ impl<R: Region> Engine<R> {
             });
         }
         if n > free {
-            self.arena.evict_pages(n - free);
+            let short = n - free;
+            // Each evicted page may also free its node.
+            if self.arena.limbo_room() / 2 < short {
+                return Err(PageError::Insufficient {
+                    requested: n,
+                    available: free,
+                });
+            }
+            self.arena.evict_pages(short);
+            if self.arena.retire.is_some() {
+                // n <= free + short <= capacity, so it fits in u32.
+                self.arena.reclaim_until_free(n as u32);
+                let free = u64::from(self.arena.hdr().free_len);
+                if free < n {
+                    return Err(PageError::Insufficient {
+                        requested: n,
+                        available: free,
+                    });
+                }
+            }
         }
         Ok((0..n).map(|_| self.arena.pool_take(client)).collect())
+    }
+
+    /// Gives readers of the region a grace period: from now on freed nodes
+    /// and evicted pages wait in a limbo of at most `limbo` records until
+    /// `grace` says no reader can still hold them. Without one (the
+    /// default) they are reusable at once. Records already in a previous
+    /// limbo are reclaimed under the new grace.
+    pub fn set_grace(&mut self, grace: Box<dyn Grace + Send>, limbo: usize) {
+        let mut waiting = Vec::new();
+        if let Some(mut old) = self.arena.retire.take() {
+            old.limbo.reclaim_when(|_| true, |item| waiting.push(item));
+        }
+        self.arena.retire = Some(grace::Retirement {
+            grace,
+            limbo: radixd_ipc::Limbo::new(limbo.max(waiting.len())),
+            capacity: limbo.max(waiting.len()),
+            pages: 0,
+            nodes: 0,
+        });
+        for item in waiting {
+            self.arena.retire_again(item);
+        }
+    }
+
+    /// Advances the readers' grace period as far as they allow and returns
+    /// what it released to the free lists; the daemon calls it each round.
+    /// Returns the records released (0 without a grace).
+    pub fn reclaim(&mut self) -> usize {
+        self.arena.reclaim()
+    }
+
+    /// Pages and nodes waiting in limbo for readers to move on. Limbo pages
+    /// are counted neither in `Stats::free_pages` nor as cached.
+    pub fn in_limbo(&self) -> (u32, u32) {
+        self.arena.in_limbo()
     }
 
     /// Returns pages `client` owns to the free pool; all or none.
@@ -451,9 +521,16 @@ impl<R: Region> Engine<R> {
 
     /// Evicts `ceil(tokens / page_size)` pages (fewer only when fewer are
     /// evictable); returns the tokens evicted.
+    ///
+    /// With a [`Grace`] set, at most what limbo has room for is evicted,
+    /// and what readers have released is reclaimed first and after.
     pub fn evict(&mut self, tokens: u64) -> u64 {
         let p = u64::from(self.page_size());
-        self.arena.evict_pages(tokens.div_ceil(p)) * p
+        self.arena.reclaim();
+        let want = tokens.div_ceil(p).min(self.arena.limbo_room() / 2);
+        let evicted = self.arena.evict_pages(want) * p;
+        self.arena.reclaim();
+        evicted
     }
 
     /// Drops every lock, session and page `client` holds, as when it dies.

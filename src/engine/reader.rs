@@ -1,22 +1,55 @@
 //! Lock-free reads of a tree another process is changing: the longest
 //! cached prefix of a key, without a round trip and without taking locks.
 //!
-//! The writer brackets every structural change (split, new leaf, eviction,
-//! format) with the region's sequence word ([`SeqLock`]); LRU touches and
-//! lock counts are not structural and do not disturb readers. A reader walks
-//! the tree with volatile copies of each record, checks every index against
-//! the layout before following it, bounds every loop, and keeps the answer
-//! only if the sequence did not move. A node or page freed and reused during
-//! the walk moved the sequence too, so no reader ever acts on a recycled
-//! record, and freed records need no epoch-based reclamation: the segment is
-//! never unmapped under a reader, and every byte of it is a valid record.
+//! Validation is per record, not per tree. Every node has a version
+//! ([`Version`], a sequence word of its own, in an array apart from the
+//! records) that the writer makes odd before and even after any change a
+//! reader could see on that node: creation (before the child table leads
+//! to it), a split (both halves), a trim of its last page, its removal, its
+//! freeing and reuse. The child table has one version of its own, bumped
+//! around every insert, replace and removal (a probe racing a
+//! backward-shift deletion could miss an entry). LRU touches and lock
+//! counts change no version and disturb no reader.
+//!
+//! A walk keeps a stack of (node, version it validated, tokens and pages so
+//! far). Each step looks the next child up under the table's version
+//! (retrying the lookup alone when the table moved), copies the child's
+//! record, page ids and tokens under the child's version (comparing tokens
+//! with the key as it goes), then re-checks the parent's version. A child
+//! that changed is retried from its parent; a parent that changed pops the
+//! walk to the deepest frame whose node is still at the version it had, and
+//! the walk resumes there: never from the root unless the root changed
+//! (only `format` changes it). Every loop is bounded; `peek` gives up
+//! (`None`) only when one node kept changing for [`NODE_TRIES`] tries in a
+//! row.
+//!
+//! # Guarantee
+//!
+//! The prefix `peek` returns (its length and pages) was entirely cached,
+//! with exactly those pages, at one instant during the call. Why: a live
+//! node's path from the root (tokens and pages) never changes while its
+//! version does not: a split of an ancestor keeps the path, eviction takes
+//! only leaves (so never an ancestor of a live node), and everything else
+//! that touches the node moves its version. Each frame's copy was validated
+//! while its parent was unchanged (the parent's re-check came after the
+//! child's copy), so by induction the frames spell the node's path. The
+//! answer is the deepest frame's path, plus the pages matched in a child
+//! copied after it (or a validated miss), at an instant inside that last
+//! copy, when the frame was unchanged.
+//!
+//! Reused records are never misread: freeing and reusing a node moves its
+//! version, and a page changes owner only after the node that held it was
+//! trimmed (its version moved). The segment is never unmapped under a
+//! reader and every byte of it is a valid record, so torn copies are only
+//! thrown away. Pages a reader returns are kept from reuse for a grace
+//! period by the engine's [`Grace`](super::Grace), when the daemon sets one.
 
 use std::mem::size_of;
 use std::ptr::NonNull;
 
-use radixd_ipc::SeqLock;
+use radixd_ipc::sync::{spin_loop, yield_now};
+use radixd_ipc::Version;
 
-use super::arena::same_tokens;
 use super::layout::{Bucket, EngineLayout, Node, Page, NIL, NODE_LIVE, PAGE_CACHED, ROOT};
 use super::table::child_hash;
 
@@ -26,8 +59,63 @@ pub struct TreeReader {
     layout: EngineLayout,
 }
 
-/// Tries before a reader that keeps colliding with writes gives up.
-const TRIES: u32 = 64;
+/// Tries on one node (or one lookup) before a reader that keeps colliding
+/// with changes of that very node gives up.
+pub const NODE_TRIES: u32 = 64;
+
+/// Tokens compared per volatile load in [`TreeReader::peek`]'s walk.
+const LANES: usize = 8;
+
+/// One step of the walk: a node the reader stands on.
+#[derive(Clone, Copy, Debug)]
+struct Frame {
+    node: u32,
+    /// The version its copy was validated at.
+    version: u32,
+    /// Key tokens matched down to and including this node.
+    pos: usize,
+}
+
+/// What copying a candidate child found.
+enum Copied {
+    /// The node changed (or was mid-change) while copied.
+    Torn,
+    /// Not a child of the parent holding the key's next page.
+    NotChild,
+    /// The child: its validated version, how many of its pages matched
+    /// (appended to the caller's pages) and whether that is all of them.
+    Child {
+        version: u32,
+        matched: usize,
+        whole: bool,
+    },
+}
+
+/// What a lookup found.
+enum Lookup {
+    /// The child and its validated copy.
+    Found {
+        node: u32,
+        version: u32,
+        matched: usize,
+        whole: bool,
+    },
+    /// No child holds the key's next page (validated under the table).
+    Miss,
+    /// The child or the table kept changing.
+    Torn,
+}
+
+/// Waits before try `tries + 1`: a spin hint for the first few (a change
+/// takes well under a microsecond), then a yield, so that a writer
+/// preempted in the middle of a change gets the core back.
+fn backoff(tries: u32) {
+    if tries < 8 {
+        spin_loop();
+    } else {
+        yield_now();
+    }
+}
 
 impl TreeReader {
     /// A reader of the engine region of `layout` at `base`.
@@ -36,17 +124,32 @@ impl TreeReader {
     ///
     /// `base` must be aligned to [`REGION_ALIGN`](super::REGION_ALIGN) and
     /// valid for reads of `layout.size()` bytes for as long as the reader
-    /// lives (a shared mapping that stays mapped). Other processes may write
-    /// it; this reader only ever copies out of it.
+    /// lives (a shared mapping that stays mapped). Other processes or
+    /// threads may write it; this reader only ever copies out of it.
     pub unsafe fn new(base: NonNull<u8>, layout: EngineLayout) -> Self {
         Self { base, layout }
     }
 
-    fn seq(&self) -> &SeqLock {
-        // SAFETY: offset 0 holds the sequence word (see `layout`), aligned,
-        // inside the region (the caller's contract); a shared reference to
-        // an atomic is sound while another process writes it.
-        unsafe { self.base.cast::<SeqLock>().as_ref() }
+    fn table_version(&self) -> &Version {
+        // SAFETY: offset 0 holds the table's version (see `layout`),
+        // aligned, inside the region (the caller's contract); a shared
+        // reference to an atomic is sound while another process writes it.
+        unsafe { self.base.cast::<Version>().as_ref() }
+    }
+
+    fn version(&self, node: u32) -> Option<&Version> {
+        if node >= self.layout.node_cap {
+            return None;
+        }
+        // SAFETY: `node < node_cap` versions lie at `versions_at`, aligned
+        // for the u32 atomic, inside the region; the writer only ever
+        // touches them atomically (never through `&mut`).
+        Some(unsafe {
+            self.base
+                .add(self.layout.versions_at + node as usize * size_of::<Version>())
+                .cast::<Version>()
+                .as_ref()
+        })
     }
 
     /// A volatile copy of record `index` of the array at `at`, if in range.
@@ -58,7 +161,7 @@ impl TreeReader {
         // SAFETY: `at + index * size_of::<T>()` lies inside the region (the
         // layout placed `len` records of `T` at `at`, and `index < len`),
         // aligned for `T`; `T` is plain integers, so whatever bits a racing
-        // writer left make a valid value, which the seqlock then judges.
+        // writer left make a valid value, which the version then judges.
         Some(unsafe {
             self.base
                 .as_ptr()
@@ -80,100 +183,323 @@ impl TreeReader {
         self.get(self.layout.buckets_at, self.layout.buckets as usize, i)
     }
 
-    /// Copies the tokens of `page` into `out`.
-    fn tokens(&self, page: u32, out: &mut [u32]) -> Option<()> {
+    /// Whether `page` holds exactly `key` (one page of tokens); `None` if
+    /// the page is out of range.
+    fn page_is(&self, page: u32, key: &[u32]) -> Option<bool> {
         if page >= self.layout.capacity {
             return None;
         }
         let p = self.layout.page_size as usize;
-        let at = self.layout.tokens_at + page as usize * p * 4;
-        for (i, t) in out.iter_mut().enumerate() {
-            // SAFETY: page < capacity, so the `p` tokens at `at` are inside
-            // the token array; u32 takes any bits.
-            *t = unsafe {
-                self.base
-                    .as_ptr()
-                    .add(at + i * 4)
-                    .cast::<u32>()
-                    .read_volatile()
-            };
+        let at = self.layout.tokens_at + page as usize * p * size_of::<u32>();
+        // SAFETY: page < capacity, so its `p` tokens lie inside the token
+        // array, aligned for u32.
+        let tokens = unsafe { self.base.as_ptr().add(at).cast::<u32>() };
+        let key = &key[..key.len().min(p)];
+        let mut diff = 0;
+        // Eight tokens per volatile load (one 32-byte vector where the
+        // target has one), then the rest one by one.
+        let mut chunks = key.chunks_exact(LANES);
+        for (c, k) in chunks.by_ref().enumerate() {
+            // SAFETY: `(c + 1) * LANES <= key.len() <= p`: inside the page;
+            // `[u32; LANES]` has u32's alignment and takes any bits.
+            let t = unsafe { tokens.add(c * LANES).cast::<[u32; LANES]>().read_volatile() };
+            diff |= t.iter().zip(k).fold(0, |d, (x, y)| d | (x ^ y));
         }
-        Some(())
+        let done = key.len() - chunks.remainder().len();
+        for (i, k) in chunks.remainder().iter().enumerate() {
+            // SAFETY: `done + i < key.len() <= p`: inside the page.
+            let t = unsafe { tokens.add(done + i).read_volatile() };
+            diff |= t ^ k;
+        }
+        Some(diff == 0)
     }
 
-    /// The child of `parent` whose first page holds `page_key`.
-    fn find_child(
+    /// Copies candidate `node` (found under `parent`) and the pages of it
+    /// that match `key` from `pos`, under the node's version. On anything
+    /// but `Child`, `out` is as it was.
+    fn copy_child(
         &self,
         parent: u32,
-        page_key: &[u32],
-        scratch: &mut [u32],
-    ) -> Option<Option<u32>> {
-        let hash = child_hash(parent, page_key);
-        let mask = self.layout.buckets - 1;
-        let mut i = hash & mask;
-        for _ in 0..self.layout.buckets {
-            let b = self.bucket(i)?;
-            if b.node == NIL {
-                return Some(None);
-            }
-            if b.hash == hash {
-                let n = self.node(b.node)?;
-                if n.state == NODE_LIVE && n.parent == parent {
-                    self.tokens(n.first_page, scratch)?;
-                    if same_tokens(scratch, page_key) {
-                        return Some(Some(b.node));
-                    }
-                }
-            }
-            i = (i + 1) & mask;
-        }
-        None // a full table: torn
-    }
-
-    /// One walk; `None` when it met something no consistent tree holds.
-    fn walk(&self, key: &[u32], pages: &mut Vec<u32>) -> Option<usize> {
+        node: u32,
+        key: &[u32],
+        pos: usize,
+        out: &mut Vec<u32>,
+    ) -> Copied {
+        let Some(version) = self.version(node) else {
+            return Copied::Torn;
+        };
         let p = self.layout.page_size as usize;
-        let mut scratch = vec![0u32; p];
-        pages.clear();
-        let (mut node, mut pos) = (ROOT, 0);
-        while pos + p <= key.len() {
-            let Some(child) = self.find_child(node, &key[pos..pos + p], &mut scratch)? else {
-                break;
-            };
-            let n = self.node(child)?;
-            let mut page = n.first_page;
-            for taken in 0..n.num_pages {
-                if taken > 0 {
-                    if pos + p > key.len() {
-                        return Some(pos);
+        let start = out.len();
+        let copy = || -> Option<Copied> {
+            let n = self.node(node)?;
+            if n.state != NODE_LIVE || n.parent != parent {
+                return Some(Copied::NotChild);
+            }
+            if n.num_pages == 0 || n.num_pages > self.layout.capacity {
+                return None;
+            }
+            let (mut page, mut matched, mut at) = (n.first_page, 0usize, pos);
+            while matched < n.num_pages as usize {
+                if at + p > key.len() {
+                    break;
+                }
+                if !self.page_is(page, &key[at..at + p])? {
+                    if matched == 0 {
+                        return Some(Copied::NotChild);
                     }
-                    self.tokens(page, &mut scratch)?;
-                    if !same_tokens(&scratch, &key[pos..pos + p]) {
-                        return Some(pos);
-                    }
+                    break;
                 }
                 let pg = self.page(page)?;
                 if pg.state != PAGE_CACHED {
                     return None;
                 }
-                pages.push(page);
-                pos += p;
+                out.push(page);
+                matched += 1;
+                at += p;
                 page = pg.next;
             }
-            if page != NIL {
+            let whole = matched == n.num_pages as usize;
+            if whole && page != NIL {
                 return None;
             }
-            node = child;
+            Some(Copied::Child {
+                version: 0,
+                matched,
+                whole,
+            })
+        };
+        match version.read(copy) {
+            Some((Some(Copied::Child { matched, whole, .. }), v)) => Copied::Child {
+                version: v,
+                matched,
+                whole,
+            },
+            Some((Some(Copied::NotChild), _)) => {
+                out.truncate(start);
+                Copied::NotChild
+            }
+            _ => {
+                out.truncate(start);
+                Copied::Torn
+            }
         }
-        Some(pos)
+    }
+
+    /// The child of `parent` whose first page is `key[pos..pos + p]`,
+    /// copied; retries the probe (not the child) while the table moves.
+    fn lookup(&self, parent: u32, key: &[u32], pos: usize, out: &mut Vec<u32>) -> Lookup {
+        let p = self.layout.page_size as usize;
+        let hash = child_hash(parent, &key[pos..pos + p]);
+        let mask = self.layout.buckets - 1;
+        for attempt in 0..NODE_TRIES {
+            let Some(tv) = self.table_version().stable() else {
+                backoff(attempt);
+                continue;
+            };
+            let mut i = hash & mask;
+            // At most one lap: a table with no empty bucket is torn.
+            for _ in 0..self.layout.buckets {
+                let Some(b) = self.bucket(i) else { break };
+                if b.node == NIL {
+                    break;
+                }
+                if b.hash == hash {
+                    match self.copy_child(parent, b.node, key, pos, out) {
+                        Copied::Child {
+                            version,
+                            matched,
+                            whole,
+                        } => {
+                            return Lookup::Found {
+                                node: b.node,
+                                version,
+                                matched,
+                                whole,
+                            };
+                        }
+                        Copied::NotChild => {}
+                        Copied::Torn => return Lookup::Torn,
+                    }
+                }
+                i = (i + 1) & mask;
+            }
+            if self.table_version().still(tv) {
+                return Lookup::Miss;
+            }
+            backoff(attempt);
+        }
+        Lookup::Torn
+    }
+
+    /// The root's frame, once its version is stable.
+    fn root(&self) -> Option<Frame> {
+        let v = self.version(ROOT)?;
+        for attempt in 0..NODE_TRIES {
+            if let Some(version) = v.stable() {
+                return Some(Frame {
+                    node: ROOT,
+                    version,
+                    pos: 0,
+                });
+            }
+            backoff(attempt);
+        }
+        None
     }
 
     /// The length of the longest cached page-aligned prefix of `tokens`,
-    /// with its pages in `pages`; `None` if writes kept colliding with the
-    /// read.
+    /// with its pages in `pages`; `None` if one node kept changing for
+    /// [`NODE_TRIES`] tries. See the module's guarantee.
     pub fn peek(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<usize> {
         let p = self.layout.page_size as usize;
         let key = &tokens[..tokens.len() / p * p];
-        self.seq().read(TRIES, || self.walk(key, pages)).flatten()
+        pages.clear();
+        let mut stack = vec![self.root()?];
+        // Failures since the walk last went deeper.
+        let mut tries = 0u32;
+        // Every iteration goes deeper (at most once per key page) or counts
+        // a failure; failures reset when it goes deeper.
+        let steps = (key.len() / p + 1).saturating_mul(NODE_TRIES as usize + 1);
+        for _ in 0..steps {
+            let Some(&top) = stack.last() else {
+                stack.push(self.root()?);
+                continue;
+            };
+            if top.pos + p > key.len() {
+                return Some(top.pos);
+            }
+            let before = pages.len();
+            let found = self.lookup(top.node, key, top.pos, pages);
+            let parent_still = || self.version(top.node).is_some_and(|v| v.still(top.version));
+            match found {
+                Lookup::Found {
+                    node,
+                    version,
+                    matched,
+                    whole,
+                } if parent_still() => {
+                    let pos = top.pos + matched * p;
+                    if !whole {
+                        return Some(pos);
+                    }
+                    stack.push(Frame { node, version, pos });
+                    tries = 0;
+                    continue;
+                }
+                Lookup::Miss if parent_still() => return Some(top.pos),
+                Lookup::Torn => {}
+                // The parent changed: resume at the deepest frame whose
+                // node is still what it was.
+                _ => {
+                    while let Some(f) = stack.last() {
+                        if self.version(f.node).is_some_and(|v| v.still(f.version)) {
+                            break;
+                        }
+                        stack.pop();
+                    }
+                }
+            }
+            tries += 1;
+            if tries >= NODE_TRIES {
+                return None;
+            }
+            pages.truncate(before.min(stack.last().map_or(0, |f| f.pos / p)));
+            backoff(tries);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Config, Engine, Region};
+
+    fn engine_with(prompts: &[&[u32]]) -> Engine {
+        let mut e = Engine::new(Config {
+            page_size: 2,
+            capacity: 32,
+        })
+        .expect("engine");
+        for key in prompts {
+            let pages = e.alloc(1, key.len() as u64 / 2).expect("alloc");
+            e.insert(1, key, &pages, false).expect("insert");
+        }
+        e
+    }
+
+    fn reader(e: &Engine) -> TreeReader {
+        let base = NonNull::new(e.region().as_ptr()).expect("region");
+        // SAFETY: the engine's heap region outlives the reader in each test,
+        // and the tests change it only between peeks.
+        unsafe { TreeReader::new(base, e.layout()) }
+    }
+
+    #[test]
+    fn a_change_elsewhere_fails_no_read_and_a_change_underfoot_is_waited_out() {
+        let (a, b): (&[u32], &[u32]) = (&[1, 2, 3, 4, 5, 6], &[1, 2, 7, 7]);
+        let e = engine_with(&[a, b]);
+        let r = reader(&e);
+        let mut pages = Vec::new();
+        let mut want = Vec::new();
+        assert_eq!(e.peek(a, &mut want), 6);
+        // A writer stopped in the middle of changing the other branch's
+        // leaf (or the table, between lookups) disturbs nothing on this path.
+        let mut b_pages = Vec::new();
+        e.peek(b, &mut b_pages);
+        let leaf_b = e
+            .arena
+            .nodes()
+            .iter()
+            .position(|n| n.state == NODE_LIVE && n.first_page == b_pages[1]);
+        let leaf_b = leaf_b.expect("b's leaf") as u32;
+        e.arena.version(leaf_b).begin();
+        assert_eq!(r.peek(a, &mut pages), Some(6));
+        assert_eq!(pages, want);
+        e.arena.version(leaf_b).end();
+        // Mid-change of a node on the path: the reader retries that node and
+        // gives up only after its budget.
+        let leaf_a = e
+            .arena
+            .nodes()
+            .iter()
+            .position(|n| n.state == NODE_LIVE && n.first_page == want[1]);
+        let leaf_a = leaf_a.expect("a's leaf") as u32;
+        e.arena.version(leaf_a).begin();
+        assert_eq!(r.peek(a, &mut pages), None);
+        // ...while a key that stops above it still reads.
+        assert_eq!(r.peek(&[1, 2, 9, 9], &mut pages), Some(2));
+        e.arena.version(leaf_a).end();
+        assert_eq!(r.peek(a, &mut pages), Some(6));
+        assert_eq!(pages, want);
+    }
+
+    #[test]
+    fn whole_lanes_and_remainders_compare_every_token() {
+        for p in [8u32, 16, 13] {
+            let mut e = Engine::new(Config {
+                page_size: p,
+                capacity: 8,
+            })
+            .expect("engine");
+            let key: Vec<u32> = (0..4 * p).map(|i| i * 3 + 1).collect();
+            let pages = e.alloc(1, 4).expect("alloc");
+            e.insert(1, &key, &pages, false).expect("insert");
+            let r = reader(&e);
+            let mut out = Vec::new();
+            assert_eq!(r.peek(&key, &mut out), Some(key.len()));
+            assert_eq!(out, pages);
+            for bad in [p + 1, 2 * p + p - 1, 3 * p + 7] {
+                let mut k = key.clone();
+                k[bad as usize] ^= 1;
+                let page = bad / p;
+                assert_eq!(
+                    r.peek(&k, &mut out),
+                    Some((page * p) as usize),
+                    "P={p} token {bad}"
+                );
+                assert_eq!(out, pages[..page as usize]);
+            }
+        }
     }
 }

@@ -64,8 +64,13 @@ impl<R: Region> Arena<R> {
         None
     }
 
-    /// Files `node` under its `hash` (already stored in the node).
+    /// Files `node` under its `hash` (already stored in the node), inside
+    /// the table's version.
     pub fn table_insert(&mut self, node: u32) {
+        self.table_change(|a| a.table_insert_inner(node));
+    }
+
+    fn table_insert_inner(&mut self, node: u32) {
         let hash = self.nodes()[node as usize].hash;
         let mask = self.mask();
         let buckets = self.buckets_mut();
@@ -102,13 +107,18 @@ impl<R: Region> Arena<R> {
     /// half).
     pub fn table_replace(&mut self, old: u32, new: u32) {
         if let Some(i) = self.table_slot(old) {
-            self.buckets_mut()[i as usize].node = new;
+            self.table_change(|a| a.buckets_mut()[i as usize].node = new);
         }
     }
 
     /// Unfiles `node`, shifting later entries of its probe run back so that
-    /// every remaining entry stays reachable from its home bucket.
+    /// every remaining entry stays reachable from its home bucket. Inside
+    /// the table's version: a probe racing the shift may miss an entry.
     pub fn table_remove(&mut self, node: u32) {
+        self.table_change(|a| a.table_remove_inner(node));
+    }
+
+    fn table_remove_inner(&mut self, node: u32) {
         let Some(mut hole) = self.table_slot(node) else {
             return;
         };

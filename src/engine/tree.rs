@@ -76,7 +76,7 @@ impl<R: Region> Arena<R> {
     /// pages (and the child's place under its parent, key and lock count);
     /// `child` keeps the rest, its identity and its handles.
     fn split(&mut self, child: u32, at: u32, upper: u32) -> u32 {
-        self.structural(|a| a.split_inner(child, at, upper))
+        self.node_change(child, |a| a.split_inner(child, at, upper))
     }
 
     fn split_inner(&mut self, child: u32, at: u32, upper: u32) -> u32 {
@@ -95,6 +95,8 @@ impl<R: Region> Arena<R> {
             n.lock_ref = c.lock_ref;
             n.hash = c.hash;
         }
+        // The upper half is complete before the table can lead to it.
+        self.version(m).end();
         // The bucket for (parent, first page) now leads to the upper half.
         self.table_replace(child, m);
         let hash = child_hash(m, self.page_tokens(at));
@@ -113,7 +115,7 @@ impl<R: Region> Arena<R> {
     /// Hangs a new leaf under `parent` holding `pages` (claimed by the caller)
     /// with the tokens `key`, one page per `page_size` tokens.
     pub fn add_leaf(&mut self, parent: u32, key: &[u32], pages: &[u32]) -> u32 {
-        self.structural(|a| a.add_leaf_inner(parent, key, pages))
+        self.add_leaf_inner(parent, key, pages)
     }
 
     fn add_leaf_inner(&mut self, parent: u32, key: &[u32], pages: &[u32]) -> u32 {
@@ -152,6 +154,8 @@ impl<R: Region> Arena<R> {
             n.num_pages = pages.len() as u32;
             n.hash = hash;
         }
+        // The leaf is complete before the table can lead to it.
+        self.version(leaf).end();
         self.table_insert(leaf);
         self.nodes_mut()[parent as usize].children += 1;
         self.lru_push_newest(leaf);
@@ -211,7 +215,7 @@ impl<R: Region> Arena<R> {
         if want == 0 {
             return 0;
         }
-        self.structural(|a| a.evict_pages_inner(want))
+        self.evict_pages_inner(want)
     }
 
     fn evict_pages_inner(&mut self, want: u64) -> u64 {
@@ -229,18 +233,21 @@ impl<R: Region> Arena<R> {
                 } else {
                     Vec::new()
                 };
+                // One change of the leaf: readers standing on it retry.
+                self.version(cursor).begin();
                 for _ in 0..take {
                     let page = self.trim_last_page(cursor);
                     if self.recording() {
                         gone.push(page);
                     }
                 }
-                // Exactly the pages trimmed from this leaf's end.
-                self.record(|_| CacheEvent::Removed { pages: gone });
-                freed += take;
                 if take == u64::from(n.num_pages) {
                     self.node_remove(cursor);
                 }
+                self.version(cursor).end();
+                // Exactly the pages trimmed from this leaf's end.
+                self.record(|_| CacheEvent::Removed { pages: gone });
+                freed += take;
             }
             cursor = next;
         }
@@ -250,8 +257,9 @@ impl<R: Region> Arena<R> {
         freed
     }
 
-    /// Returns the last page of the unlocked leaf `node` to the pool, and
-    /// names it.
+    /// Returns the last page of the unlocked leaf `node` to the pool (or to
+    /// limbo, when readers are given a grace period), and names it. Inside
+    /// the node's version.
     fn trim_last_page(&mut self, node: u32) -> u32 {
         let last = self.nodes()[node as usize].last_page;
         let prev = self.pages()[last as usize].prev;
@@ -266,7 +274,7 @@ impl<R: Region> Arena<R> {
                 n.first_page = NIL;
             }
         }
-        self.pool_put(last);
+        self.release_evicted_page(last);
         let p = self.page_size() as u64;
         let h = self.hdr_mut();
         h.total_tokens -= p;
@@ -274,15 +282,22 @@ impl<R: Region> Arena<R> {
         last
     }
 
-    /// Unhooks a node that has lost all its pages and children.
+    /// Unhooks a node that has lost all its pages and children (inside the
+    /// node's version), and frees it or retires it to limbo.
     fn node_remove(&mut self, node: u32) {
         self.table_remove(node);
         self.lru_unlink(node);
         let parent = self.nodes()[node as usize].parent;
         self.nodes_mut()[parent as usize].children -= 1;
-        self.node_free(node);
+        self.node_unlink(node);
+        if !self.retire_node(node) {
+            self.node_push_free(node);
+        }
     }
 
+    /// Takes a free slot and makes it an empty live node, with its version
+    /// begun: the caller fills it, then ends the version before anything
+    /// (the child table) leads a reader to it.
     fn node_alloc(&mut self) -> u32 {
         let node = self.hdr().node_free;
         // Cannot run dry: each non-root node holds a page of its own, and
@@ -292,22 +307,28 @@ impl<R: Region> Arena<R> {
         let h = self.hdr_mut();
         h.node_free = next;
         h.nodes_live += 1;
+        self.version(node).begin();
         let n = &mut self.nodes_mut()[node as usize];
         *n = Node::empty(n.generation.wrapping_add(1), NODE_LIVE, NIL);
         node
     }
 
-    fn node_free(&mut self, node: u32) {
-        let head = self.hdr().node_free;
+    /// Marks `node` free (not yet reusable): a handle to it is stale from
+    /// now on, even before reuse. Inside the node's version.
+    fn node_unlink(&mut self, node: u32) {
         let n = &mut self.nodes_mut()[node as usize];
         n.state = NODE_FREE;
-        // A handle to this node is stale from now on, even before reuse.
         n.generation = n.generation.wrapping_add(1);
         n.parent = NIL;
-        n.older = head;
+        n.older = NIL;
         n.newer = NIL;
-        let h = self.hdr_mut();
-        h.node_free = node;
-        h.nodes_live -= 1;
+        self.hdr_mut().nodes_live -= 1;
+    }
+
+    /// Makes the free `node` reusable: pushes it on the free-node stack.
+    pub(crate) fn node_push_free(&mut self, node: u32) {
+        let head = self.hdr().node_free;
+        self.nodes_mut()[node as usize].older = head;
+        self.hdr_mut().node_free = node;
     }
 }

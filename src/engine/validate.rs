@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::error::InvariantError;
 use super::layout::{
-    NIL, NODE_FREE, NODE_LIVE, PAGE_CACHED, PAGE_CLAIMED, PAGE_FREE, PAGE_OWNED, ROOT,
+    NIL, NODE_FREE, NODE_LIVE, PAGE_CACHED, PAGE_CLAIMED, PAGE_FREE, PAGE_OWNED, PAGE_RETIRED, ROOT,
 };
 use super::region::Region;
 use super::table::child_hash;
@@ -48,8 +48,11 @@ impl<R: Region> Engine<R> {
             );
         }
         let mut owned = 0u32;
+        let mut retired = 0u32;
+        let (limbo_pages, limbo_nodes) = a.in_limbo();
         for (i, pg) in pages.iter().enumerate() {
             match pg.state {
+                PAGE_RETIRED => retired += 1,
                 PAGE_FREE => ensure!(in_ring[i], "free page {i} missing from the ring"),
                 PAGE_OWNED => owned += 1,
                 PAGE_CACHED => {}
@@ -57,6 +60,10 @@ impl<R: Region> Engine<R> {
                 s => ensure!(false, "page {i} has state {s}"),
             }
         }
+        ensure!(
+            retired == limbo_pages,
+            "{retired} retired pages, {limbo_pages} in limbo"
+        );
         ensure!(
             owned == h.owned_pages,
             "owned pages {owned} != header {}",
@@ -186,7 +193,10 @@ impl<R: Region> Engine<R> {
             ensure!(free_nodes as usize <= nodes.len(), "free-node stack loops");
             at = nodes[at as usize].older;
         }
-        ensure!(free_nodes + live == nodes.len() as u32, "node slots leak");
+        ensure!(
+            free_nodes + live + limbo_nodes == nodes.len() as u32,
+            "node slots leak"
+        );
 
         // Locks: lock_ref = locks held on the node and its descendants.
         let mut direct: HashMap<u32, u32> = HashMap::new();

@@ -34,6 +34,8 @@ const YIELDS: u32 = 4;
 const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 /// Longest single sleep before the daemon's liveness is checked again.
 const SLEEP: Duration = Duration::from_millis(10);
+/// Walks a `peek` starts over after the daemon expired its announcement.
+const PEEK_TRIES: u32 = 3;
 /// How long `connect` waits for a daemon that is still starting.
 const READY_WAIT: Duration = Duration::from_secs(2);
 
@@ -639,11 +641,29 @@ impl Client {
         // is page aligned (the layout puts it after a page-aligned stats
         // page), and the reader only copies out of it.
         let reader = unsafe { TreeReader::new(base, self.layout.engine) };
+        let (clock, slots) = self
+            .layout
+            .readers(&self.segment)
+            .map_err(ProtocolError::Region)?;
+        let Some(announce) = slots.get(self.slot as usize) else {
+            return Err(ProtocolError::Region(RegionError::NoSuchClient {
+                index: self.slot,
+                clients: slots.len() as u32,
+            })
+            .into());
+        };
         let mut pages = Vec::new();
-        let len = reader
-            .peek(tokens, &mut pages)
-            .ok_or(ClientError::Contended)?;
-        Ok((len, pages))
+        for _ in 0..PEEK_TRIES {
+            // Announced, the daemon reuses no node or page this walk may
+            // return; an announcement it expired (this process stalled for
+            // `daemon::READER_EXPIRY`) makes the copy untrustworthy.
+            announce.pin(clock);
+            let len = reader.peek(tokens, &mut pages);
+            if announce.unpin() {
+                return len.map(|len| (len, pages)).ok_or(ClientError::Contended);
+            }
+        }
+        Err(ClientError::Contended)
     }
 
     /// Takes `n` pages from the pool, evicting as needed.
@@ -837,9 +857,9 @@ fn gone_or(segment: &Segment, other: ClientError) -> ClientError {
 /// client reads them at most, and a stray write of its own should fault
 /// here rather than corrupt the cache every client shares.
 fn protect_engine(segment: &Segment, layout: &SharedLayout) -> Result<(), ClientError> {
-    let len = layout.ipc.total_size - layout.ipc.user;
+    let len = layout.ipc.total_size - layout.live_stats;
     let start = segment
-        .region(layout.ipc.user, len)
+        .region(layout.live_stats, len)
         .map_err(ProtocolError::Region)?;
     // SAFETY: the range is page aligned (the user area starts on a page and
     // the segment size is a page multiple) and lies inside our mapping;

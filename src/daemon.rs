@@ -16,14 +16,15 @@ use std::time::{Duration, Instant};
 use radixd_ipc::slots::CLAIMED;
 use radixd_ipc::sync::{spin_loop, yield_now, AtomicU32, Ordering};
 use radixd_ipc::{
-    Consumer, CreateError, Doorbell, LoadSensor, Offset, Producer, RegionError, RingError, Scratch,
-    Segment, SlotLocks, SlotTable, Spin, Tenancy, INFO_OFFSET,
+    Consumer, CreateError, Doorbell, LoadSensor, Offset, Producer, ReaderSlot, RegionError,
+    RingError, Scratch, Segment, SlotLocks, SlotTable, Spin, Tenancy, INFO_OFFSET,
 };
 
 use crate::engine::{ClientId, ConfigError, Engine, CORRUPT};
 use crate::op::{self, ErrorKind, Rejection, Request};
 use crate::shared::{
-    bucket_of, write_info, Info, LayoutProblem, LiveStats, SegmentConfig, SharedLayout, ShmRegion,
+    bucket_of, write_info, Info, LayoutProblem, LiveStats, SegmentConfig, SharedLayout, ShmGrace,
+    ShmRegion,
 };
 use crate::wire::{self, ScratchWindow, WireReply, WireRequest};
 
@@ -33,6 +34,18 @@ pub const SWEEP: Duration = Duration::from_millis(50);
 pub const SPIN_WINDOW: Duration = Duration::from_millis(2);
 /// Longest single sleep on the doorbell.
 pub const SLEEP: Duration = Duration::from_millis(50);
+/// How long a reader may hold reclamation back (a `peek` takes
+/// microseconds; one that takes this long is stopped or stuck) before its
+/// announcement is expired: it then throws its copy away and reads again.
+pub const READER_EXPIRY: Duration = Duration::from_millis(10);
+
+/// Records (freed nodes and evicted pages) that may wait for readers; with
+/// limbo full, eviction stops and `alloc` fails as with too few evictable
+/// pages (a clean error, never a page a reader may still return).
+fn limbo_capacity(pages: u32) -> usize {
+    (pages as usize / 4).max(1024)
+}
+
 /// Requests answered per slot per round.
 const BATCH: usize = 16;
 
@@ -53,6 +66,9 @@ pub struct ServeConfig {
     pub session_ttl: Option<Duration>,
     /// Let clients `reset` the whole shared cache (off: `not_permitted`).
     pub allow_reset: bool,
+    /// How long a lock-free reader may hold reclamation back before its
+    /// announcement is expired ([`READER_EXPIRY`] by default).
+    pub reader_expiry: Duration,
     /// Publish KV events (`--kv-events`); `None`: nothing is recorded.
     pub events: Option<crate::events::EventsConfig>,
 }
@@ -70,6 +86,7 @@ impl Default for ServeConfig {
             busy_poll: false,
             session_ttl: None,
             allow_reset: false,
+            reader_expiry: READER_EXPIRY,
             events: None,
         }
     }
@@ -146,6 +163,8 @@ struct Peer<'s> {
     broken: bool,
     /// The engine stopped at corrupt shared data while serving this slot.
     corrupt: Option<String>,
+    /// The slot's reader announcement, cleared when its client is gone.
+    reader: &'s ReaderSlot,
 }
 
 /// Runs the daemon until `stop` becomes non-zero.
@@ -192,10 +211,17 @@ pub fn serve_reporting(
         },
     ))?;
     let mut engine = Engine::in_region(region, layout.engine).map_err(ServeError::Engine)?;
+    // SAFETY: this daemon created the segment and is its only collector;
+    // `engine`, which owns the grace, is declared after `segment` and so
+    // dropped before it.
+    let grace = unsafe { ShmGrace::new(&segment, &layout, config.reader_expiry) }
+        .map_err(ServeError::Region)?;
+    engine.set_grace(Box::new(grace), limbo_capacity(config.capacity));
+    let (_, readers) = layout.readers(&segment).map_err(ServeError::Region)?;
     let mut events = crate::events::Events::start(config.events.as_ref(), &mut engine, live)
         .map_err(ServeError::Events)?;
     let mut peers = (0..config.max_clients)
-        .map(|i| peer(&segment, &layout, i))
+        .map(|i| peer(&segment, &layout, readers, i))
         .collect::<Result<Vec<_>, _>>()?;
     let slots = segment
         .slots(layout.ipc.slots, config.max_clients)
@@ -234,6 +260,9 @@ pub fn serve_reporting(
         }
         if let Some(damage) = peers.iter_mut().find_map(|p| p.corrupt.take()) {
             return Err(ServeError::Corrupted(damage));
+        }
+        if engine.in_limbo() != (0, 0) {
+            guarded(|| engine.reclaim()).map_err(ServeError::Corrupted)?;
         }
         events.after_requests(&mut engine, live);
         // Relaxed: the daemon wrote this gauge itself (in `adopt`/`forget`).
@@ -291,8 +320,16 @@ pub fn serve_reporting(
 fn peer<'s>(
     segment: &'s Segment,
     layout: &SharedLayout,
+    readers: &'s [ReaderSlot],
     index: u32,
 ) -> Result<Peer<'s>, ServeError> {
+    let reader =
+        readers
+            .get(index as usize)
+            .ok_or(ServeError::Region(RegionError::NoSuchClient {
+                index,
+                clients: readers.len() as u32,
+            }))?;
     let block = segment
         .client_block(&layout.ipc, index)
         .map_err(ServeError::Region)?;
@@ -314,6 +351,7 @@ fn peer<'s>(
         pending: None,
         broken: false,
         corrupt: None,
+        reader,
     })
 }
 
@@ -358,6 +396,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
         pending,
         broken,
         corrupt,
+        reader,
         ..
     } = peer;
     let before = tenancy.owner();
@@ -367,6 +406,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
         word,
         probe,
         &mut || {
+            reader.clear();
             if let Err(damage) = forget(engine, index, live) {
                 *corrupt = Some(damage);
             }
@@ -578,9 +618,13 @@ fn sweep<R: crate::engine::Region, L: radixd_ipc::SlotLocks>(
             // Only requests of an adopted claim are answered, so a client
             // the daemon never adopted holds nothing to release.
             let Peer {
-                tenancy, corrupt, ..
+                tenancy,
+                corrupt,
+                reader,
+                ..
             } = peer;
             tenancy.vacate(&mut || {
+                reader.clear();
                 if let Err(damage) = forget(engine, status.index, live) {
                     *corrupt = Some(damage);
                 }

@@ -75,6 +75,11 @@ struct ServeArgs {
     /// `not_permitted`).
     #[arg(long)]
     allow_reset: bool,
+    /// Milliseconds a lock-free reader (`peek`) may hold back the reuse of
+    /// freed records before its announcement is expired (it then reads
+    /// again).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    reader_expiry_ms: u64,
     #[command(flatten)]
     events: radixd::events::cli::ServeEventsArgs,
 }
@@ -184,6 +189,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         busy_poll: args.busy_poll,
         session_ttl: args.session_ttl,
         allow_reset: args.allow_reset,
+        reader_expiry: Duration::from_millis(args.reader_expiry_ms),
         events: args.events.config(),
     };
     signal::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;

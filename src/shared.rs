@@ -16,10 +16,15 @@ use std::mem::size_of;
 use std::ptr::NonNull;
 
 use radixd_ipc::sync::{AtomicU64, Ordering};
-use radixd_ipc::{LayoutConfig, LayoutError, Segment, SegmentLayout, ShmSafe, INFO_BYTES};
+use std::time::{Duration, Instant};
+
+use radixd_ipc::{
+    Blocked, Collector, EpochClock, LayoutConfig, LayoutError, Offset, ReaderSlot, RegionError,
+    Segment, SegmentLayout, ShmSafe, INFO_BYTES,
+};
 
 use crate::engine::layout::ENGINE_VERSION;
-use crate::engine::{EngineLayout, Region, Stats, REGION_ALIGN};
+use crate::engine::{EngineLayout, Grace, Region, Stats, REGION_ALIGN};
 use crate::wire::{WireReply, WireRequest};
 
 /// Version of radixd's own structures (`Info`, `LiveStats`, the wire
@@ -154,7 +159,11 @@ pub struct SharedLayout {
     pub config: SegmentConfig,
     pub ipc: SegmentLayout<WireRequest, WireReply>,
     pub engine: EngineLayout,
-    /// Offset of [`LiveStats`].
+    /// Offset of the readers' [`EpochClock`], followed by one
+    /// [`ReaderSlot`] per client slot (writable by clients: outside the
+    /// read-only part).
+    pub readers_at: u64,
+    /// Offset of [`LiveStats`]; from here to the end clients map read-only.
     pub live_stats: u64,
     /// Offset of the engine region.
     pub engine_at: u64,
@@ -200,24 +209,143 @@ impl SharedLayout {
             request_capacity: RING_CAPACITY,
             response_capacity: RING_CAPACITY,
             scratch_bytes: config.scratch_bytes,
-            user_bytes: LIVE_STATS_BYTES + engine.size() as u64,
+            user_bytes: readers_bytes(config.clients) + LIVE_STATS_BYTES + engine.size() as u64,
             // Both versions are hashed, so a client of another protocol or
             // engine layout is refused at connect (`LayoutMismatch`).
             user_version: (PROTOCOL_VERSION << 16) | ENGINE_VERSION,
         })
         .map_err(LayoutProblem::Ipc)?;
-        // The user area is page aligned, so the engine region that follows
-        // the stats page is too.
-        let live_stats = ipc.user;
-        let engine_at = ipc.user + LIVE_STATS_BYTES;
+        // The user area is page aligned and the reader table a whole
+        // number of pages, so the stats page and the engine region after it
+        // are too (what `mprotect` in the client and REGION_ALIGN need).
+        let readers_at = ipc.user;
+        let live_stats = readers_at + readers_bytes(config.clients);
+        let engine_at = live_stats + LIVE_STATS_BYTES;
         debug_assert_eq!(engine_at % REGION_ALIGN as u64, 0);
         Ok(Self {
             config,
             ipc,
             engine,
+            readers_at,
             live_stats,
             engine_at,
         })
+    }
+
+    /// The readers' epoch clock and their slots (one per client slot).
+    pub fn readers<'s>(
+        &self,
+        segment: &'s Segment,
+    ) -> Result<(&'s EpochClock, &'s [ReaderSlot]), RegionError> {
+        let clock = segment.get(Offset::<EpochClock>::new(self.readers_at))?;
+        let slots = segment.slice(
+            Offset::<ReaderSlot>::new(self.readers_at + size_of::<EpochClock>() as u64),
+            u64::from(self.config.clients),
+        )?;
+        Ok((clock, slots))
+    }
+}
+
+/// Bytes of the reader table for `clients` slots, in whole pages.
+fn readers_bytes(clients: u32) -> u64 {
+    let bytes = (size_of::<EpochClock>() + size_of::<ReaderSlot>() * clients as usize) as u64;
+    bytes.div_ceil(LIVE_STATS_BYTES) * LIVE_STATS_BYTES
+}
+
+/// The readers' grace period over the segment's reader epochs (daemon
+/// side): what the engine asks before it reuses a freed node or an evicted
+/// page. A reader that holds the epoch back for longer than `expire_after`
+/// (stopped, or stuck) is expired: it learns so when it leaves and throws
+/// its copy away (`Client::peek` then reads again).
+pub struct ShmGrace {
+    clock: NonNull<EpochClock>,
+    readers: NonNull<ReaderSlot>,
+    count: usize,
+    expire_after: Duration,
+    /// The reader in the way, and since when.
+    stalled: Option<(Blocked, Instant)>,
+}
+
+impl ShmGrace {
+    /// The grace period over `segment`'s reader table, expiring readers
+    /// that block it for longer than `expire_after`.
+    ///
+    /// # Safety
+    ///
+    /// `segment` must stay mapped for as long as the value lives (the
+    /// daemon drops its engine, which owns this, before its segment), and
+    /// only one collector may exist for the segment.
+    pub unsafe fn new(
+        segment: &Segment,
+        layout: &SharedLayout,
+        expire_after: Duration,
+    ) -> Result<Self, RegionError> {
+        let (clock, readers) = layout.readers(segment)?;
+        clock.reset();
+        for reader in readers {
+            reader.clear();
+        }
+        Ok(Self {
+            clock: NonNull::from(clock),
+            readers: NonNull::from(readers).cast(),
+            count: readers.len(),
+            expire_after,
+            stalled: None,
+        })
+    }
+
+    fn collector(&self) -> Collector<'_> {
+        // SAFETY: both point into a mapping that outlives `self` (the
+        // contract of `new`); the slots were a checked slice of `count`
+        // elements, and shared references to atomics are sound while other
+        // processes write them.
+        let (clock, readers) = unsafe {
+            (
+                self.clock.as_ref(),
+                std::slice::from_raw_parts(self.readers.as_ptr(), self.count),
+            )
+        };
+        Collector::new(clock, readers)
+    }
+}
+
+// SAFETY: the pointers lead into a shared mapping, not into thread-local
+// data; the value is moved to, and used by, one thread at a time.
+unsafe impl Send for ShmGrace {}
+
+impl Grace for ShmGrace {
+    fn epoch(&self) -> u64 {
+        self.collector().epoch()
+    }
+
+    fn try_advance(&mut self) -> bool {
+        let blocked = match self.collector().try_advance() {
+            Ok(_) => {
+                self.stalled = None;
+                return true;
+            }
+            Err(blocked) => blocked,
+        };
+        let now = Instant::now();
+        match self.stalled {
+            Some((b, since)) if b == blocked => {
+                if now.duration_since(since) < self.expire_after {
+                    return false;
+                }
+                self.stalled = None;
+                let c = self.collector();
+                c.expire(blocked);
+                c.try_advance().is_ok()
+            }
+            _ => {
+                self.stalled = Some((blocked, now));
+                false
+            }
+        }
+    }
+
+    fn reusable(&self, tag: u64) -> bool {
+        self.collector().reusable(tag)
     }
 }
 

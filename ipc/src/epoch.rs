@@ -134,6 +134,13 @@ impl ReaderSlot {
         prev & EXPIRED == 0
     }
 
+    /// Clears the slot of a reader that is gone (the writer, once the
+    /// reader's process is provably dead or has left its client slot).
+    pub fn clear(&self) {
+        // Release: like `unpin`; the gone reader reads nothing more.
+        self.epoch.store(IDLE, Ordering::Release);
+    }
+
     /// Whether the writer has expired this reader's announcement (a long
     /// walk may give up early).
     pub fn expired(&self) -> bool {
@@ -224,8 +231,7 @@ impl<'a> Collector<'a> {
     /// Clears the slot of a reader whose process is dead.
     pub fn clear(&self, slot: usize) {
         if let Some(reader) = self.readers.get(slot) {
-            // Release: like `unpin`; the dead reader reads nothing more.
-            reader.epoch.store(IDLE, Ordering::Release);
+            reader.clear();
         }
     }
 

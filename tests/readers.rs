@@ -1,0 +1,145 @@
+//! Reader epochs through a real daemon: freed nodes and evicted pages wait
+//! for announced readers, a stalled reader is expired after
+//! `--reader-expiry-ms`, and a dead reader's announcement is cleared when
+//! its slot is reclaimed.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Daemon, Exec};
+use radixd::op::{ErrorKind, Reply, Request};
+use radixd::shared::{read_info, Info, SharedLayout};
+use radixd::Client;
+use radixd_ipc::epoch::{EXPIRED, IDLE};
+use radixd_ipc::sync::{AtomicU64, Ordering};
+use radixd_ipc::{Offset, ReaderSlot, Segment, INFO_OFFSET};
+use serde_json::json;
+
+/// The test process's own read-write view of the daemon's reader table.
+struct Table {
+    segment: Segment,
+    layout: SharedLayout,
+}
+
+impl Table {
+    fn open(name: &str) -> Self {
+        let segment = Segment::open_unverified(name).unwrap();
+        let info: &Info = segment.get(Offset::new(INFO_OFFSET)).unwrap();
+        let layout = SharedLayout::new(read_info(info).unwrap()).unwrap();
+        Self { segment, layout }
+    }
+
+    /// The raw word of reader slot `i`.
+    fn word(&self, i: u32) -> &AtomicU64 {
+        let (_, slots) = self.layout.readers(&self.segment).unwrap();
+        let slot: &ReaderSlot = &slots[i as usize];
+        // SAFETY: `ReaderSlot` is `#[repr(C, align(64))]` around one
+        // `AtomicU64` at offset 0 (asserted in `radixd_ipc::epoch`), so its
+        // address is that atomic's; this test writes it as a stalled or
+        // dead reader would.
+        unsafe { &*(slot as *const ReaderSlot).cast::<AtomicU64>() }
+    }
+}
+
+#[test]
+fn a_stalled_reader_holds_evicted_pages_until_it_is_expired() {
+    let daemon = Daemon::start(&[
+        "--page-size",
+        "1",
+        "--capacity",
+        "8",
+        "--reader-expiry-ms",
+        "400",
+    ]);
+    let mut c = Client::connect(&daemon.name).unwrap();
+    let tokens: Vec<u32> = (1..=8).collect();
+    let pages = c.alloc(8).unwrap();
+    c.insert(&tokens, &pages, false).unwrap();
+    let table = Table::open(&daemon.name);
+    // Another client's reader, stopped mid-walk at epoch 1 (before any of
+    // what follows was unlinked).
+    let stalled = (c.slot() + 1) % 16;
+    table.word(stalled).store(1, Ordering::SeqCst);
+    // Evict everything and ask for a page in the same round: every freed
+    // page waits in limbo for the stalled reader, so `alloc` fails as with
+    // too few evictable pages, and changes nothing.
+    let answers = c
+        .batch(&[Request::Evict { tokens: 8 }, Request::Alloc { n: 1 }])
+        .unwrap();
+    assert_eq!(answers[0], Ok(Reply::Evicted(8)));
+    let refused = answers[1].as_ref().unwrap_err();
+    assert_eq!(refused.kind, ErrorKind::InsufficientPages, "{refused}");
+    let (stats, _) = c.stats().unwrap();
+    assert_eq!(
+        (stats.total_tokens, stats.free_pages),
+        (0, 0),
+        "pages in limbo"
+    );
+    // Past the expiry the daemon expires the reader and reuses the pages.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let page = loop {
+        match c.alloc(1) {
+            Ok(p) => break p,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "never reclaimed: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    assert_eq!(page.len(), 1);
+    let word = table.word(stalled).load(Ordering::SeqCst);
+    assert_ne!(
+        word & EXPIRED,
+        0,
+        "the stalled reader was expired: {word:#x}"
+    );
+    c.free(&page).unwrap();
+    let (stats, _) = c.stats().unwrap();
+    assert_eq!(stats.free_pages, 8, "every page came back");
+    c.validate().unwrap();
+}
+
+#[test]
+fn a_dead_readers_announcement_is_cleared_with_its_slot() {
+    let daemon = Daemon::start(&["--page-size", "1", "--capacity", "16"]);
+    // The first client to connect takes slot 0.
+    let mut reader = Exec::start(&["--connect", &daemon.name]);
+    assert_eq!(reader.call(json!({"op":"stats"}))["ok"], true);
+    let table = Table::open(&daemon.name);
+    // It dies pinned.
+    table.word(0).store(1, Ordering::SeqCst);
+    reader.kill(libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while table.word(0).load(Ordering::SeqCst) != IDLE {
+        assert!(
+            Instant::now() < deadline,
+            "the dead reader's slot stays pinned"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // And it holds nothing back: evicted pages are reusable at once.
+    let mut c = Client::connect(&daemon.name).unwrap();
+    let pages = c.alloc(16).unwrap();
+    let tokens: Vec<u32> = (1..=16).collect();
+    c.insert(&tokens, &pages, false).unwrap();
+    let again = c
+        .batch(&[Request::Evict { tokens: 16 }, Request::Alloc { n: 16 }])
+        .unwrap();
+    assert!(
+        matches!(&again[1], Ok(Reply::Pages(p)) if p.len() == 16),
+        "{again:?}"
+    );
+}
+
+#[test]
+fn peek_stays_exact_beside_a_stalled_reader() {
+    let daemon = Daemon::start(&["--page-size", "4", "--capacity", "64"]);
+    let mut c = Client::connect(&daemon.name).unwrap();
+    let tokens: Vec<u32> = (100..164).collect();
+    let pages = c.alloc(16).unwrap();
+    c.insert(&tokens, &pages, true).unwrap();
+    let table = Table::open(&daemon.name);
+    table.word((c.slot() + 1) % 16).store(1, Ordering::SeqCst);
+    assert_eq!(c.peek(&tokens).unwrap(), (64, pages));
+}

@@ -73,26 +73,24 @@ pub fn str(out: &mut Vec<u8>, s: &str) {
 
 /// Appends the head of an array of `n` items.
 pub fn array(out: &mut Vec<u8>, n: usize) {
-    if n < 16 {
-        out.push(0x90 | n as u8);
-    } else if n <= 0xffff {
-        out.push(0xdc);
-        out.extend_from_slice(&(n as u16).to_be_bytes());
-    } else {
-        out.push(0xdd);
-        out.extend_from_slice(&(n as u32).to_be_bytes());
-    }
+    container(out, n, [0x90, 0xdc, 0xdd]);
 }
 
 /// Appends the head of a map of `n` pairs.
 pub fn map(out: &mut Vec<u8>, n: usize) {
+    container(out, n, [0x80, 0xde, 0xdf]);
+}
+
+/// Appends the head of a container of `n` entries; `markers` are its
+/// fix, 16-bit and 32-bit forms.
+fn container(out: &mut Vec<u8>, n: usize, [fix, m16, m32]: [u8; 3]) {
     if n < 16 {
-        out.push(0x80 | n as u8);
+        out.push(fix | n as u8);
     } else if n <= 0xffff {
-        out.push(0xde);
+        out.push(m16);
         out.extend_from_slice(&(n as u16).to_be_bytes());
     } else {
-        out.push(0xdf);
+        out.push(m32);
         out.extend_from_slice(&(n as u32).to_be_bytes());
     }
 }

@@ -194,19 +194,16 @@ impl Raw {
     /// Pushes `record` onto the slot's request ring and rings the daemon's
     /// doorbell; false when the ring is full.
     pub fn push(&self, record: radixd::wire::WireRequest) -> bool {
-        let c = self.client();
-        let s = &self.segment;
-        let cap = u64::from(radixd::shared::RING_CAPACITY);
+        let block = self
+            .segment
+            .client_block(&self.layout.ipc, self.slot)
+            .unwrap();
         // SAFETY: the client that holds the claim is idle while the test
         // posts, and the test uses these views one call at a time, so this
         // is the ring's only producer for the call.
-        let requests: radixd_ipc::Producer<'_, radixd::wire::WireRequest> = unsafe {
-            radixd_ipc::Producer::new(
-                s.get(c.request_header).unwrap(),
-                s.slice(c.request_slots, cap).unwrap(),
-            )
-        }
-        .unwrap();
+        let requests =
+            unsafe { radixd_ipc::Producer::new(block.request_header, block.request_slots) }
+                .unwrap();
         let pushed = requests.push(record).is_ok();
         self.ring_doorbell();
         pushed
@@ -233,16 +230,12 @@ impl Raw {
         let scratch = s.scratch(c.scratch, c.scratch_len).unwrap();
         let _ = scratch.write_bytes(at, payload);
         assert!(self.push(record));
-        let cap = u64::from(radixd::shared::RING_CAPACITY);
+        let block = s.client_block(&self.layout.ipc, self.slot).unwrap();
         // SAFETY: as in `push`: the claim's client is idle, so this is the
         // reply ring's only consumer for the call.
-        let replies: radixd_ipc::Consumer<'_, radixd::wire::WireReply> = unsafe {
-            radixd_ipc::Consumer::new(
-                s.get(c.response_header).unwrap(),
-                s.slice(c.response_slots, cap).unwrap(),
-            )
-        }
-        .unwrap();
+        let replies =
+            unsafe { radixd_ipc::Consumer::new(block.response_header, block.response_slots) }
+                .unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             if let Some(reply) = replies.pop().unwrap() {

@@ -7,7 +7,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
-use common::{radixd, Daemon, Exec, Raw};
+use common::{assert_mentions, radixd, stdout_ok, Daemon, Exec, Raw};
 use proptest::prelude::*;
 use radixd::wire::WireRequest;
 use radixd::{Client, ClientError};
@@ -218,16 +218,16 @@ fn stat_prints_live_figures() {
         .args(["stat", &daemon.name, "--interval", "0.05"])
         .output()
         .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
-    for needle in [
-        "clients     1 connected",
-        "3 owned by clients",
-        "requests",
-        "p99",
-    ] {
-        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
-    }
+    let text = stdout_ok(&out);
+    assert_mentions(
+        &text,
+        &[
+            "clients     1 connected",
+            "3 owned by clients",
+            "requests",
+            "p99",
+        ],
+    );
     // A client that leaves stops counting, and its pages go back.
     drop(c);
     let deadline = Instant::now() + Duration::from_secs(5);

@@ -30,6 +30,24 @@ pub fn radixd() -> Command {
     Command::new(env!("CARGO_BIN_EXE_radixd"))
 }
 
+/// The stdout of a run that must have succeeded (its stderr in the panic
+/// otherwise).
+pub fn stdout_ok(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Asserts that `text` contains every one of `needles`.
+pub fn assert_mentions(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+}
+
 /// A running `radixd exec`, driven one line at a time.
 pub struct Exec {
     child: Child,

@@ -265,6 +265,18 @@ mod reply {
     }
 }
 
+/// An insert-shaped call (`insert`, `session_commit`): reads `tokens` and
+/// `pages`, then `run`s the request built of them.
+fn insert_like(
+    tokens: &Bound<'_, PyAny>,
+    pages: &Bound<'_, PyAny>,
+    run: impl FnOnce(Vec<u32>, Vec<u32>) -> PyResult<Reply>,
+) -> PyResult<InsertResult> {
+    let tokens = input::u32s(tokens, "tokens")?;
+    let pages = input::u32s(pages, "pages")?;
+    reply::inserted(run(tokens, pages)?)
+}
+
 /// Defines the `#[pymethods]` of a class with a `run(&self, py, Request)`:
 /// its own methods, then the operations every cache answers the same way.
 macro_rules! cache_methods {
@@ -272,6 +284,19 @@ macro_rules! cache_methods {
         $(#[$attr])*
         impl $ty {
             $($own)*
+
+            /// The longest cached prefix of `tokens`: `.len`, `.pages`, `.handle`
+            /// (locked when `lock`; `None` when nothing matched).
+            #[pyo3(signature = (tokens, lock = false))]
+            fn match_prefix(
+                &self,
+                py: Python<'_>,
+                tokens: &Bound<'_, PyAny>,
+                lock: bool,
+            ) -> PyResult<MatchResult> {
+                let tokens = input::u32s(tokens, "tokens")?;
+                reply::matched(py, self.run(py, Request::Match { tokens, lock })?)
+            }
 
             /// Caches `tokens` with `pages` (one owned page per whole page of
             /// tokens): `.cached`, `.len`, `.handle` (only with `lock`).
@@ -283,14 +308,9 @@ macro_rules! cache_methods {
                 pages: &Bound<'_, PyAny>,
                 lock: bool,
             ) -> PyResult<InsertResult> {
-                let tokens = input::u32s(tokens, "tokens")?;
-                let pages = input::u32s(pages, "pages")?;
-                let request = Request::Insert {
-                    tokens,
-                    pages,
-                    lock,
-                };
-                reply::inserted(self.run(py, request)?)
+                insert_like(tokens, pages, |tokens, pages| {
+                    self.run(py, Request::Insert { tokens, pages, lock })
+                })
             }
 
             /// Takes `n` pages from the pool (evicting as needed), as
@@ -333,14 +353,9 @@ macro_rules! cache_methods {
                 tokens: &Bound<'_, PyAny>,
                 pages: &Bound<'_, PyAny>,
             ) -> PyResult<InsertResult> {
-                let tokens = input::u32s(tokens, "tokens")?;
-                let pages = input::u32s(pages, "pages")?;
-                let request = Request::SessionCommit {
-                    session,
-                    tokens,
-                    pages,
-                };
-                reply::inserted(self.run(py, request)?)
+                insert_like(tokens, pages, |tokens, pages| {
+                    self.run(py, Request::SessionCommit { session, tokens, pages })
+                })
             }
 
             /// Drops a session's lock and forgets it.
@@ -468,19 +483,6 @@ cache_methods! {
         #[getter]
         fn closed(&self) -> PyResult<bool> {
             Ok(guard(&self.inner)?.is_none())
-        }
-
-        /// The longest cached prefix of `tokens`: `.len`, `.pages`, `.handle`
-        /// (locked when `lock`; `None` when nothing matched).
-        #[pyo3(signature = (tokens, lock = false))]
-        fn match_prefix(
-            &self,
-            py: Python<'_>,
-            tokens: &Bound<'_, PyAny>,
-            lock: bool,
-        ) -> PyResult<MatchResult> {
-            let tokens = input::u32s(tokens, "tokens")?;
-            reply::matched(py, self.run(py, Request::Match { tokens, lock })?)
         }
 
         /// `(len, pages)` of the longest cached prefix, read straight from the
@@ -614,18 +616,6 @@ cache_methods! {
         #[getter]
         fn capacity(&self) -> PyResult<u32> {
             Ok(guard(&self.inner)?.engine.capacity())
-        }
-
-        /// As `Client.match_prefix`.
-        #[pyo3(signature = (tokens, lock = false))]
-        fn match_prefix(
-            &self,
-            py: Python<'_>,
-            tokens: &Bound<'_, PyAny>,
-            lock: bool,
-        ) -> PyResult<MatchResult> {
-            let tokens = input::u32s(tokens, "tokens")?;
-            reply::matched(py, self.run(py, Request::Match { tokens, lock })?)
         }
 
 

@@ -72,6 +72,18 @@ fn guard<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
     m.lock().map_err(|_| poisoned())
 }
 
+/// The batch of `_lock_delta`: `stats`, then lock (`lock=True`) or unlock
+/// `handle`, then `stats`.
+fn lock_delta_batch(handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<[Request; 3]> {
+    let handle = count(handle, "handle")?;
+    let middle = if lock {
+        Request::Lock { handle }
+    } else {
+        Request::Unlock { handle }
+    };
+    Ok([Request::Stats, middle, Request::Stats])
+}
+
 /// A non-negative integer argument.
 fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     obj.extract::<u64>().map_err(|_| {
@@ -526,13 +538,7 @@ cache_methods! {
         /// round trip; returns protected tokens before minus after (SGLang's
         /// `inc_lock_ref`/`dec_lock_ref` answer).
         fn _lock_delta(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<i64> {
-            let handle = count(handle, "handle")?;
-            let middle = if lock {
-                Request::Lock { handle }
-            } else {
-                Request::Unlock { handle }
-            };
-            let requests = [Request::Stats, middle, Request::Stats];
+            let requests = lock_delta_batch(handle, lock)?;
             let answers = self
                 .with(py, |c| c.batch(&requests))?
                 .map_err(|e| rejected(py, client_error(e)))?;
@@ -633,15 +639,10 @@ cache_methods! {
 
         /// As `Client._lock_delta`.
         fn _lock_delta(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<i64> {
-            let handle = count(handle, "handle")?;
-            let middle = if lock {
-                Request::Lock { handle }
-            } else {
-                Request::Unlock { handle }
-            };
+            let requests = lock_delta_batch(handle, lock)?;
             let mut local = guard(&self.inner)?;
             let client = local.client;
-            let answers = [Request::Stats, middle, Request::Stats]
+            let answers = requests
                 .into_iter()
                 .map(|r| apply(&mut local.engine, client, r))
                 .collect();

@@ -66,23 +66,31 @@ fn with_daemon(busy_poll: bool, f: impl FnOnce(&str)) {
     });
 }
 
+/// Runs `f` with a client (holding `tokens` cached) of a fresh daemon in
+/// each spin mode, named by its bench label.
+fn each_mode(tokens: &[u32], mut f: impl FnMut(&'static str, &mut Client)) {
+    for (label, busy) in [("shm_busy_poll", true), ("shm_default", false)] {
+        with_daemon(busy, |name| {
+            let mut client = Client::connect(name).expect("connect");
+            warm(&mut client, tokens);
+            f(label, &mut client);
+        });
+    }
+}
+
 fn one_client(c: &mut Criterion) {
     let mut g = c.benchmark_group("round_trip/match_1k_p16");
     g.throughput(Throughput::Elements(1));
     let tokens = prompt(1);
-    for (label, busy) in [("shm_busy_poll", true), ("shm_default", false)] {
-        with_daemon(busy, |name| {
-            let mut client = Client::connect(name).expect("connect");
-            warm(&mut client, &tokens);
-            g.bench_function(label, |b| {
-                b.iter(|| black_box(client.match_prefix(&tokens, false).expect("match")))
-            });
-            // The same path with no payload: what the round trip itself costs.
-            g.bench_function(format!("{label}_stats_only"), |b| {
-                b.iter(|| black_box(client.stats().expect("stats")))
-            });
+    each_mode(&tokens, |label, client| {
+        g.bench_function(label, |b| {
+            b.iter(|| black_box(client.match_prefix(&tokens, false).expect("match")))
         });
-    }
+        // The same path with no payload: what the round trip itself costs.
+        g.bench_function(format!("{label}_stats_only"), |b| {
+            b.iter(|| black_box(client.stats().expect("stats")))
+        });
+    });
     let path = PathBuf::from(format!("/tmp/radixd-ipc-bench-{}.sock", std::process::id()));
     let config = Config {
         page_size: PAGE,
@@ -113,27 +121,23 @@ fn paced(c: &mut Criterion) {
     let mut g = c.benchmark_group("round_trip/match_1k_p16_every_100us");
     g.throughput(Throughput::Elements(1));
     let tokens = prompt(2);
-    for (label, busy) in [("shm_busy_poll", true), ("shm_default", false)] {
-        with_daemon(busy, |name| {
-            let mut client = Client::connect(name).expect("connect");
-            warm(&mut client, &tokens);
-            g.bench_function(label, |b| {
-                b.iter_custom(|iters| {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        let idle = Instant::now();
-                        while idle.elapsed() < GAP {
-                            std::hint::spin_loop();
-                        }
-                        let start = Instant::now();
-                        black_box(client.match_prefix(&tokens, false).expect("match"));
-                        total += start.elapsed();
+    each_mode(&tokens, |label, client| {
+        g.bench_function(label, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let idle = Instant::now();
+                    while idle.elapsed() < GAP {
+                        std::hint::spin_loop();
                     }
-                    total
-                })
-            });
+                    let start = Instant::now();
+                    black_box(client.match_prefix(&tokens, false).expect("match"));
+                    total += start.elapsed();
+                }
+                total
+            })
         });
-    }
+    });
     g.finish();
 }
 

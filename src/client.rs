@@ -407,12 +407,7 @@ impl Client {
             giving.push(Request::Free { pages });
         }
         giving.extend(handles.into_iter().map(|handle| Request::Unlock { handle }));
-        let (page_size, capacity) = (self.page_size(), self.capacity());
-        let half = self.layout.config.scratch_bytes as usize / 2;
-        let encoded: Vec<_> = giving
-            .iter()
-            .map(|r| wire::encode_request(r, page_size, capacity))
-            .collect();
+        let (encoded, half) = self.encode(&giving);
         // Answers ignored: a page or lock already gone changes nothing.
         let mut ignored = Vec::new();
         for chunk in encoded.chunks(RING_CAPACITY as usize) {
@@ -500,12 +495,7 @@ impl Client {
         requests: &[Request],
     ) -> Result<Vec<Result<Reply, Rejection>>, ClientError> {
         self.resync()?;
-        let (page_size, capacity) = (self.page_size(), self.capacity());
-        let half = self.layout.config.scratch_bytes as usize / 2;
-        let encoded: Vec<_> = requests
-            .iter()
-            .map(|r| wire::encode_request(r, page_size, capacity))
-            .collect();
+        let (encoded, half) = self.encode(requests);
         if let Some(big) = encoded
             .iter()
             .find(|e| e.payload_len() > half || e.reply_need > half)
@@ -541,6 +531,17 @@ impl Client {
             rest = later;
         }
         Ok(answers)
+    }
+
+    /// Encodes `requests` for this segment, with the room one round trip
+    /// has for them: half the scratch for payloads, half for answers.
+    fn encode<'r>(&self, requests: &'r [Request]) -> (Vec<wire::EncodedRequest<'r>>, usize) {
+        let (page_size, capacity) = (self.page_size(), self.capacity());
+        let encoded = requests
+            .iter()
+            .map(|r| wire::encode_request(r, page_size, capacity))
+            .collect();
+        (encoded, self.layout.config.scratch_bytes as usize / 2)
     }
 
     fn round_trip(

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::radixd;
+use common::{assert_mentions, radixd, stdout_ok};
 use serde_json::Value;
 
 fn bench(args: &[&str]) -> std::process::Output {
@@ -16,31 +16,27 @@ fn bench(args: &[&str]) -> std::process::Output {
 
 /// The JSON lines of a successful `--json` run.
 fn json_runs(out: std::process::Output) -> Vec<Value> {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
+    stdout_ok(&out)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
 
+/// The JSON lines of a small successful run (60 requests of 64-token
+/// prompts) with `args`.
+fn small_json_runs(args: &[&str]) -> Vec<Value> {
+    json_runs(bench(
+        &[
+            args,
+            &["--json", "--requests", "60", "--prompt-tokens", "64"],
+        ]
+        .concat(),
+    ))
+}
+
 #[test]
 fn compare_json_reports_every_op_for_both_transports() {
-    let out = bench(&[
-        "--compare",
-        "--json",
-        "--clients",
-        "1,2",
-        "--requests",
-        "60",
-        "--prompt-tokens",
-        "64",
-    ]);
-    let runs = json_runs(out);
+    let runs = small_json_runs(&["--compare", "--clients", "1,2"]);
     assert_eq!(runs.len(), 4, "shm and uds for 1 and 2 clients");
     for (run, (transport, clients)) in
         runs.iter()
@@ -89,23 +85,19 @@ fn the_table_shows_ratios_and_a_trace_workload_runs() {
         "--plot",
         dir.join("p.svg").to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = stdout_ok(&out);
+    assert_mentions(
+        &text,
+        &[
+            "shm, 1 client(s)",
+            "uds, 1 client(s)",
+            "p99.9 µs",
+            "uds/shm, match: p50",
+            // --compare measures the baseline too.
+            "baseline: one cache line between two processes",
+            "p50/ping-pong",
+        ],
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    for needle in [
-        "shm, 1 client(s)",
-        "uds, 1 client(s)",
-        "p99.9 µs",
-        "uds/shm, match: p50",
-        // --compare measures the baseline too.
-        "baseline: one cache line between two processes",
-        "p50/ping-pong",
-    ] {
-        assert!(text.contains(needle), "{needle:?} missing:\n{text}");
-    }
     let svg = std::fs::read_to_string(dir.join("p.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("shm p50") && svg.contains("uds p99"));
 }
@@ -116,13 +108,7 @@ fn the_table_shows_ratios_and_a_trace_workload_runs() {
 #[test]
 fn baseline_is_measured_and_every_round_trip_is_a_ratio_to_it() {
     let args = ["--baseline", "--requests", "20", "--prompt-tokens", "64"];
-    let out = bench(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = stdout_ok(&bench(&args));
     assert!(
         text.contains("baseline: one cache line between two processes p50")
             && text.contains("with a 4 KiB cross-core copy p50"),
@@ -173,15 +159,7 @@ fn bad_flags_exit_2() {
 #[cfg(feature = "kv-events")]
 #[test]
 fn kv_events_compare_runs_off_then_on_with_a_subscriber() {
-    let out = bench(&[
-        "--kv-events-compare",
-        "--json",
-        "--requests",
-        "60",
-        "--prompt-tokens",
-        "64",
-    ]);
-    let runs = json_runs(out);
+    let runs = small_json_runs(&["--kv-events-compare"]);
     assert_eq!(runs.len(), 2, "events off, then on");
     assert!(runs[0]["kv_events"].is_null());
     let ev = &runs[1]["kv_events"];

@@ -7,12 +7,10 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
-use common::{radixd, Daemon, Exec};
+use common::{assert_mentions, radixd, stdout_ok, Daemon, Exec, Raw};
 use proptest::prelude::*;
-use radixd::shared::{read_info, Info, SharedLayout, RING_CAPACITY};
-use radixd::wire::{WireReply, WireRequest};
+use radixd::wire::WireRequest;
 use radixd::{Client, ClientError};
-use radixd_ipc::{Consumer, Doorbell, Offset, Producer, Segment, INFO_OFFSET};
 use serde_json::json;
 
 const RECLAIM_DEADLINE: Duration = Duration::from_secs(1);
@@ -220,16 +218,16 @@ fn stat_prints_live_figures() {
         .args(["stat", &daemon.name, "--interval", "0.05"])
         .output()
         .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
-    for needle in [
-        "clients     1 connected",
-        "3 owned by clients",
-        "requests",
-        "p99",
-    ] {
-        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
-    }
+    let text = stdout_ok(&out);
+    assert_mentions(
+        &text,
+        &[
+            "clients     1 connected",
+            "3 owned by clients",
+            "requests",
+            "p99",
+        ],
+    );
     // A client that leaves stops counting, and its pages go back.
     drop(c);
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -247,89 +245,6 @@ fn stat_prints_live_figures() {
             "the client still counts:\n{text}"
         );
         std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// A raw view of one client's rings, as a buggy or hostile client would
-/// write them.
-struct Raw {
-    segment: Segment,
-    layout: SharedLayout,
-    slot: u32,
-    /// The claim's generation: the high half of every `seq` the daemon
-    /// accepts from this slot.
-    generation: u32,
-}
-
-impl Raw {
-    fn new(name: &str, client: &Client) -> Self {
-        let (slot, generation) = (client.slot(), client.generation());
-        let segment = Segment::open_unverified(name).unwrap();
-        let info: &Info = segment.get(Offset::new(INFO_OFFSET)).unwrap();
-        let layout = SharedLayout::new(read_info(info).unwrap()).unwrap();
-        Self {
-            segment,
-            layout,
-            slot,
-            generation,
-        }
-    }
-
-    /// The `seq` of this slot's claim numbered `n`.
-    fn seq(&self, n: usize) -> u64 {
-        (u64::from(self.generation) << 32) | n as u64
-    }
-
-    fn scratch_len(&self) -> u64 {
-        self.layout.config.scratch_bytes
-    }
-
-    /// Posts `record` (after writing `payload` at `at`) and waits for the
-    /// answer.
-    fn post(&self, record: WireRequest, at: u64, payload: &[u8]) -> WireReply {
-        let c = self.layout.ipc.client(self.slot).unwrap();
-        let s = &self.segment;
-        let cap = u64::from(RING_CAPACITY);
-        let scratch = s.scratch(c.scratch, c.scratch_len).unwrap();
-        let _ = scratch.write_bytes(at, payload);
-        // SAFETY: the test holds the slot's claim (through an idle Client)
-        // and uses these views one call at a time.
-        let requests: Producer<'_, WireRequest> = unsafe {
-            Producer::new(
-                s.get(c.request_header).unwrap(),
-                s.slice(c.request_slots, cap).unwrap(),
-            )
-        }
-        .unwrap();
-        // SAFETY: as above.
-        let replies: Consumer<'_, WireReply> = unsafe {
-            Consumer::new(
-                s.get(c.response_header).unwrap(),
-                s.slice(c.response_slots, cap).unwrap(),
-            )
-        }
-        .unwrap();
-        assert!(requests.push(record).is_ok());
-        let doorbell: &Doorbell = s.get(self.layout.ipc.daemon_doorbell).unwrap();
-        doorbell.ring();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if let Some(reply) = replies.pop().unwrap() {
-                return reply;
-            }
-            assert!(Instant::now() < deadline, "no answer to {record:?}");
-            std::thread::yield_now();
-        }
-    }
-
-    fn corrupt_request_ring(&self) {
-        let c = self.layout.ipc.client(self.slot).unwrap();
-        let header = self.segment.get(c.request_header).unwrap();
-        header.reset();
-        let raw = self.segment.region(c.request_header.get(), 8).unwrap();
-        // SAFETY: the first 8 bytes of the header are the ring's head counter,
-        // 8-aligned inside the mapping; garbage there is the fault tested.
-        unsafe { raw.cast::<u64>().as_ptr().write_volatile(1 << 40) };
     }
 }
 
@@ -361,7 +276,7 @@ proptest! {
         let raw = Raw::new(&daemon.name, &client);
         for (i, (op, flags, arg, poff, plen, nt, np, roff, rlen, bytes)) in records.into_iter().enumerate() {
             let record = WireRequest {
-                seq: raw.seq(i),
+                seq: raw.seq(i as u64),
                 op,
                 flags,
                 arg: arg % 64,
@@ -374,8 +289,8 @@ proptest! {
                 _reserved: [0; 4],
             };
             let before = client.stats().unwrap();
-            let reply = raw.post(record, u64::from(record.payload_off), &bytes);
-            prop_assert_eq!(reply.seq, raw.seq(i));
+            let reply = raw.exchange(record, u64::from(record.payload_off), &bytes);
+            prop_assert_eq!(reply.seq, raw.seq(i as u64));
             if reply.status != 0 {
                 prop_assert_eq!(client.stats().unwrap(), before, "rejected {:?} changed state", record);
             }
@@ -392,8 +307,7 @@ fn a_corrupt_ring_harms_only_its_own_client() {
     let mut good = connect(&daemon);
     let raw = Raw::new(&daemon.name, &bad);
     raw.corrupt_request_ring();
-    let doorbell: &Doorbell = raw.segment.get(raw.layout.ipc.daemon_doorbell).unwrap();
-    doorbell.ring();
+    raw.ring_doorbell();
     assert_eq!(good.alloc(2).unwrap().len(), 2);
     assert!(bad.stats().is_err(), "a broken ring gets no answers");
     good.validate().unwrap();

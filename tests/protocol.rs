@@ -7,14 +7,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{Daemon, Raw};
 use radixd::engine::Stats;
 use radixd::op::{Reply, Request};
-use radixd::shared::{read_info, Info, SharedLayout, RING_CAPACITY};
-use radixd::wire::{self, WireRequest};
+use radixd::shared::RING_CAPACITY;
 use radixd::{Client, ClientError};
 use radixd_ipc::slots::FREE;
-use radixd_ipc::{Doorbell, Offset, Producer, Segment, INFO_OFFSET};
 
 fn connect(d: &Daemon) -> Client {
     Client::connect(&d.name).expect("connect")
@@ -28,79 +26,6 @@ fn accounted(s: &Stats, capacity: u64) -> bool {
 fn signal(d: &Daemon, sig: i32) {
     // SAFETY: kill(2) on our own child's pid; no memory is involved.
     assert_eq!(unsafe { libc::kill(d.pid(), sig) }, 0);
-}
-
-/// The test process's own view of a client's slot: its request ring, to
-/// post records behind the client's back.
-struct Raw {
-    segment: Segment,
-    layout: SharedLayout,
-    slot: u32,
-    generation: u32,
-}
-
-impl Raw {
-    fn new(name: &str, client: &Client) -> Self {
-        let segment = Segment::open_unverified(name).unwrap();
-        let info: &Info = segment.get(Offset::new(INFO_OFFSET)).unwrap();
-        let layout = SharedLayout::new(read_info(info).unwrap()).unwrap();
-        Self {
-            segment,
-            layout,
-            slot: client.slot(),
-            generation: client.generation(),
-        }
-    }
-
-    /// Posts `request` (no payload) as record `n` of the client's claim,
-    /// without waiting; false when the ring is full.
-    fn post(&self, request: &Request, n: u32) -> bool {
-        let c = self.layout.ipc.client(self.slot).unwrap();
-        let e = wire::encode_request(request, 1, self.layout.config.capacity);
-        assert_eq!(e.payload_len(), 0, "payload-free requests only");
-        let half = self.layout.config.scratch_bytes / 2;
-        let record = WireRequest {
-            seq: (u64::from(self.generation) << 32) | u64::from(n),
-            reply_off: half as u32,
-            reply_len: e.reply_need as u32,
-            ..e.record
-        };
-        let s = &self.segment;
-        let cap = u64::from(RING_CAPACITY);
-        // SAFETY: the client that holds the claim is idle while the test
-        // posts, so this is the ring's only producer for the call.
-        let requests: Producer<'_, WireRequest> = unsafe {
-            Producer::new(
-                s.get(c.request_header).unwrap(),
-                s.slice(c.request_slots, cap).unwrap(),
-            )
-        }
-        .unwrap();
-        let pushed = requests.push(record).is_ok();
-        let doorbell: &Doorbell = s.get(self.layout.ipc.daemon_doorbell).unwrap();
-        doorbell.ring();
-        pushed
-    }
-
-    /// Overwrites the request ring's head counter with garbage.
-    fn corrupt_request_ring(&self) {
-        let c = self.layout.ipc.client(self.slot).unwrap();
-        let raw = self.segment.region(c.request_header.get(), 8).unwrap();
-        // SAFETY: the first 8 bytes of the header are the ring's head
-        // counter, 8-aligned inside the mapping; garbage there is the fault
-        // tested.
-        unsafe { raw.cast::<u64>().as_ptr().write_volatile(1 << 40) };
-    }
-
-    /// Writes `(generation, state)` into the slot word through this
-    /// process's own mapping (a stray write).
-    fn poke_word(&self, generation: u32, state: u32) {
-        let slots = self
-            .segment
-            .slots(self.layout.ipc.slots, self.layout.config.clients)
-            .unwrap();
-        slots.poke(self.slot, generation, state);
-    }
 }
 
 /// A client leaves with an `alloc` queued while the daemon is stopped; a

@@ -102,6 +102,28 @@ fn hit_blocks(outcomes: &[RequestOutcome]) -> Vec<u64> {
     outcomes.iter().map(|o| o.hit_blocks).collect()
 }
 
+fn hit_tokens(outcomes: &[RequestOutcome]) -> Vec<u64> {
+    outcomes.iter().map(|o| o.hit_tokens).collect()
+}
+
+/// The totals of a run worked out by hand: prompt tokens, hit tokens,
+/// blocks, hit blocks, and blocks resident at the end.
+struct Totals {
+    prompt_tokens: u64,
+    hit_tokens: u64,
+    blocks: u64,
+    hit_blocks: u64,
+    final_cache_blocks: usize,
+}
+
+fn assert_totals(s: &Summary, t: Totals) {
+    assert_eq!(s.total_prompt_tokens, t.prompt_tokens);
+    assert_eq!(s.total_hit_tokens, t.hit_tokens);
+    assert_eq!(s.total_blocks, t.blocks);
+    assert_eq!(s.hit_blocks, t.hit_blocks);
+    assert_eq!(s.final_cache_blocks, t.final_cache_blocks);
+}
+
 #[test]
 fn cli_flags_parse_with_defaults() {
     let a = args(&[
@@ -209,8 +231,7 @@ fn lru_by_hand() {
     // R3 [1,2]: 1 gone, k=0. 1 evicts 2, 2 evicts 4 → [5,1,2].
     // R4 [5,1]: k=2 → min(1024, 1024) = 1024.
     assert_eq!(hit_blocks(&per), [0, 3, 2, 0, 2]);
-    let hit_tokens: Vec<u64> = per.iter().map(|o| o.hit_tokens).collect();
-    assert_eq!(hit_tokens, [0, 1100, 1024, 0, 1024]);
+    assert_eq!(hit_tokens(&per), [0, 1100, 1024, 0, 1024]);
     assert_eq!(per[1].prompt_tokens, 1100);
     assert_eq!(
         per.iter().map(|o| o.index).collect::<Vec<_>>(),
@@ -267,14 +288,18 @@ fn lfu_by_hand() {
     // R3 [1,2]: k=2, 1024 capped at L=600 → 1:4 2:4.
     // R4 [5,1]: k=2 → 1024.
     assert_eq!(hit_blocks(&per), [0, 3, 2, 2, 2]);
-    let hit_tokens: Vec<u64> = per.iter().map(|o| o.hit_tokens).collect();
-    assert_eq!(hit_tokens, [0, 1100, 1024, 600, 1024]);
+    assert_eq!(hit_tokens(&per), [0, 1100, 1024, 600, 1024]);
     // 1100+1024+600+1024 = 3748; 3+2+2+2 = 9.
-    assert_eq!(s.total_prompt_tokens, 5924);
-    assert_eq!(s.total_hit_tokens, 3748);
-    assert_eq!(s.total_blocks, 14);
-    assert_eq!(s.hit_blocks, 9);
-    assert_eq!(s.final_cache_blocks, 3);
+    assert_totals(
+        &s,
+        Totals {
+            prompt_tokens: 5924,
+            hit_tokens: 3748,
+            blocks: 14,
+            hit_blocks: 9,
+            final_cache_blocks: 3,
+        },
+    );
 }
 
 #[test]
@@ -319,15 +344,19 @@ fn s3fifo_promotion_and_ghost_by_hand() {
     // R3 [1,2,3]: k=3, 1536 capped at 1400. 1:2, 2:3, 3:1.
     // R4 [4]: k=0. 4 pushes 3 (freq 1) into M → S=[4], M=[1, 2, 3].
     assert_eq!(hit_blocks(&per), [0, 1, 2, 3, 0]);
-    let hit_tokens: Vec<u64> = per.iter().map(|o| o.hit_tokens).collect();
-    assert_eq!(hit_tokens, [0, 512, 1024, 1400, 0]);
+    assert_eq!(hit_tokens(&per), [0, 512, 1024, 1400, 0]);
     // 1024+1000+1536+1400+10 = 4970; 512+1024+1400 = 2936; 2+2+3+3+1 = 11.
-    assert_eq!(s.total_prompt_tokens, 4970);
-    assert_eq!(s.total_hit_tokens, 2936);
-    assert_eq!(s.total_blocks, 11);
-    assert_eq!(s.hit_blocks, 6);
-    // |S| + |M| = 1 + 3.
-    assert_eq!(s.final_cache_blocks, 4);
+    assert_totals(
+        &s,
+        Totals {
+            prompt_tokens: 4970,
+            hit_tokens: 2936,
+            blocks: 11,
+            hit_blocks: 6,
+            // |S| + |M| = 1 + 3.
+            final_cache_blocks: 4,
+        },
+    );
 }
 
 #[test]

@@ -32,9 +32,22 @@ fn waiting() -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn median(mut v: Vec<u64>) -> u64 {
+/// The median of `rounds` samples taken by `sample`.
+fn median_of<E>(rounds: usize, mut sample: impl FnMut() -> Result<u64, E>) -> Result<u64, E> {
+    let mut v = (0..rounds)
+        .map(|_| sample())
+        .collect::<Result<Vec<_>, E>>()?;
     v.sort_unstable();
-    v[v.len() / 2]
+    Ok(v[v.len() / 2])
+}
+
+/// The nanoseconds `call` takes (its result is kept from the optimizer).
+fn nanos<T, E>(call: impl FnOnce() -> Result<T, E>) -> Result<u64, E> {
+    let t = Instant::now();
+    let r = call()?;
+    let ns = t.elapsed().as_nanos() as u64;
+    std::hint::black_box(r);
+    Ok(ns)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -51,38 +64,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let handle = m.handle.ok_or("bench.py caches the 1K prompt first")?;
     client.unlock(handle)?;
 
-    let mut matches = Vec::with_capacity(rounds);
-    let mut unlocks = Vec::with_capacity(rounds);
-    for _ in 0..rounds {
-        let t = Instant::now();
-        let r = client.match_prefix(&tokens, false)?;
-        matches.push(t.elapsed().as_nanos() as u64);
-        std::hint::black_box(r);
-    }
-    for _ in 0..rounds {
+    let matches = median_of(rounds, || nanos(|| client.match_prefix(&tokens, false)))?;
+    let unlocks = median_of(rounds, || {
         client.lock(handle)?;
-        let t = Instant::now();
-        client.unlock(handle)?;
-        unlocks.push(t.elapsed().as_nanos() as u64);
-    }
+        nanos(|| client.unlock(handle))
+    })?;
     let prompts = waiting();
-    let mut orders = Vec::with_capacity(ORDER_ROUNDS);
+    let mut orders = Vec::with_capacity(2);
     for policy in [Policy::Lpm, Policy::DfsWeight] {
-        let mut times = Vec::with_capacity(ORDER_ROUNDS);
-        for _ in 0..ORDER_ROUNDS {
-            let t = Instant::now();
-            let order = client.order(&prompts, policy)?;
-            times.push(t.elapsed().as_nanos() as u64);
-            std::hint::black_box(order);
-        }
-        orders.push(median(times));
+        orders.push(median_of(ORDER_ROUNDS, || {
+            nanos(|| client.order(&prompts, policy))
+        })?);
     }
     println!(
         "match_1k_ns={} unlock_ns={} order_lpm_ns={} order_dfs_ns={}",
-        median(matches),
-        median(unlocks),
-        orders[0],
-        orders[1]
+        matches, unlocks, orders[0], orders[1]
     );
     Ok(())
 }

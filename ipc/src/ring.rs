@@ -131,28 +131,41 @@ pub struct Producer<'a, T>(End<'a, T>);
 /// The consuming end of a ring. `Send` but not `Sync`.
 pub struct Consumer<'a, T>(End<'a, T>);
 
+/// `new` and `reset` of one end of a ring, the same for both ends but for
+/// the role names in their contracts: `$End` is the end (`$role` in prose),
+/// `$Other` the end across the ring (`$other`, whose next `$next` sees a
+/// reset).
+macro_rules! ring_end {
+    ($End:ident, $role:literal, $Other:ident, $other:literal, $next:literal) => {
+        impl<'a, T: Plain> $End<'a, T> {
+            #[doc = concat!("A ", $role, " view over `header` and `slots` (length = capacity).")]
+            ///
+            /// # Safety
+            ///
+            #[doc = concat!("For as long as the view lives, no other ", $role, " for the same ring may")]
+            /// exist (in this or any other process), and slots may be touched only by
+            #[doc = concat!("this ", $role, " and one matching [`", stringify!($Other), "`].")]
+            pub unsafe fn new(
+                header: &'a RingHeader,
+                slots: &'a [UnsafeCell<T>],
+            ) -> Result<Self, RingError> {
+                End::new(header, slots).map(Self)
+            }
+
+            /// Empties the ring: both counters to zero (see [`RingHeader::reset`]).
+            #[doc = concat!("Only while the ", $other, " does not use the ring, and published to it")]
+            #[doc = concat!("by a Release the ", $other, " acquires before its next `", $next, "`.")]
+            pub fn reset(&self) {
+                self.0.header.reset();
+            }
+        }
+    };
+}
+
+ring_end!(Producer, "producer", Consumer, "consumer", "pop");
+ring_end!(Consumer, "consumer", Producer, "producer", "push");
+
 impl<'a, T: Plain> Producer<'a, T> {
-    /// A producer view over `header` and `slots` (length = capacity).
-    ///
-    /// # Safety
-    ///
-    /// For as long as the view lives, no other producer for the same ring may
-    /// exist (in this or any other process), and slots may be touched only by
-    /// this producer and one matching [`Consumer`].
-    pub unsafe fn new(
-        header: &'a RingHeader,
-        slots: &'a [UnsafeCell<T>],
-    ) -> Result<Self, RingError> {
-        End::new(header, slots).map(Self)
-    }
-
-    /// Empties the ring: both counters to zero (see [`RingHeader::reset`]).
-    /// Only while the consumer does not use the ring, and published to it
-    /// by a Release the consumer acquires before its next `pop`.
-    pub fn reset(&self) {
-        self.0.header.reset();
-    }
-
     /// Appends `msg`, or hands it back when the ring is full (or the consumer
     /// wrote an impossible tail; the producer never overwrites unread slots).
     pub fn push(&self, msg: T) -> Result<(), T> {
@@ -185,27 +198,6 @@ impl<'a, T: Plain> Producer<'a, T> {
 }
 
 impl<'a, T: Plain> Consumer<'a, T> {
-    /// A consumer view over `header` and `slots` (length = capacity).
-    ///
-    /// # Safety
-    ///
-    /// For as long as the view lives, no other consumer for the same ring may
-    /// exist (in this or any other process), and slots may be touched only by
-    /// this consumer and one matching [`Producer`].
-    pub unsafe fn new(
-        header: &'a RingHeader,
-        slots: &'a [UnsafeCell<T>],
-    ) -> Result<Self, RingError> {
-        End::new(header, slots).map(Self)
-    }
-
-    /// Empties the ring: both counters to zero (see [`RingHeader::reset`]).
-    /// Only while the producer does not use the ring, and published to it
-    /// by a Release the producer acquires before its next `push`.
-    pub fn reset(&self) {
-        self.0.header.reset();
-    }
-
     /// Takes the oldest message, `Ok(None)` when empty, or
     /// [`RingError::Corrupt`] when the counters are impossible.
     pub fn pop(&self) -> Result<Option<T>, RingError> {

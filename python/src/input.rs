@@ -73,19 +73,14 @@ pub fn array_out<'py>(py: Python<'py>, values: &[u32]) -> PyResult<Bound<'py, Py
 
 /// Reads `obj` as `u32` values (`what` names them in errors).
 pub fn u32s(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
+    let each = |items: &mut dyn Iterator<Item = Bound<'_, PyAny>>| {
+        items.enumerate().map(|(i, v)| one(&v, what, i)).collect()
+    };
     if let Ok(list) = obj.downcast::<PyList>() {
-        return list
-            .iter()
-            .enumerate()
-            .map(|(i, v)| one(&v, what, i))
-            .collect();
+        return each(&mut list.iter());
     }
     if let Ok(tuple) = obj.downcast::<PyTuple>() {
-        return tuple
-            .iter()
-            .enumerate()
-            .map(|(i, v)| one(&v, what, i))
-            .collect();
+        return each(&mut tuple.iter());
     }
     if obj.is_instance_of::<PyInt>() {
         return Err(PyTypeError::new_err(format!(

@@ -72,6 +72,18 @@ fn guard<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
     m.lock().map_err(|_| poisoned())
 }
 
+/// The batch of `_lock_delta`: `stats`, then lock (`lock=True`) or unlock
+/// `handle`, then `stats`.
+fn lock_delta_batch(handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<[Request; 3]> {
+    let handle = count(handle, "handle")?;
+    let middle = if lock {
+        Request::Lock { handle }
+    } else {
+        Request::Unlock { handle }
+    };
+    Ok([Request::Stats, middle, Request::Stats])
+}
+
 /// A non-negative integer argument.
 fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     obj.extract::<u64>().map_err(|_| {
@@ -265,6 +277,18 @@ mod reply {
     }
 }
 
+/// An insert-shaped call (`insert`, `session_commit`): reads `tokens` and
+/// `pages`, then `run`s the request built of them.
+fn insert_like(
+    tokens: &Bound<'_, PyAny>,
+    pages: &Bound<'_, PyAny>,
+    run: impl FnOnce(Vec<u32>, Vec<u32>) -> PyResult<Reply>,
+) -> PyResult<InsertResult> {
+    let tokens = input::u32s(tokens, "tokens")?;
+    let pages = input::u32s(pages, "pages")?;
+    reply::inserted(run(tokens, pages)?)
+}
+
 /// Defines the `#[pymethods]` of a class with a `run(&self, py, Request)`:
 /// its own methods, then the operations every cache answers the same way.
 macro_rules! cache_methods {
@@ -272,6 +296,19 @@ macro_rules! cache_methods {
         $(#[$attr])*
         impl $ty {
             $($own)*
+
+            /// The longest cached prefix of `tokens`: `.len`, `.pages`, `.handle`
+            /// (locked when `lock`; `None` when nothing matched).
+            #[pyo3(signature = (tokens, lock = false))]
+            fn match_prefix(
+                &self,
+                py: Python<'_>,
+                tokens: &Bound<'_, PyAny>,
+                lock: bool,
+            ) -> PyResult<MatchResult> {
+                let tokens = input::u32s(tokens, "tokens")?;
+                reply::matched(py, self.run(py, Request::Match { tokens, lock })?)
+            }
 
             /// Caches `tokens` with `pages` (one owned page per whole page of
             /// tokens): `.cached`, `.len`, `.handle` (only with `lock`).
@@ -283,14 +320,9 @@ macro_rules! cache_methods {
                 pages: &Bound<'_, PyAny>,
                 lock: bool,
             ) -> PyResult<InsertResult> {
-                let tokens = input::u32s(tokens, "tokens")?;
-                let pages = input::u32s(pages, "pages")?;
-                let request = Request::Insert {
-                    tokens,
-                    pages,
-                    lock,
-                };
-                reply::inserted(self.run(py, request)?)
+                insert_like(tokens, pages, |tokens, pages| {
+                    self.run(py, Request::Insert { tokens, pages, lock })
+                })
             }
 
             /// Takes `n` pages from the pool (evicting as needed), as
@@ -333,14 +365,9 @@ macro_rules! cache_methods {
                 tokens: &Bound<'_, PyAny>,
                 pages: &Bound<'_, PyAny>,
             ) -> PyResult<InsertResult> {
-                let tokens = input::u32s(tokens, "tokens")?;
-                let pages = input::u32s(pages, "pages")?;
-                let request = Request::SessionCommit {
-                    session,
-                    tokens,
-                    pages,
-                };
-                reply::inserted(self.run(py, request)?)
+                insert_like(tokens, pages, |tokens, pages| {
+                    self.run(py, Request::SessionCommit { session, tokens, pages })
+                })
             }
 
             /// Drops a session's lock and forgets it.
@@ -470,19 +497,6 @@ cache_methods! {
             Ok(guard(&self.inner)?.is_none())
         }
 
-        /// The longest cached prefix of `tokens`: `.len`, `.pages`, `.handle`
-        /// (locked when `lock`; `None` when nothing matched).
-        #[pyo3(signature = (tokens, lock = false))]
-        fn match_prefix(
-            &self,
-            py: Python<'_>,
-            tokens: &Bound<'_, PyAny>,
-            lock: bool,
-        ) -> PyResult<MatchResult> {
-            let tokens = input::u32s(tokens, "tokens")?;
-            reply::matched(py, self.run(py, Request::Match { tokens, lock })?)
-        }
-
         /// `(len, pages)` of the longest cached prefix, read straight from the
         /// shared tree: no round trip, no lock, no LRU touch.
         fn peek<'py>(
@@ -524,13 +538,7 @@ cache_methods! {
         /// round trip; returns protected tokens before minus after (SGLang's
         /// `inc_lock_ref`/`dec_lock_ref` answer).
         fn _lock_delta(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<i64> {
-            let handle = count(handle, "handle")?;
-            let middle = if lock {
-                Request::Lock { handle }
-            } else {
-                Request::Unlock { handle }
-            };
-            let requests = [Request::Stats, middle, Request::Stats];
+            let requests = lock_delta_batch(handle, lock)?;
             let answers = self
                 .with(py, |c| c.batch(&requests))?
                 .map_err(|e| rejected(py, client_error(e)))?;
@@ -616,18 +624,6 @@ cache_methods! {
             Ok(guard(&self.inner)?.engine.capacity())
         }
 
-        /// As `Client.match_prefix`.
-        #[pyo3(signature = (tokens, lock = false))]
-        fn match_prefix(
-            &self,
-            py: Python<'_>,
-            tokens: &Bound<'_, PyAny>,
-            lock: bool,
-        ) -> PyResult<MatchResult> {
-            let tokens = input::u32s(tokens, "tokens")?;
-            reply::matched(py, self.run(py, Request::Match { tokens, lock })?)
-        }
-
 
         /// As `Client.order`, from the engine's own tree.
         #[pyo3(signature = (prompts, policy = "lpm"))]
@@ -643,15 +639,10 @@ cache_methods! {
 
         /// As `Client._lock_delta`.
         fn _lock_delta(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<i64> {
-            let handle = count(handle, "handle")?;
-            let middle = if lock {
-                Request::Lock { handle }
-            } else {
-                Request::Unlock { handle }
-            };
+            let requests = lock_delta_batch(handle, lock)?;
             let mut local = guard(&self.inner)?;
             let client = local.client;
-            let answers = [Request::Stats, middle, Request::Stats]
+            let answers = requests
                 .into_iter()
                 .map(|r| apply(&mut local.engine, client, r))
                 .collect();

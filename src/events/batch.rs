@@ -144,6 +144,15 @@ impl BatchWriter {
         }
     }
 
+    /// The `block_hashes` field.
+    fn block_hashes(&mut self, block_hashes: &[u64]) {
+        self.key("block_hashes");
+        msgpack::array(&mut self.body, block_hashes.len());
+        for &h in block_hashes {
+            msgpack::uint(&mut self.body, h);
+        }
+    }
+
     /// Events written so far.
     pub fn len(&self) -> usize {
         self.count
@@ -164,11 +173,7 @@ impl BatchWriter {
         medium: &str,
     ) {
         self.open(8, "BlockStored");
-        self.key("block_hashes");
-        msgpack::array(&mut self.body, block_hashes.len());
-        for &h in block_hashes {
-            msgpack::uint(&mut self.body, h);
-        }
+        self.block_hashes(block_hashes);
         self.key("parent_block_hash");
         match parent {
             Some(h) => msgpack::uint(&mut self.body, h),
@@ -190,11 +195,7 @@ impl BatchWriter {
     /// Appends a `BlockRemoved`.
     pub fn removed(&mut self, block_hashes: &[u64], medium: &str) {
         self.open(3, "BlockRemoved");
-        self.key("block_hashes");
-        msgpack::array(&mut self.body, block_hashes.len());
-        for &h in block_hashes {
-            msgpack::uint(&mut self.body, h);
-        }
+        self.block_hashes(block_hashes);
         self.key("medium");
         msgpack::str(&mut self.body, medium);
         self.count += 1;

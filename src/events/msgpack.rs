@@ -73,26 +73,24 @@ pub fn str(out: &mut Vec<u8>, s: &str) {
 
 /// Appends the head of an array of `n` items.
 pub fn array(out: &mut Vec<u8>, n: usize) {
-    if n < 16 {
-        out.push(0x90 | n as u8);
-    } else if n <= 0xffff {
-        out.push(0xdc);
-        out.extend_from_slice(&(n as u16).to_be_bytes());
-    } else {
-        out.push(0xdd);
-        out.extend_from_slice(&(n as u32).to_be_bytes());
-    }
+    container(out, n, [0x90, 0xdc, 0xdd]);
 }
 
 /// Appends the head of a map of `n` pairs.
 pub fn map(out: &mut Vec<u8>, n: usize) {
+    container(out, n, [0x80, 0xde, 0xdf]);
+}
+
+/// Appends the head of a container of `n` entries; `markers` are its
+/// fix, 16-bit and 32-bit forms.
+fn container(out: &mut Vec<u8>, n: usize, [fix, m16, m32]: [u8; 3]) {
     if n < 16 {
-        out.push(0x80 | n as u8);
+        out.push(fix | n as u8);
     } else if n <= 0xffff {
-        out.push(0xde);
+        out.push(m16);
         out.extend_from_slice(&(n as u16).to_be_bytes());
     } else {
-        out.push(0xdf);
+        out.push(m32);
         out.extend_from_slice(&(n as u32).to_be_bytes());
     }
 }
@@ -209,18 +207,6 @@ impl<'a> Reader<'a> {
             0xc0 => Value::Nil,
             0xc2 => Value::Bool(false),
             0xc3 => Value::Bool(true),
-            0xc4 => {
-                let n = self.be(1)? as usize;
-                Value::Bin(self.take(n)?.to_vec())
-            }
-            0xc5 => {
-                let n = self.be(2)? as usize;
-                Value::Bin(self.take(n)?.to_vec())
-            }
-            0xc6 => {
-                let n = self.be(4)? as usize;
-                Value::Bin(self.take(n)?.to_vec())
-            }
             0xca => Value::Float(f64::from(f32::from_bits(self.be(4)? as u32))),
             0xcb => Value::Float(f64::from_bits(self.be(8)?)),
             0xcc => Value::Int(self.be(1)? as i64),
@@ -234,33 +220,20 @@ impl<'a> Reader<'a> {
             0xd1 => Value::Int(i64::from(self.be(2)? as u16 as i16)),
             0xd2 => Value::Int(i64::from(self.be(4)? as u32 as i32)),
             0xd3 => Value::Int(self.be(8)? as i64),
-            0xd9 => {
-                let n = self.be(1)? as usize;
-                self.string(n)?
-            }
-            0xda => {
-                let n = self.be(2)? as usize;
-                self.string(n)?
-            }
-            0xdb => {
-                let n = self.be(4)? as usize;
-                self.string(n)?
-            }
-            0xdc => {
-                let n = self.be(2)? as usize;
-                self.array(n, depth)?
-            }
-            0xdd => {
-                let n = self.be(4)? as usize;
-                self.array(n, depth)?
-            }
-            0xde => {
-                let n = self.be(2)? as usize;
-                self.map(n, depth)?
-            }
-            0xdf => {
-                let n = self.be(4)? as usize;
-                self.map(n, depth)?
+            // bin, str, array and map with a big-endian length.
+            0xc4..=0xc6 | 0xd9..=0xdf => {
+                let width = match b {
+                    0xc4 | 0xd9 => 1,
+                    0xc5 | 0xda | 0xdc | 0xde => 2,
+                    _ => 4,
+                };
+                let n = self.be(width)? as usize;
+                match b {
+                    0xc4..=0xc6 => Value::Bin(self.take(n)?.to_vec()),
+                    0xd9..=0xdb => self.string(n)?,
+                    0xdc | 0xdd => self.array(n, depth)?,
+                    _ => self.map(n, depth)?,
+                }
             }
             0xe0..=0xff => Value::Int(i64::from(b as i8)),
             other => return Err(DecodeError::Unsupported(other)),

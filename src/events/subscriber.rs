@@ -36,6 +36,19 @@ fn zmq_err(what: &'static str) -> impl Fn(zmq::Error) -> EventsError {
     move |e| EventsError::Zmq(what, e)
 }
 
+/// Receives one message of exactly three frames from `socket`; `what` names
+/// the receive in errors, `malformed` describes a message of another number
+/// of frames.
+fn three_frames(
+    socket: &zmq::Socket,
+    what: &'static str,
+    malformed: impl FnOnce(usize) -> String,
+) -> Result<[Vec<u8>; 3], EventsError> {
+    let frames = socket.recv_multipart(0).map_err(zmq_err(what))?;
+    let n = frames.len();
+    <[Vec<u8>; 3]>::try_from(frames).map_err(|_| EventsError::Malformed(malformed(n)))
+}
+
 impl Subscriber {
     /// Connects a SUB socket to `endpoint` for `topic` (a prefix; `""`: all),
     /// and a DEALER to `replay` when given.
@@ -119,21 +132,16 @@ impl Subscriber {
                     "no end of replay within {timeout:?}"
                 )));
             }
-            let frames = replay
-                .recv_multipart(0)
-                .map_err(zmq_err("receive a replay answer"))?;
             // A DEALER keeps the empty delimiter: ["", seq, payload].
-            let [_, seq, payload] = frames.as_slice() else {
-                return Err(EventsError::Malformed(format!(
-                    "replay answer of {} frames",
-                    frames.len()
-                )));
-            };
+            let [_, seq, payload] = three_frames(replay, "receive a replay answer", |n| {
+                format!("replay answer of {n} frames")
+            })?;
             if seq.as_slice() == END_SEQ || payload.is_empty() {
                 return Ok(out);
             }
-            let seq = seq_of(seq)?;
-            let batch = decode_batch(payload).map_err(|e| EventsError::Malformed(e.to_string()))?;
+            let seq = seq_of(&seq)?;
+            let batch =
+                decode_batch(&payload).map_err(|e| EventsError::Malformed(e.to_string()))?;
             out.push(Received { seq, batch });
         }
     }
@@ -157,17 +165,10 @@ impl Subscriber {
             {
                 return Ok(None);
             }
-            let frames = self
-                .sub
-                .recv_multipart(0)
-                .map_err(zmq_err("receive events"))?;
-            let [_topic, seq, payload] = frames.as_slice() else {
-                return Err(EventsError::Malformed(format!(
-                    "message of {} frames, expected topic, sequence, payload",
-                    frames.len()
-                )));
-            };
-            let seq = seq_of(seq)?;
+            let [_topic, seq, payload] = three_frames(&self.sub, "receive events", |n| {
+                format!("message of {n} frames, expected topic, sequence, payload")
+            })?;
+            let seq = seq_of(&seq)?;
             match self.next {
                 Some(n) if seq < n => continue,
                 Some(n) if seq > n => {
@@ -184,7 +185,8 @@ impl Subscriber {
                 }
                 _ => {}
             }
-            let batch = decode_batch(payload).map_err(|e| EventsError::Malformed(e.to_string()))?;
+            let batch =
+                decode_batch(&payload).map_err(|e| EventsError::Malformed(e.to_string()))?;
             n_push(&mut self.ready, &mut self.next, Received { seq, batch });
             return Ok(self.ready.pop_front());
         }

@@ -8,7 +8,7 @@
 //! kept after eviction.
 
 use super::hash::{id_map, IdMap};
-use super::policy::{flat_request, FlatCache, Policy};
+use super::policy::FlatCache;
 use super::slab::{List, Slab};
 
 #[derive(Debug, Clone, Copy)]
@@ -89,6 +89,8 @@ impl Lfu {
 }
 
 impl FlatCache for Lfu {
+    const NAME: &'static str = "lfu";
+
     #[inline]
     fn contains(&self, id: u64) -> bool {
         self.index.contains_key(&id)
@@ -127,18 +129,8 @@ impl FlatCache for Lfu {
         self.len += 1;
         self.min_count = 1;
     }
-}
 
-impl Policy for Lfu {
-    fn name(&self) -> &'static str {
-        "lfu"
-    }
-
-    fn request(&mut self, blocks: &[u64]) -> usize {
-        flat_request(self, blocks)
-    }
-
-    fn resident_blocks(&self) -> usize {
+    fn resident(&self) -> usize {
         self.len
     }
 }
@@ -146,6 +138,7 @@ impl Policy for Lfu {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replay::policy::Policy;
 
     #[test]
     fn evicts_lowest_count_then_least_recent() {

@@ -4,7 +4,7 @@
 //! hash map slot (12 bytes + control byte, before load factor).
 
 use super::hash::{id_map, IdMap};
-use super::policy::{flat_request, FlatCache, Policy};
+use super::policy::FlatCache;
 use super::slab::{List, Slab};
 
 /// LRU over block ids: hit → most recent; miss → admit as most recent,
@@ -55,6 +55,8 @@ impl Lru {
 }
 
 impl FlatCache for Lru {
+    const NAME: &'static str = "lru";
+
     #[inline]
     fn contains(&self, id: u64) -> bool {
         self.index.contains_key(&id)
@@ -75,18 +77,8 @@ impl FlatCache for Lru {
         self.recency.push_back(&mut self.slab, idx);
         self.index.insert(id, idx);
     }
-}
 
-impl Policy for Lru {
-    fn name(&self) -> &'static str {
-        "lru"
-    }
-
-    fn request(&mut self, blocks: &[u64]) -> usize {
-        flat_request(self, blocks)
-    }
-
-    fn resident_blocks(&self) -> usize {
+    fn resident(&self) -> usize {
         self.recency.len()
     }
 }
@@ -94,6 +86,7 @@ impl Policy for Lru {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replay::policy::Policy;
 
     #[test]
     fn hit_moves_to_most_recent() {

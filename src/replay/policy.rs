@@ -16,21 +16,35 @@ pub trait Policy {
     fn resident_blocks(&self) -> usize;
 }
 
-/// A cache of individual blocks with no notion of prefixes; [`flat_request`]
-/// turns one into a [`Policy`].
+/// A cache of individual blocks with no notion of prefixes; every one is a
+/// [`Policy`] (the impl below).
 pub(crate) trait FlatCache {
+    /// The policy's name (see [`Policy::name`]).
+    const NAME: &'static str;
     /// Whether `id` is resident; changes no state.
     fn contains(&self, id: u64) -> bool;
     /// Touches `id`: a hit updates its state, a miss admits it (and may evict).
     fn access(&mut self, id: u64);
+    /// Blocks resident now (see [`Policy::resident_blocks`]).
+    fn resident(&self) -> usize;
 }
 
-/// Prefix scan first (read-only, stops at the first miss), then every block
-/// of the request is accessed in order, hit or miss.
-pub(crate) fn flat_request<C: FlatCache>(cache: &mut C, blocks: &[u64]) -> usize {
-    let k = blocks.iter().take_while(|&&id| cache.contains(id)).count();
-    for &id in blocks {
-        cache.access(id);
+impl<C: FlatCache> Policy for C {
+    fn name(&self) -> &'static str {
+        C::NAME
     }
-    k
+
+    /// Prefix scan first (read-only, stops at the first miss), then every
+    /// block of the request is accessed in order, hit or miss.
+    fn request(&mut self, blocks: &[u64]) -> usize {
+        let k = blocks.iter().take_while(|&&id| self.contains(id)).count();
+        for &id in blocks {
+            self.access(id);
+        }
+        k
+    }
+
+    fn resident_blocks(&self) -> usize {
+        self.resident()
+    }
 }

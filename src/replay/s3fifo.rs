@@ -13,7 +13,7 @@
 //! one map lookup and a node moves between queues without reallocation.
 
 use super::hash::{id_map, IdMap};
-use super::policy::{flat_request, FlatCache, Policy};
+use super::policy::FlatCache;
 use super::slab::{List, Slab};
 use super::ReplayError;
 
@@ -203,6 +203,8 @@ impl S3Fifo {
 }
 
 impl FlatCache for S3Fifo {
+    const NAME: &'static str = "s3fifo";
+
     #[inline]
     fn contains(&self, id: u64) -> bool {
         self.index
@@ -225,18 +227,8 @@ impl FlatCache for S3Fifo {
             None => self.admit_small(id),
         }
     }
-}
 
-impl Policy for S3Fifo {
-    fn name(&self) -> &'static str {
-        "s3fifo"
-    }
-
-    fn request(&mut self, blocks: &[u64]) -> usize {
-        flat_request(self, blocks)
-    }
-
-    fn resident_blocks(&self) -> usize {
+    fn resident(&self) -> usize {
         self.small.len() + self.main.len()
     }
 }
@@ -244,6 +236,7 @@ impl Policy for S3Fifo {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replay::policy::Policy;
 
     #[test]
     fn small_cap_rounds_half_to_even() {

@@ -30,6 +30,24 @@ pub fn radixd() -> Command {
     Command::new(env!("CARGO_BIN_EXE_radixd"))
 }
 
+/// The stdout of a run that must have succeeded (its stderr in the panic
+/// otherwise).
+pub fn stdout_ok(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Asserts that `text` contains every one of `needles`.
+pub fn assert_mentions(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+}
+
 /// A running `radixd exec`, driven one line at a time.
 pub struct Exec {
     child: Child,
@@ -144,5 +162,140 @@ impl Drop for Daemon {
         if let Ok(None) = self.child.try_wait() {
             self.kill(libc::SIGTERM);
         }
+    }
+}
+
+/// The test process's own view of one client's slot, as a buggy or hostile
+/// client would write it: its rings, scratch and slot word, used behind the
+/// client's back while the client that holds the claim is idle.
+pub struct Raw {
+    pub segment: radixd_ipc::Segment,
+    pub layout: radixd::shared::SharedLayout,
+    pub slot: u32,
+    /// The claim's generation: the high half of every `seq` the daemon
+    /// accepts from this slot.
+    pub generation: u32,
+}
+
+impl Raw {
+    /// Maps the daemon's segment `name` and takes `client`'s slot.
+    pub fn new(name: &str, client: &radixd::Client) -> Self {
+        use radixd::shared::{read_info, Info, SharedLayout};
+        use radixd_ipc::{Offset, Segment, INFO_OFFSET};
+        let segment = Segment::open_unverified(name).unwrap();
+        let info: &Info = segment.get(Offset::new(INFO_OFFSET)).unwrap();
+        let layout = SharedLayout::new(read_info(info).unwrap()).unwrap();
+        Self {
+            segment,
+            layout,
+            slot: client.slot(),
+            generation: client.generation(),
+        }
+    }
+
+    /// The `seq` of this slot's claim numbered `n`.
+    pub fn seq(&self, n: u64) -> u64 {
+        (u64::from(self.generation) << 32) | n
+    }
+
+    /// The size of the segment's scratch area per client.
+    pub fn scratch_len(&self) -> u64 {
+        self.layout.config.scratch_bytes
+    }
+
+    fn client(
+        &self,
+    ) -> radixd_ipc::ClientRegions<radixd::wire::WireRequest, radixd::wire::WireReply> {
+        self.layout.ipc.client(self.slot).unwrap()
+    }
+
+    /// Pushes `record` onto the slot's request ring and rings the daemon's
+    /// doorbell; false when the ring is full.
+    pub fn push(&self, record: radixd::wire::WireRequest) -> bool {
+        let block = self
+            .segment
+            .client_block(&self.layout.ipc, self.slot)
+            .unwrap();
+        // SAFETY: the client that holds the claim is idle while the test
+        // posts, and the test uses these views one call at a time, so this
+        // is the ring's only producer for the call.
+        let requests =
+            unsafe { radixd_ipc::Producer::new(block.request_header, block.request_slots) }
+                .unwrap();
+        let pushed = requests.push(record).is_ok();
+        self.ring_doorbell();
+        pushed
+    }
+
+    /// Rings the daemon's doorbell.
+    pub fn ring_doorbell(&self) {
+        let doorbell: &radixd_ipc::Doorbell =
+            self.segment.get(self.layout.ipc.daemon_doorbell).unwrap();
+        doorbell.ring();
+    }
+
+    /// Posts `record` (after writing `payload` at `at` in the scratch area)
+    /// and waits for the answer.
+    pub fn exchange(
+        &self,
+        record: radixd::wire::WireRequest,
+        at: u64,
+        payload: &[u8],
+    ) -> radixd::wire::WireReply {
+        use std::time::{Duration, Instant};
+        let c = self.client();
+        let s = &self.segment;
+        let scratch = s.scratch(c.scratch, c.scratch_len).unwrap();
+        let _ = scratch.write_bytes(at, payload);
+        assert!(self.push(record));
+        let block = s.client_block(&self.layout.ipc, self.slot).unwrap();
+        // SAFETY: as in `push`: the claim's client is idle, so this is the
+        // reply ring's only consumer for the call.
+        let replies =
+            unsafe { radixd_ipc::Consumer::new(block.response_header, block.response_slots) }
+                .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(reply) = replies.pop().unwrap() {
+                return reply;
+            }
+            assert!(Instant::now() < deadline, "no answer to {record:?}");
+            std::thread::yield_now();
+        }
+    }
+
+    /// Posts `request` (no payload) as record `n` of the client's claim,
+    /// without waiting; false when the ring is full.
+    pub fn post(&self, request: &radixd::op::Request, n: u32) -> bool {
+        let e = radixd::wire::encode_request(request, 1, self.layout.config.capacity);
+        assert_eq!(e.payload_len(), 0, "payload-free requests only");
+        let half = self.layout.config.scratch_bytes / 2;
+        self.push(radixd::wire::WireRequest {
+            seq: self.seq(u64::from(n)),
+            reply_off: half as u32,
+            reply_len: e.reply_need as u32,
+            ..e.record
+        })
+    }
+
+    /// Overwrites the request ring's head counter with garbage.
+    pub fn corrupt_request_ring(&self) {
+        let c = self.client();
+        self.segment.get(c.request_header).unwrap().reset();
+        let raw = self.segment.region(c.request_header.get(), 8).unwrap();
+        // SAFETY: the first 8 bytes of the header are the ring's head
+        // counter, 8-aligned inside the mapping; garbage there is the fault
+        // tested.
+        unsafe { raw.cast::<u64>().as_ptr().write_volatile(1 << 40) };
+    }
+
+    /// Writes `(generation, state)` into the slot word through this
+    /// process's own mapping (a stray write).
+    pub fn poke_word(&self, generation: u32, state: u32) {
+        let slots = self
+            .segment
+            .slots(self.layout.ipc.slots, self.layout.config.clients)
+            .unwrap();
+        slots.poke(self.slot, generation, state);
     }
 }

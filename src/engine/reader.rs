@@ -230,10 +230,11 @@ impl TreeReader {
         };
         let p = self.layout.page_size as usize;
         let start = out.len();
-        let copy = || -> Option<Copied> {
+        // `None`: torn; `Some(None)`: not the child; else (matched, whole).
+        let copy = || -> Option<Option<(usize, bool)>> {
             let n = self.node(node)?;
             if n.state != NODE_LIVE || n.parent != parent {
-                return Some(Copied::NotChild);
+                return Some(None);
             }
             if n.num_pages == 0 || n.num_pages > self.layout.capacity {
                 return None;
@@ -245,7 +246,7 @@ impl TreeReader {
                 }
                 if !self.page_is(page, &key[at..at + p])? {
                     if matched == 0 {
-                        return Some(Copied::NotChild);
+                        return Some(None);
                     }
                     break;
                 }
@@ -262,19 +263,15 @@ impl TreeReader {
             if whole && page != NIL {
                 return None;
             }
-            Some(Copied::Child {
-                version: 0,
-                matched,
-                whole,
-            })
+            Some(Some((matched, whole)))
         };
         match version.read(copy) {
-            Some((Some(Copied::Child { matched, whole, .. }), v)) => Copied::Child {
+            Some((Some(Some((matched, whole))), v)) => Copied::Child {
                 version: v,
                 matched,
                 whole,
             },
-            Some((Some(Copied::NotChild), _)) => {
+            Some((Some(None), _)) => {
                 out.truncate(start);
                 Copied::NotChild
             }

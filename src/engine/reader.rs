@@ -20,8 +20,10 @@
 //! walk to the deepest frame whose node is still at the version it had, and
 //! the walk resumes there: never from the root unless the root changed
 //! (only `format` changes it). Every loop is bounded; `peek` gives up
-//! (`None`) only when one node kept changing for [`NODE_TRIES`] tries in a
-//! row.
+//! (`None`) only after [`NODE_TRIES`] failures in a row without getting
+//! deeper: the node it stands on, the child below it or the child table
+//! kept changing all that time. Failed tries spin briefly, then yield, so
+//! a writer preempted in the middle of a change gets the core back.
 //!
 //! # Guarantee
 //!
@@ -230,10 +232,11 @@ impl TreeReader {
         };
         let p = self.layout.page_size as usize;
         let start = out.len();
-        let copy = || -> Option<Copied> {
+        // `None`: torn; `Some(None)`: not the child; else (matched, whole).
+        let copy = || -> Option<Option<(usize, bool)>> {
             let n = self.node(node)?;
             if n.state != NODE_LIVE || n.parent != parent {
-                return Some(Copied::NotChild);
+                return Some(None);
             }
             if n.num_pages == 0 || n.num_pages > self.layout.capacity {
                 return None;
@@ -245,7 +248,7 @@ impl TreeReader {
                 }
                 if !self.page_is(page, &key[at..at + p])? {
                     if matched == 0 {
-                        return Some(Copied::NotChild);
+                        return Some(None);
                     }
                     break;
                 }
@@ -262,19 +265,15 @@ impl TreeReader {
             if whole && page != NIL {
                 return None;
             }
-            Some(Copied::Child {
-                version: 0,
-                matched,
-                whole,
-            })
+            Some(Some((matched, whole)))
         };
         match version.read(copy) {
-            Some((Some(Copied::Child { matched, whole, .. }), v)) => Copied::Child {
+            Some((Some(Some((matched, whole))), v)) => Copied::Child {
                 version: v,
                 matched,
                 whole,
             },
-            Some((Some(Copied::NotChild), _)) => {
+            Some((Some(None), _)) => {
                 out.truncate(start);
                 Copied::NotChild
             }
@@ -348,8 +347,8 @@ impl TreeReader {
     }
 
     /// The length of the longest cached page-aligned prefix of `tokens`,
-    /// with its pages in `pages`; `None` if one node kept changing for
-    /// [`NODE_TRIES`] tries. See the module's guarantee.
+    /// with its pages in `pages`; `None` after [`NODE_TRIES`] failures in a
+    /// row at one depth. See the module's guarantee.
     pub fn peek(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<usize> {
         let p = self.layout.page_size as usize;
         let key = &tokens[..tokens.len() / p * p];

@@ -350,19 +350,24 @@ fn peek_reads_the_shared_tree_without_a_round_trip_even_under_churn() {
             }
         }
     });
-    let mut seen = 0;
+    let (mut seen, mut contended) = (0u32, 0u32);
     while !churn.is_finished() {
         match c.peek(&stable) {
             Ok(found) => {
                 assert_eq!(found, (64, pages.clone()), "a peek returned a torn answer");
                 seen += 1;
             }
-            Err(ClientError::Contended) => {}
+            Err(ClientError::Contended) => contended += 1,
             Err(e) => panic!("{e}"),
         }
     }
     churn.join().unwrap();
-    assert!(seen > 0);
+    // Per-node validation: a write elsewhere never fails a read, and the
+    // churn here splits, grows and evicts around the locked prompt, not on
+    // it. (One tree-wide sequence word failed most of these.) The margin
+    // leaves room for a 2-core host where the writer preempts readers.
+    let total = seen + contended;
+    assert!(seen > 0 && seen * 10 >= total * 9, "{seen} of {total} peeks succeeded");
     assert!(
         c.stats().unwrap().0.evicted_pages > before.0.evicted_pages,
         "the churn evicted"

@@ -37,7 +37,11 @@
 //! child's copy), so by induction the frames spell the node's path. The
 //! answer is the deepest frame's path, plus the pages matched in a child
 //! copied after it (or a validated miss), at an instant inside that last
-//! copy, when the frame was unchanged.
+//! copy, when the frame was unchanged. It was also the longest cached
+//! prefix at that instant: a split files its upper half and re-files the
+//! lower half under it in one change of the table, so no validated probe
+//! finds the upper half childless (`loom_tests/tests/walk.rs` checks this
+//! stronger property).
 //!
 //! Reused records are never misread: freeing and reusing a node moves its
 //! version, and a page changes owner only after the node that held it was

@@ -436,19 +436,28 @@ fn peek_reads_the_shared_tree_without_a_round_trip_even_under_churn() {
             }
         }
     });
-    let mut seen = 0;
+    let (mut seen, mut contended) = (0u64, 0u64);
     while !churn.is_finished() {
         match c.peek(&stable) {
             Ok(found) => {
                 assert_eq!(found, (64, pages.clone()), "a peek returned a torn answer");
                 seen += 1;
             }
-            Err(ClientError::Contended) => {}
+            Err(ClientError::Contended) => contended += 1,
             Err(e) => panic!("{e}"),
         }
     }
     churn.join().unwrap();
+    eprintln!("peeks under churn: {seen} ok, {contended} contended");
+    // Per-node validation: writes off the locked path never fail a read,
+    // and a write on it is retried from that node (one tree-wide word
+    // failed 85-99% of these).
     assert!(seen > 0);
+    assert!(
+        seen * 10 >= (seen + contended) * 9,
+        "{seen} of {} peeks succeeded",
+        seen + contended
+    );
     assert!(
         c.stats().unwrap().0.evicted_pages > before.0.evicted_pages,
         "the churn evicted"

@@ -367,7 +367,10 @@ fn peek_reads_the_shared_tree_without_a_round_trip_even_under_churn() {
     // it. (One tree-wide sequence word failed most of these.) The margin
     // leaves room for a 2-core host where the writer preempts readers.
     let total = seen + contended;
-    assert!(seen > 0 && seen * 10 >= total * 9, "{seen} of {total} peeks succeeded");
+    assert!(
+        seen > 0 && seen * 10 >= total * 9,
+        "{seen} of {total} peeks succeeded"
+    );
     assert!(
         c.stats().unwrap().0.evicted_pages > before.0.evicted_pages,
         "the churn evicted"

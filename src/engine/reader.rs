@@ -37,7 +37,11 @@
 //! child's copy), so by induction the frames spell the node's path. The
 //! answer is the deepest frame's path, plus the pages matched in a child
 //! copied after it (or a validated miss), at an instant inside that last
-//! copy, when the frame was unchanged.
+//! copy, when the frame was unchanged. It was also the longest cached
+//! prefix at that instant: a split files its upper half and re-files the
+//! lower half under it in one change of the table, so no validated probe
+//! finds the upper half childless (`loom_tests/tests/walk.rs` checks this
+//! stronger property).
 //!
 //! Reused records are never misread: freeing and reusing a node moves its
 //! version, and a page changes owner only after the node that held it was
@@ -177,8 +181,27 @@ impl TreeReader {
         self.get(self.layout.nodes_at, self.layout.node_cap as usize, i)
     }
 
-    fn page(&self, i: u32) -> Option<Page> {
-        self.get(self.layout.pages_at, self.layout.capacity as usize, i)
+    /// The state and next link of page `i` (two volatile loads, not the
+    /// whole record), if in range.
+    fn page_link(&self, i: u32) -> Option<(u32, u32)> {
+        if i >= self.layout.capacity {
+            return None;
+        }
+        let at = self.layout.pages_at + i as usize * size_of::<Page>();
+        // SAFETY: `i < capacity` records of `Page` lie at `pages_at`, so
+        // both fields are inside the region, aligned for u32 (`Page` is
+        // `repr(C)` u32s); u32 takes any bits, which the version judges.
+        unsafe {
+            let rec = self.base.as_ptr().add(at);
+            Some((
+                rec.add(std::mem::offset_of!(Page, state))
+                    .cast::<u32>()
+                    .read_volatile(),
+                rec.add(std::mem::offset_of!(Page, next))
+                    .cast::<u32>()
+                    .read_volatile(),
+            ))
+        }
     }
 
     fn bucket(&self, i: u32) -> Option<Bucket> {
@@ -252,14 +275,14 @@ impl TreeReader {
                     }
                     break;
                 }
-                let pg = self.page(page)?;
-                if pg.state != PAGE_CACHED {
+                let (state, next) = self.page_link(page)?;
+                if state != PAGE_CACHED {
                     return None;
                 }
                 out.push(page);
                 matched += 1;
                 at += p;
-                page = pg.next;
+                page = next;
             }
             let whole = matched == n.num_pages as usize;
             if whole && page != NIL {
@@ -353,6 +376,7 @@ impl TreeReader {
         let p = self.layout.page_size as usize;
         let key = &tokens[..tokens.len() / p * p];
         pages.clear();
+        pages.reserve(key.len() / p);
         let mut stack = vec![self.root()?];
         // Failures since the walk last went deeper.
         let mut tries = 0u32;

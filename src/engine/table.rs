@@ -105,10 +105,20 @@ impl<R: Region> Arena<R> {
     /// Makes the bucket that files `old` file `new` instead; both nodes have
     /// the same parent and first page (a split hands the key to its upper
     /// half).
-    pub fn table_replace(&mut self, old: u32, new: u32) {
+    ///
+    /// Not inside the table's version: the caller (a split) brackets this
+    /// and the lower half's re-filing as one change, so that no probe finds
+    /// the upper half filed and the lower half not yet filed under it.
+    pub fn table_replace_unversioned(&mut self, old: u32, new: u32) {
         if let Some(i) = self.table_slot(old) {
-            self.table_change(|a| a.buckets_mut()[i as usize].node = new);
+            self.buckets_mut()[i as usize].node = new;
         }
+    }
+
+    /// [`Self::table_insert`] without the table's version, for a caller
+    /// that brackets several changes as one.
+    pub fn table_insert_unversioned(&mut self, node: u32) {
+        self.table_insert_inner(node);
     }
 
     /// Unfiles `node`, shifting later entries of its probe run back so that

@@ -97,17 +97,22 @@ impl<R: Region> Arena<R> {
         }
         // The upper half is complete before the table can lead to it.
         self.version(m).end();
-        // The bucket for (parent, first page) now leads to the upper half.
-        self.table_replace(child, m);
+        // The bucket for (parent, first page) now leads to the upper half,
+        // and the lower half is filed under it, in one change of the table:
+        // a probe between the two would find the upper half childless and
+        // report a shorter prefix than was ever the longest cached.
         let hash = child_hash(m, self.page_tokens(at));
-        {
-            let n = &mut self.nodes_mut()[child as usize];
-            n.parent = m;
-            n.first_page = at;
-            n.num_pages -= upper;
-            n.hash = hash;
-        }
-        self.table_insert(child);
+        self.table_change(|a| {
+            a.table_replace_unversioned(child, m);
+            {
+                let n = &mut a.nodes_mut()[child as usize];
+                n.parent = m;
+                n.first_page = at;
+                n.num_pages -= upper;
+                n.hash = hash;
+            }
+            a.table_insert_unversioned(child);
+        });
         self.lru_insert_newer_than(m, child);
         m
     }

@@ -35,9 +35,11 @@ pub const SPIN_WINDOW: Duration = Duration::from_millis(2);
 /// Longest single sleep on the doorbell.
 pub const SLEEP: Duration = Duration::from_millis(50);
 /// How long a reader may hold reclamation back (a `peek` takes
-/// microseconds; one that takes this long is stopped or stuck) before its
-/// announcement is expired: it then throws its copy away and reads again.
-pub const READER_EXPIRY: Duration = Duration::from_millis(10);
+/// microseconds; one that takes this long is stopped, stuck or descheduled
+/// on a crowded host) before its announcement is expired: it then throws
+/// its copy away and reads again. Meanwhile an `alloc` that needs the pages
+/// it holds back fails, so this stays short.
+pub const READER_EXPIRY: Duration = Duration::from_millis(1);
 
 /// Records (freed nodes and evicted pages) that may wait for readers; with
 /// limbo full, eviction stops and `alloc` fails as with too few evictable

@@ -78,7 +78,7 @@ struct ServeArgs {
     /// Milliseconds a lock-free reader (`peek`) may hold back the reuse of
     /// freed records before its announcement is expired (it then reads
     /// again).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     reader_expiry_ms: u64,
     #[command(flatten)]
     events: radixd::events::cli::ServeEventsArgs,

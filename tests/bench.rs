@@ -35,6 +35,23 @@ fn small_json_runs(args: &[&str]) -> Vec<Value> {
 }
 
 #[test]
+fn readers_peek_while_the_writers_run_and_report_their_success() {
+    let runs = small_json_runs(&["--compare", "--readers", "2"]);
+    assert_eq!(runs.len(), 2, "shm then uds");
+    let readers = &runs[0]["readers"];
+    assert_eq!(readers["readers"], 2, "{readers}");
+    let peeks = readers["peeks"].as_u64().unwrap();
+    assert!(peeks > 0, "{readers}");
+    assert_eq!(readers["latency"]["count"], peeks);
+    let success = readers["success"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&success), "{readers}");
+    assert!(
+        runs[1]["readers"].is_null(),
+        "uds runs have no lock-free readers"
+    );
+}
+
+#[test]
 fn compare_json_reports_every_op_for_both_transports() {
     let runs = small_json_runs(&["--compare", "--clients", "1,2"]);
     assert_eq!(runs.len(), 4, "shm and uds for 1 and 2 clients");

@@ -83,6 +83,11 @@ pub struct BenchArgs {
     /// Run shm with KV events off, then on, and print the ratios.
     #[arg(long, conflicts_with = "compare")]
     pub kv_events_compare: bool,
+    /// Reader processes that `peek` cached prompts of `--prompt-tokens`
+    /// lock-free while the writer clients run (shm runs only); their
+    /// success rate and latency are reported next to the writers'.
+    #[arg(long, default_value_t = 0)]
+    pub readers: u32,
     /// With KV events on, subscribe nobody (a router runs on its own host):
     /// measures the daemon and publisher side alone.
     #[arg(long)]
@@ -115,6 +120,10 @@ pub struct WorkerArgs {
     pub trace: Option<PathBuf>,
     #[arg(long, default_value_t = 512)]
     pub block_size: u32,
+    /// Peek a cached prompt of its own until told to stop, instead of
+    /// running scheduler steps.
+    #[arg(long)]
+    pub reader: bool,
 }
 
 impl BenchArgs {

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::daemon::{serve, ServeConfig};
 use crate::engine::Config;
 use crate::Client;
-use stats::merge;
+use stats::{merge, reader_figures};
 use table::{print_event_ratios, print_ratios, print_table};
 use workload::load_prompts;
 
@@ -91,6 +91,9 @@ pub struct WorkerReport {
     pub hit_tokens: u64,
     pub prompt_tokens: u64,
     pub elapsed_ns: u64,
+    /// Peeks that kept colliding with writes (reader workers).
+    #[serde(default)]
+    pub contended: u64,
 }
 
 /// Latency figures of one operation, in microseconds.
@@ -127,6 +130,24 @@ pub struct RunReport {
     /// The physical limits measured in the same run (`--baseline`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline: Option<Baseline>,
+    /// What the `--readers` processes saw, when there were any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readers: Option<ReaderFigures>,
+}
+
+/// What the `--readers` processes saw while the writers ran.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ReaderFigures {
+    /// Reader processes.
+    pub readers: u32,
+    /// Peeks that answered.
+    pub peeks: u64,
+    /// Peeks that kept colliding with writes (`Contended`).
+    pub contended: u64,
+    /// `peeks / (peeks + contended)`.
+    pub success: f64,
+    /// Latency of the peeks that answered.
+    pub latency: Latency,
 }
 
 /// What the bench's KV event subscriber received.
@@ -266,7 +287,7 @@ pub fn run_once(
                     name: name.clone(),
                     page_size: args.page_size(),
                     capacity: args.capacity(),
-                    max_clients: clients + 1,
+                    max_clients: clients + args.readers + 1,
                     scratch_bytes: 1 << 20,
                     busy_poll: args.busy_poll,
                     events: args.kv_events.then(|| events_config(&name)),
@@ -387,8 +408,13 @@ fn run_workers(
     target: &str,
     exe: &Path,
 ) -> Result<RunReport, BenchError> {
+    let readers = if transport == Transport::Shm {
+        args.readers
+    } else {
+        0
+    };
     let mut children: Vec<Child> = Vec::new();
-    for worker in 0..clients {
+    for worker in 0..clients + readers {
         let mut cmd = Command::new(exe);
         cmd.args([
             "bench-worker",
@@ -419,20 +445,27 @@ fn run_workers(
         if let Some(trace) = &args.trace {
             cmd.arg("--trace").arg(trace);
         }
+        if worker >= clients {
+            cmd.arg("--reader");
+        }
         children.push(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?);
     }
-    let outcome = drive(&mut children);
+    let outcome = drive(&mut children, clients as usize);
     for child in &mut children {
         let _ = child.kill();
         let _ = child.wait();
     }
-    let (reports, seconds) = outcome?;
-    Ok(merge(transport, clients, args.busy_poll, &reports, seconds))
+    let (mut reports, seconds) = outcome?;
+    let peeks = reports.split_off(clients as usize);
+    let mut report = merge(transport, clients, args.busy_poll, &reports, seconds);
+    report.readers = (readers > 0).then(|| reader_figures(readers, &peeks));
+    Ok(report)
 }
 
 /// Waits for every worker to be ready, releases them together, and reads
-/// their reports.
-fn drive(children: &mut [Child]) -> Result<(Vec<WorkerReport>, f64), BenchError> {
+/// their reports: the first `writers` run their steps; the rest, readers,
+/// peek until the writers are done and are then told to stop.
+fn drive(children: &mut [Child], writers: usize) -> Result<(Vec<WorkerReport>, f64), BenchError> {
     let mut readers = Vec::new();
     for child in children.iter_mut() {
         let stdout = child
@@ -458,13 +491,23 @@ fn drive(children: &mut [Child]) -> Result<(Vec<WorkerReport>, f64), BenchError>
         stdin.write_all(b"go\n")?;
         stdin.flush()?;
     }
-    let mut reports = Vec::new();
-    for reader in &mut readers {
+    let read_report = |reader: &mut BufReader<_>| -> Result<WorkerReport, BenchError> {
         let mut line = String::new();
         reader.read_line(&mut line)?;
-        let report: WorkerReport = serde_json::from_str(&line)
-            .map_err(|e| BenchError::Worker(format!("bad report {line:?}: {e}")))?;
-        reports.push(report);
+        serde_json::from_str(&line)
+            .map_err(|e| BenchError::Worker(format!("bad report {line:?}: {e}")))
+    };
+    let mut reports = Vec::new();
+    for reader in readers.iter_mut().take(writers) {
+        reports.push(read_report(reader)?);
     }
-    Ok((reports, start.elapsed().as_secs_f64()))
+    let seconds = start.elapsed().as_secs_f64();
+    for child in children.iter_mut().skip(writers) {
+        // The peeking processes stop when their stdin closes.
+        drop(child.stdin.take());
+    }
+    for reader in readers.iter_mut().skip(writers) {
+        reports.push(read_report(reader)?);
+    }
+    Ok((reports, seconds))
 }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Latency, RunReport, Transport, WorkerReport, OPS};
+use super::{Latency, ReaderFigures, RunReport, Transport, WorkerReport, OPS};
 
 fn percentile(sorted: &[u64], q: f64) -> f64 {
     if sorted.is_empty() {
@@ -10,6 +10,35 @@ fn percentile(sorted: &[u64], q: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
     sorted[i] as f64 / 1e3
+}
+
+/// The figures of `samples` (nanoseconds, any order).
+fn latency(mut all: Vec<u64>) -> Latency {
+    all.sort_unstable();
+    Latency {
+        count: all.len() as u64,
+        p50_us: percentile(&all, 0.5),
+        p90_us: percentile(&all, 0.9),
+        p99_us: percentile(&all, 0.99),
+        p999_us: percentile(&all, 0.999),
+    }
+}
+
+/// What `readers` reader workers saw, from their reports.
+pub(super) fn reader_figures(readers: u32, reports: &[WorkerReport]) -> ReaderFigures {
+    let all: Vec<u64> = reports
+        .iter()
+        .flat_map(|r| r.samples.get("peek").into_iter().flatten().copied())
+        .collect();
+    let peeks = all.len() as u64;
+    let contended = reports.iter().map(|r| r.contended).sum();
+    ReaderFigures {
+        readers,
+        peeks,
+        contended,
+        success: peeks as f64 / (peeks + contended).max(1) as f64,
+        latency: latency(all),
+    }
 }
 
 pub(super) fn merge(
@@ -22,22 +51,12 @@ pub(super) fn merge(
     let mut ops = BTreeMap::new();
     let mut requests = 0;
     for op in OPS {
-        let mut all: Vec<u64> = reports
+        let all: Vec<u64> = reports
             .iter()
             .flat_map(|r| r.samples.get(op).into_iter().flatten().copied())
             .collect();
-        all.sort_unstable();
         requests += all.len() as u64;
-        ops.insert(
-            op.to_owned(),
-            Latency {
-                count: all.len() as u64,
-                p50_us: percentile(&all, 0.5),
-                p90_us: percentile(&all, 0.9),
-                p99_us: percentile(&all, 0.99),
-                p999_us: percentile(&all, 0.999),
-            },
-        );
+        ops.insert(op.to_owned(), latency(all));
     }
     let elapsed = reports.iter().map(|r| r.elapsed_ns as f64);
     let (fast, slow) = elapsed.fold((f64::INFINITY, 0.0f64), |(lo, hi), e| {
@@ -64,5 +83,6 @@ pub(super) fn merge(
         kv_events_on: false,
         kv_events: None,
         baseline: None,
+        readers: None,
     }
 }

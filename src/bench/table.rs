@@ -49,6 +49,20 @@ pub(super) fn print_table(out: &mut impl Write, r: &RunReport) -> io::Result<()>
             writeln!(out)?;
         }
     }
+    if let Some(rd) = &r.readers {
+        writeln!(
+            out,
+            "  peek    {:>8} {:>10.2} {:>10.2} {:>10.2} {:>10.2}  ({} reader(s), {:.3}% answered, {} contended)",
+            rd.latency.count,
+            rd.latency.p50_us,
+            rd.latency.p90_us,
+            rd.latency.p99_us,
+            rd.latency.p999_us,
+            rd.readers,
+            rd.success * 100.0,
+            rd.contended
+        )?;
+    }
     if r.kv_events_on && r.kv_events.is_none() {
         writeln!(out, "  kv events: on, nobody subscribed")?;
     }

@@ -15,6 +15,9 @@ use crate::Client;
 /// The hidden `bench-worker` subcommand: connect, say "ready", wait for
 /// "go", run the steps, print one JSON report.
 pub fn worker(args: &WorkerArgs) -> Result<(), BenchError> {
+    if args.reader {
+        return reader(args);
+    }
     let config = Config {
         page_size: args.page_size,
         capacity: args.capacity,
@@ -123,4 +126,68 @@ fn scheduler_step(
     }
     report.hit_tokens += len;
     report.prompt_tokens += prompt.len() as u64;
+}
+
+/// Most peeks a reader keeps samples of (bounds its memory).
+const MAX_PEEKS: usize = 4_000_000;
+
+/// A `--readers` worker: caches a prompt of its own (locked, so the
+/// writers' evictions leave it), says "ready", waits for "go", then peeks
+/// it lock-free until its stdin closes (the writers are done), and prints
+/// one JSON report: the latency of every peek that answered, exactly, and
+/// how many kept colliding with writes.
+fn reader(args: &WorkerArgs) -> Result<(), BenchError> {
+    let server = |e: crate::ClientError| BenchError::Server(e.to_string());
+    let mut client = Client::connect(&args.target).map_err(server)?;
+    let p = args.page_size.max(1);
+    let whole = args.prompt_tokens / p * p;
+    // Tokens no writer's prompt uses, distinct per reader.
+    let base = 3_000_000_000u32.wrapping_add(args.worker.wrapping_mul(args.prompt_tokens));
+    let prompt: Vec<u32> = (0..whole).map(|t| base.wrapping_add(t)).collect();
+    let pages = client.alloc(u64::from(whole / p)).map_err(server)?;
+    client.insert(&prompt, &pages, true).map_err(server)?;
+
+    let mut stdout = io::stdout().lock();
+    writeln!(stdout, "ready")?;
+    stdout.flush()?;
+    let mut go = String::new();
+    io::stdin().read_line(&mut go)?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    std::thread::spawn(move || {
+        // Whatever arrives, or the end of input: the writers are done.
+        let mut rest = String::new();
+        let _ = io::stdin().read_line(&mut rest);
+        // Relaxed: a lone flag; the loop below only needs to see it soon.
+        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+
+    let mut report = WorkerReport::default();
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    // Relaxed: as above.
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) && samples.len() < MAX_PEEKS {
+        let t = Instant::now();
+        match client.peek(&prompt) {
+            Ok((len, got)) => {
+                samples.push(t.elapsed().as_nanos() as u64);
+                if len != prompt.len() || got != pages {
+                    return Err(BenchError::Worker(format!(
+                        "peek returned {len} tokens of a locked {}-token prompt",
+                        prompt.len()
+                    )));
+                }
+            }
+            Err(crate::ClientError::Contended) => report.contended += 1,
+            Err(e) => return Err(server(e)),
+        }
+    }
+    report.elapsed_ns = start.elapsed().as_nanos() as u64;
+    report.samples.insert("peek".to_owned(), samples);
+    writeln!(
+        stdout,
+        "{}",
+        serde_json::to_string(&report).map_err(|e| BenchError::Worker(e.to_string()))?
+    )?;
+    Ok(())
 }

@@ -264,6 +264,10 @@ pub struct ShmGrace {
     expire_after: Duration,
     /// The reader in the way, and since when.
     stalled: Option<(Blocked, Instant)>,
+    /// The true epoch. The shared clock lies where clients can write, so
+    /// it is republished from here before every advance: a stray write to
+    /// it cannot hold reclamation back or make a record reusable early.
+    epoch: u64,
 }
 
 impl ShmGrace {
@@ -291,6 +295,7 @@ impl ShmGrace {
             count: readers.len(),
             expire_after,
             stalled: None,
+            epoch: 1,
         })
     }
 
@@ -315,12 +320,15 @@ unsafe impl Send for ShmGrace {}
 
 impl Grace for ShmGrace {
     fn epoch(&self) -> u64 {
-        self.collector().epoch()
+        self.epoch
     }
 
     fn try_advance(&mut self) -> bool {
-        let blocked = match self.collector().try_advance() {
-            Ok(_) => {
+        let c = self.collector();
+        c.clock().publish(self.epoch);
+        let blocked = match c.try_advance() {
+            Ok(e) => {
+                self.epoch = e;
                 self.stalled = None;
                 return true;
             }
@@ -335,7 +343,13 @@ impl Grace for ShmGrace {
                 self.stalled = None;
                 let c = self.collector();
                 c.expire(blocked);
-                c.try_advance().is_ok()
+                match c.try_advance() {
+                    Ok(e) => {
+                        self.epoch = e;
+                        true
+                    }
+                    Err(_) => false,
+                }
             }
             _ => {
                 self.stalled = Some((blocked, now));
@@ -345,7 +359,7 @@ impl Grace for ShmGrace {
     }
 
     fn reusable(&self, tag: u64) -> bool {
-        self.collector().reusable(tag)
+        self.epoch >= tag.saturating_add(2)
     }
 }
 

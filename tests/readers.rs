@@ -13,7 +13,7 @@ use radixd::shared::{read_info, Info, SharedLayout};
 use radixd::Client;
 use radixd_ipc::epoch::{EXPIRED, IDLE};
 use radixd_ipc::sync::{AtomicU64, Ordering};
-use radixd_ipc::{Offset, ReaderSlot, Segment, INFO_OFFSET};
+use radixd_ipc::{EpochClock, Offset, ReaderSlot, Segment, INFO_OFFSET};
 use serde_json::json;
 
 /// The test process's own read-write view of the daemon's reader table.
@@ -28,6 +28,15 @@ impl Table {
         let info: &Info = segment.get(Offset::new(INFO_OFFSET)).unwrap();
         let layout = SharedLayout::new(read_info(info).unwrap()).unwrap();
         Self { segment, layout }
+    }
+
+    /// The raw word of the epoch clock.
+    fn clock(&self) -> &AtomicU64 {
+        let (clock, _) = self.layout.readers(&self.segment).unwrap();
+        // SAFETY: `EpochClock` is `#[repr(C, align(64))]` around one
+        // `AtomicU64` at offset 0, so its address is that atomic's; this
+        // test writes it as a stray write from a client would.
+        unsafe { &*(clock as *const EpochClock).cast::<AtomicU64>() }
     }
 
     /// The raw word of reader slot `i`.
@@ -142,4 +151,28 @@ fn peek_stays_exact_beside_a_stalled_reader() {
     let table = Table::open(&daemon.name);
     table.word((c.slot() + 1) % 16).store(1, Ordering::SeqCst);
     assert_eq!(c.peek(&tokens).unwrap(), (64, pages));
+}
+
+#[test]
+fn a_stray_write_to_the_epoch_clock_holds_nothing_back() {
+    let daemon = Daemon::start(&["--page-size", "1", "--capacity", "8"]);
+    let mut c = Client::connect(&daemon.name).unwrap();
+    let table = Table::open(&daemon.name);
+    let tokens: Vec<u32> = (1..=8).collect();
+    for garbage in [u64::MAX - 1, 0, 12345] {
+        let pages = c.alloc(8).unwrap();
+        c.insert(&tokens, &pages, false).unwrap();
+        table.clock().store(garbage, Ordering::SeqCst);
+        // With no reader announced, evicted pages are reusable at once,
+        // whatever the shared clock says.
+        let again = c
+            .batch(&[Request::Evict { tokens: 8 }, Request::Alloc { n: 8 }])
+            .unwrap();
+        let Ok(Reply::Pages(p)) = &again[1] else {
+            panic!("after a clock of {garbage}: {again:?}");
+        };
+        c.free(p).unwrap();
+        assert_eq!(c.peek(&tokens).unwrap().0, 0);
+    }
+    c.validate().unwrap();
 }

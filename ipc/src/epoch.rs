@@ -85,9 +85,15 @@ impl EpochClock {
 
     /// Sets the clock to epoch 1 (the writer, before any reader exists).
     pub fn reset(&self) {
-        // Release: published with the segment's readiness, which every
-        // reader acquires before it first pins.
-        self.global.store(1, Ordering::Release);
+        self.publish(1);
+    }
+
+    /// Stores `epoch` (the writer, which keeps the true value in its own
+    /// memory, so a stray write to this shared word lasts only until the
+    /// next publication).
+    pub fn publish(&self, epoch: u64) {
+        // Release: as the store in `Collector::try_advance`.
+        self.global.store(epoch, Ordering::Release);
     }
 }
 
@@ -176,6 +182,11 @@ impl<'a> Collector<'a> {
     /// The collector over `clock` and the readers' slots.
     pub fn new(clock: &'a EpochClock, readers: &'a [ReaderSlot]) -> Self {
         Self { clock, readers }
+    }
+
+    /// The clock this collector advances.
+    pub fn clock(&self) -> &'a EpochClock {
+        self.clock
     }
 
     /// The current global epoch: the tag of a record unlinked now.

@@ -39,10 +39,7 @@ pub fn worker(args: &WorkerArgs) -> Result<(), BenchError> {
         None => None,
     };
     let mut stdout = io::stdout().lock();
-    writeln!(stdout, "ready")?;
-    stdout.flush()?;
-    let mut go = String::new();
-    io::stdin().read_line(&mut go)?;
+    ready_then_go(&mut stdout)?;
 
     let mut report = WorkerReport::default();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (u64::from(args.worker) + 1) << 17);
@@ -55,12 +52,7 @@ pub fn worker(args: &WorkerArgs) -> Result<(), BenchError> {
         scheduler_step(backend.as_mut(), &prompt, args.page_size, step, &mut report);
     }
     report.elapsed_ns = start.elapsed().as_nanos() as u64;
-    writeln!(
-        stdout,
-        "{}",
-        serde_json::to_string(&report).map_err(|e| BenchError::Worker(e.to_string()))?
-    )?;
-    Ok(())
+    send(&mut stdout, &report)
 }
 
 /// One step of a scheduler: match+lock, alloc the rest, insert, unlock.
@@ -148,10 +140,7 @@ fn reader(args: &WorkerArgs) -> Result<(), BenchError> {
     client.insert(&prompt, &pages, true).map_err(server)?;
 
     let mut stdout = io::stdout().lock();
-    writeln!(stdout, "ready")?;
-    stdout.flush()?;
-    let mut go = String::new();
-    io::stdin().read_line(&mut go)?;
+    ready_then_go(&mut stdout)?;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = stop.clone();
     std::thread::spawn(move || {
@@ -184,10 +173,21 @@ fn reader(args: &WorkerArgs) -> Result<(), BenchError> {
     }
     report.elapsed_ns = start.elapsed().as_nanos() as u64;
     report.samples.insert("peek".to_owned(), samples);
-    writeln!(
-        stdout,
-        "{}",
-        serde_json::to_string(&report).map_err(|e| BenchError::Worker(e.to_string()))?
-    )?;
+    send(&mut stdout, &report)
+}
+
+/// Tells the parent this worker is ready, and waits for its "go".
+fn ready_then_go(stdout: &mut impl Write) -> Result<(), BenchError> {
+    writeln!(stdout, "ready")?;
+    stdout.flush()?;
+    let mut go = String::new();
+    io::stdin().read_line(&mut go)?;
+    Ok(())
+}
+
+/// Sends the parent this worker's report, one JSON line.
+fn send(stdout: &mut impl Write, report: &WorkerReport) -> Result<(), BenchError> {
+    let line = serde_json::to_string(report).map_err(|e| BenchError::Worker(e.to_string()))?;
+    writeln!(stdout, "{line}")?;
     Ok(())
 }

@@ -22,7 +22,6 @@ pub mod ring;
 pub mod scratch;
 #[cfg(not(loom))]
 pub mod segment;
-pub mod seqlock;
 pub mod shm;
 pub mod slots;
 pub mod sync;
@@ -40,7 +39,6 @@ pub use ring::{Consumer, HeapRing, Producer, RingError, RingHeader};
 pub use scratch::{Scratch, ScratchError};
 #[cfg(not(loom))]
 pub use segment::{ClientBlock, CreateError, HeaderInfo, OpenError, RegionError, Segment};
-pub use seqlock::SeqLock;
 pub use shm::{Offset, Plain, ShmSafe};
 pub use slots::{
     Claim, ClaimError, ClientSlot, LivenessError, SlotError, SlotLocks, SlotStatus, SlotTable,

@@ -1,7 +1,7 @@
 //! A version word per record: a sequence lock the size of one `u32`, for
 //! one writer and readers in other processes that validate records one at a
 //! time (the fence variant of Boehm, "Can Seqlocks Get Along with
-//! Programming Language Memory Models?", MSPC'12, as in [`crate::seqlock`]).
+//! Programming Language Memory Models?", MSPC'12).
 //!
 //! The writer makes the word odd before it changes the record and even (one
 //! higher) after; the word never goes back, so a reader that validated a
@@ -12,8 +12,7 @@
 //! copied is still current, for instance after it has copied a child it
 //! found through that record.
 //!
-//! Unlike [`crate::SeqLock`] nothing here retries: the caller knows which
-//! record to retry from.
+//! Nothing here retries: the caller knows which record to retry from.
 
 use crate::sync::{fence, AtomicU32, Ordering};
 

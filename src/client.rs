@@ -12,7 +12,6 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use radixd_ipc::copy;
 use radixd_ipc::sync::{spin_loop, yield_now, Ordering};
 use radixd_ipc::{
     ClaimError, Consumer, Doorbell, LoadSensor, Offset, OpenError, Producer, RegionError,
@@ -22,7 +21,7 @@ use radixd_ipc::{
 use crate::engine::{Handle, Stats, TreeReader};
 use crate::op::{ErrorKind, Rejection, Reply, Request};
 use crate::shared::{read_info, Info, LiveStats, SharedLayout, PROTOCOL_VERSION, RING_CAPACITY};
-use crate::wire::{self, BadReply, WireReply, WireRequest};
+use crate::wire::{self, BadReply, Call, WireReply, WireRequest};
 
 /// How long a client spins for an answer before it sleeps (when the host
 /// has a core to spare; otherwise it yields a few times and sleeps at once,
@@ -196,6 +195,10 @@ pub struct Client {
     /// [`SAMPLE_EVERY`] at most.
     load: LoadSensor,
     next_sample: Instant,
+    /// Reused from call to call: answers of one round trip, and the bytes
+    /// of one answer's window.
+    answers: Vec<Result<Reply, Rejection>>,
+    buf: Vec<u8>,
 }
 
 /// A request on its way whose answer no caller will read.
@@ -317,6 +320,8 @@ impl Client {
             timeout: Duration::from_secs(30),
             load: LoadSensor::new(),
             next_sample: Instant::now(),
+            answers: Vec::new(),
+            buf: Vec::new(),
         };
         // From here on `Drop` releases the claim on every error path.
         let port = port_of(&client.segment, &client.layout, client.slot)?;
@@ -351,7 +356,7 @@ impl Client {
 
     /// Checks every invariant of the daemon's engine.
     pub fn validate(&mut self) -> Result<(), ClientError> {
-        self.done(Request::Validate)
+        self.done(Call::Validate)
     }
 
     /// Tokens per page of the daemon's engine.
@@ -466,17 +471,44 @@ fn read_answer(
             got: reply.seq,
         });
     }
-    port.scratch
-        .read_bytes(u64::from(sent.window), u64::from(reply.payload_len), buf)
-        .map_err(ProtocolError::Scratch)?;
+    buf.clear();
+    if wire::inline_payload(reply)
+        .map_err(ProtocolError::BadReply)?
+        .is_none()
+    {
+        port.scratch
+            .read_bytes(u64::from(sent.window), u64::from(reply.payload_len), buf)
+            .map_err(ProtocolError::Scratch)?;
+    }
     wire::decode_reply(reply, buf).map_err(ProtocolError::BadReply)
 }
 
 impl Client {
     /// Sends one request and waits for its answer.
     pub fn call(&mut self, request: &Request) -> Result<Reply, ClientError> {
-        let mut answers = self.batch(std::slice::from_ref(request))?;
-        match answers.pop() {
+        self.send(Call::of(request))
+    }
+
+    /// Sends one request straight from the caller's slices and waits for
+    /// its answer; allocates nothing but what the answer hands over (its
+    /// page list).
+    fn send(&mut self, call: Call<'_>) -> Result<Reply, ClientError> {
+        self.resync()?;
+        let e = call.encode(self.page_size(), self.capacity());
+        let half = self.layout.config.scratch_bytes as usize / 2;
+        if e.payload_len() > half || e.reply_need > half {
+            return Err(ClientError::TooLarge {
+                bytes: e.payload_len().max(e.reply_need),
+                room: half,
+            });
+        }
+        let mut answers = std::mem::take(&mut self.answers);
+        answers.clear();
+        let done = self.round_trip(std::slice::from_ref(&e), half, &mut answers);
+        let answer = answers.pop();
+        self.answers = answers;
+        done?;
+        match answer {
             Some(answer) => answer.map_err(ClientError::Rejected),
             None => Err(ProtocolError::NoAnswer.into()),
         }
@@ -610,23 +642,27 @@ impl Client {
         // for `resync` to drain before anything else is posted.
         posted?;
         let deadline = now + self.timeout;
-        let mut buf = Vec::new();
-        for _ in 0..sent {
-            let reply = wait(&self.segment, &self.load, &port, deadline)
-                .map_err(|e| break_on(&mut self.broken, e))?;
-            let Some(&front) = self.outstanding.front() else {
-                break;
-            };
-            match read_answer(&port, &reply, front, &mut buf) {
-                Ok(answer) => answers.push(answer),
-                Err(e) => {
-                    self.broken = Some(e);
-                    return Err(ClientError::Broken(e));
+        let mut buf = std::mem::take(&mut self.buf);
+        let received = (|| {
+            for _ in 0..sent {
+                let reply = wait(&self.segment, &self.load, &port, deadline)
+                    .map_err(|e| break_on(&mut self.broken, e))?;
+                let Some(&front) = self.outstanding.front() else {
+                    break;
+                };
+                match read_answer(&port, &reply, front, &mut buf) {
+                    Ok(answer) => answers.push(answer),
+                    Err(e) => {
+                        self.broken = Some(e);
+                        return Err(ClientError::Broken(e));
+                    }
                 }
+                self.outstanding.pop_front();
             }
-            self.outstanding.pop_front();
-        }
-        Ok(())
+            Ok(())
+        })();
+        self.buf = buf;
+        received
     }
 
     /// The longest cached prefix of `tokens` and its pages, read straight
@@ -669,7 +705,7 @@ impl Client {
 
     /// Takes `n` pages from the pool, evicting as needed.
     pub fn alloc(&mut self, n: u64) -> Result<Vec<u32>, ClientError> {
-        match self.call(&Request::Alloc { n })? {
+        match self.send(Call::Alloc(n))? {
             Reply::Pages(pages) => Ok(pages),
             other => Err(unexpected(other)),
         }
@@ -677,9 +713,7 @@ impl Client {
 
     /// Returns owned pages to the pool.
     pub fn free(&mut self, pages: &[u32]) -> Result<(), ClientError> {
-        self.done(Request::Free {
-            pages: copy::to_vec(pages),
-        })
+        self.done(Call::Free(pages))
     }
 
     /// Caches `tokens` with `pages`.
@@ -689,12 +723,7 @@ impl Client {
         pages: &[u32],
         lock: bool,
     ) -> Result<InsertResult, ClientError> {
-        let request = Request::Insert {
-            tokens: copy::to_vec(tokens),
-            pages: copy::to_vec(pages),
-            lock,
-        };
-        match self.call(&request)? {
+        match self.send(Call::Insert(tokens, pages, lock))? {
             Reply::Inserted {
                 cached,
                 len,
@@ -711,10 +740,7 @@ impl Client {
 
     /// The longest cached prefix of `tokens`, optionally locked.
     pub fn match_prefix(&mut self, tokens: &[u32], lock: bool) -> Result<MatchResult, ClientError> {
-        match self.call(&Request::Match {
-            tokens: copy::to_vec(tokens),
-            lock,
-        })? {
+        match self.send(Call::Match(tokens, lock))? {
             Reply::Matched {
                 len, pages, handle, ..
             } => Ok(MatchResult {
@@ -728,21 +754,17 @@ impl Client {
 
     /// Locks a node (and its ancestors).
     pub fn lock(&mut self, handle: Handle) -> Result<(), ClientError> {
-        self.done(Request::Lock {
-            handle: handle.to_raw(),
-        })
+        self.done(Call::Lock(handle.to_raw()))
     }
 
     /// Drops one of this client's locks.
     pub fn unlock(&mut self, handle: Handle) -> Result<(), ClientError> {
-        self.done(Request::Unlock {
-            handle: handle.to_raw(),
-        })
+        self.done(Call::Unlock(handle.to_raw()))
     }
 
     /// Evicts `ceil(tokens / page_size)` pages; returns the tokens evicted.
     pub fn evict(&mut self, tokens: u64) -> Result<u64, ClientError> {
-        match self.call(&Request::Evict { tokens })? {
+        match self.send(Call::Evict(tokens))? {
             Reply::Evicted(n) => Ok(n),
             other => Err(unexpected(other)),
         }
@@ -755,12 +777,7 @@ impl Client {
         tokens: &[u32],
         pages: &[u32],
     ) -> Result<InsertResult, ClientError> {
-        let request = Request::SessionCommit {
-            session: session.to_owned(),
-            tokens: copy::to_vec(tokens),
-            pages: copy::to_vec(pages),
-        };
-        match self.call(&request)? {
+        match self.send(Call::SessionCommit(session, tokens, pages))? {
             Reply::Inserted { cached, len, .. } => Ok(InsertResult {
                 cached: cached as usize,
                 len: len as usize,
@@ -772,16 +789,12 @@ impl Client {
 
     /// Drops a session's lock and forgets it.
     pub fn session_release(&mut self, session: &str) -> Result<(), ClientError> {
-        self.done(Request::SessionRelease {
-            session: session.to_owned(),
-        })
+        self.done(Call::SessionRelease(session))
     }
 
     /// Tokens resident for a session.
     pub fn session_status(&mut self, session: &str) -> Result<u64, ClientError> {
-        match self.call(&Request::SessionStatus {
-            session: session.to_owned(),
-        })? {
+        match self.send(Call::SessionStatus(session))? {
             Reply::Session {
                 resident_tokens, ..
             } => Ok(resident_tokens),
@@ -791,14 +804,14 @@ impl Client {
 
     /// The engine's figures and the number of live sessions.
     pub fn stats(&mut self) -> Result<(Stats, u64), ClientError> {
-        match self.call(&Request::Stats)? {
+        match self.send(Call::Stats)? {
             Reply::Stats { stats, sessions } => Ok((stats, sessions)),
             other => Err(unexpected(other)),
         }
     }
 
-    fn done(&mut self, request: Request) -> Result<(), ClientError> {
-        match self.call(&request)? {
+    fn done(&mut self, call: Call<'_>) -> Result<(), ClientError> {
+        match self.send(call)? {
             Reply::Done => Ok(()),
             other => Err(unexpected(other)),
         }
@@ -818,10 +831,8 @@ fn wait(
     let start = Instant::now();
     let mut tries = 0u32;
     loop {
-        match port.replies.pop() {
-            Ok(Some(reply)) => return Ok(reply),
-            Ok(None) => {}
-            Err(e) => return Err(ProtocolError::Ring(e).into()),
+        if let Some(reply) = port.replies.pop() {
+            return Ok(reply);
         }
         tries += 1;
         if oversubscribed {

@@ -23,7 +23,7 @@ use radixd_ipc::{
 use crate::engine::{ClientId, ConfigError, Engine, CORRUPT};
 use crate::op::{self, ErrorKind, Rejection, Request};
 use crate::shared::{
-    bucket_of, write_info, Info, LayoutProblem, LiveStats, SegmentConfig, SharedLayout, ShmGrace,
+    bucket_of, write_info, HISTOGRAM_BUCKETS, Info, LayoutProblem, LiveStats, SegmentConfig, SharedLayout, ShmGrace,
     ShmRegion,
 };
 use crate::wire::{self, ScratchWindow, WireReply, WireRequest};
@@ -47,6 +47,9 @@ pub const READER_EXPIRY: Duration = Duration::from_millis(1);
 fn limbo_capacity(pages: u32) -> usize {
     (pages as usize / 4).max(1024)
 }
+
+/// Longest a busy daemon keeps its figures to itself.
+const PUBLISH: Duration = Duration::from_millis(1);
 
 /// Requests answered per slot per round.
 const BATCH: usize = 16;
@@ -243,7 +246,15 @@ pub fn serve_reporting(
 
     let mut last_sweep = Instant::now();
     let mut last_work = Instant::now();
+    let mut last_publish = Instant::now();
+    let mut unpublished = false;
     let mut load = LoadSensor::new();
+    let mut service = Service {
+        tally: Tally::new(),
+        spare: op::Spare::default(),
+        out: Vec::new(),
+        allow_reset: config.allow_reset,
+    };
     // Relaxed: a plain flag set by the signal handler; nothing to order.
     while stop.load(Ordering::Relaxed) == 0 {
         let mut work = 0;
@@ -256,7 +267,7 @@ pub fn serve_reporting(
             if !peer.serving || peer.broken {
                 continue;
             }
-            work += drain(&mut engine, peer, index, live, config.allow_reset, |i| {
+            work += drain(&mut engine, &mut service, peer, index, |i| {
                 slots.word(i).ok()
             });
         }
@@ -273,8 +284,15 @@ pub fn serve_reporting(
         let now = Instant::now();
         if work > 0 {
             last_work = now;
-            let (stats, sessions) = (engine.stats(), engine.sessions() as u64);
-            live.set_engine(&stats, sessions);
+            unpublished = true;
+        }
+        // Figures go out when the daemon catches up, and at least every
+        // `PUBLISH` while it is busy: never per request.
+        if unpublished && (work == 0 || now.duration_since(last_publish) >= PUBLISH) {
+            last_publish = now;
+            unpublished = false;
+            service.tally.publish(live);
+            live.set_engine(&engine.stats(), engine.sessions() as u64);
         }
         if now.duration_since(last_sweep) >= SWEEP {
             last_sweep = now;
@@ -444,36 +462,71 @@ fn forget<R: crate::engine::Region>(
     guarded(|| engine.release_client(client_id(index)))
 }
 
+/// What the daemon counts while it serves, in its own memory: nothing on
+/// the request path writes a line another process reads. Published to
+/// [`LiveStats`] between rounds ([`Tally::publish`]).
+struct Tally {
+    requests: u64,
+    rejected: u64,
+    service_ns: [u64; HISTOGRAM_BUCKETS],
+}
+
+impl Tally {
+    fn new() -> Self {
+        Self {
+            requests: 0,
+            rejected: 0,
+            service_ns: [0; HISTOGRAM_BUCKETS],
+        }
+    }
+
+    /// Stores the totals into the live figures (the daemon is their only
+    /// writer, so plain stores suffice).
+    fn publish(&self, live: &LiveStats) {
+        // Relaxed, all: statistics, read as a best-effort snapshot.
+        live.requests.store(self.requests, Ordering::Relaxed);
+        live.rejected.store(self.rejected, Ordering::Relaxed);
+        for (slot, &n) in live.service_ns.iter().zip(&self.service_ns) {
+            slot.store(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What `drain` keeps from one request to the next: the counters and the
+/// buffers it reuses, so a warm daemon answers without allocating.
+struct Service {
+    tally: Tally,
+    spare: op::Spare,
+    /// Bytes of the answer being written to a reply window.
+    out: Vec<u8>,
+    allow_reset: bool,
+}
+
 /// Answers up to [`BATCH`] requests of one active slot; returns how many.
 fn drain<R: crate::engine::Region>(
     engine: &mut Engine<R>,
+    service: &mut Service,
     peer: &mut Peer<'_>,
     index: u32,
-    live: &LiveStats,
-    allow_reset: bool,
     word: impl Fn(u32) -> Option<(u32, u32)>,
 ) -> usize {
     if let Some(reply) = peer.pending.take() {
         if let Err(reply) = peer.replies.push(reply) {
+            // A client that does not read its answers, or that wrote an
+            // impossible cursor: the latter is ignored until claimed anew.
+            peer.broken = peer.replies.is_corrupt();
             peer.pending = Some(reply);
             return 0;
         }
         peer.doorbell.ring();
     }
     let (mut answered, mut popped) = (0, 0);
+    let mut start = Instant::now();
     // Dropped records count too, so a ring refilled with them still yields.
     while answered < BATCH && popped < 2 * BATCH {
         popped += 1;
-        let record = match peer.requests.pop() {
-            Ok(Some(r)) => r,
-            Ok(None) => break,
-            Err(_) => {
-                // Garbage counters: nothing in this ring can be trusted or
-                // answered. The client is broken; its slot's next claim
-                // starts clean.
-                peer.broken = true;
-                break;
-            }
+        let Some(record) = peer.requests.pop() else {
+            break;
         };
         // SYNC POINT: re-read the slot word after the pop (Acquire in
         // `SlotTable::word`, pairing with the client's Release in
@@ -488,23 +541,26 @@ fn drain<R: crate::engine::Region>(
             Some(w) if peer.tenancy.serves(w) => continue,
             _ => break,
         }
-        let start = Instant::now();
         let reply = answer(
             engine,
+            service,
             client_id(index),
             &peer.scratch,
             &record,
-            allow_reset,
             &mut peer.corrupt,
         );
-        let ns = start.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
-        LiveStats::bump(&live.service_ns[bucket_of(ns)], 1);
-        LiveStats::bump(&live.requests, 1);
-        if reply.status != 0 {
-            LiveStats::bump(&live.rejected, 1);
-        }
+        // Each request's time runs from the end of the previous one: one
+        // clock read per request.
+        let end = Instant::now();
+        let ns = end.duration_since(start).as_nanos();
+        start = end;
+        let tally = &mut service.tally;
+        tally.service_ns[bucket_of(ns.try_into().unwrap_or(u64::MAX))] += 1;
+        tally.requests += 1;
+        tally.rejected += u64::from(reply.status != 0);
         answered += 1;
         if let Err(reply) = peer.replies.push(reply) {
+            peer.broken = peer.replies.is_corrupt();
             peer.pending = Some(reply);
             break;
         }
@@ -516,15 +572,22 @@ fn drain<R: crate::engine::Region>(
 }
 
 /// Answers one request record: copy its payload once out of the scratch,
-/// check everything, apply it, and write the answer into the reply window.
+/// check everything, apply it, and write the answer into the reply window
+/// (or the record, when it is small).
 fn answer<R: crate::engine::Region>(
     engine: &mut Engine<R>,
+    service: &mut Service,
     client: ClientId,
     scratch: &Scratch<'_>,
     record: &WireRequest,
-    allow_reset: bool,
     corrupt: &mut Option<String>,
 ) -> WireReply {
+    let Service {
+        spare,
+        out,
+        allow_reset,
+        ..
+    } = service;
     let window_ok = record
         .reply_off
         .checked_add(record.reply_len)
@@ -537,7 +600,7 @@ fn answer<R: crate::engine::Region>(
     } else {
         ScratchWindow::new(scratch, record.payload_off, record.payload_len)
             .map_err(|e| Rejection::new(ErrorKind::Malformed, format!("payload window: {e}")))
-            .and_then(|window| wire::decode_request(record, &window))
+            .and_then(|window| wire::decode_request(record, &window, spare))
             .and_then(|request| {
                 let need = wire::reply_need(&request, engine.page_size(), engine.capacity());
                 if need > record.reply_len as usize {
@@ -549,7 +612,7 @@ fn answer<R: crate::engine::Region>(
                         ),
                     ));
                 }
-                if matches!(request, Request::Reset) && !allow_reset {
+                if matches!(request, Request::Reset) && !*allow_reset {
                     // One client must not wipe every other scheduler's
                     // pages and locks unless the operator said so.
                     return Err(Rejection::new(
@@ -557,13 +620,15 @@ fn answer<R: crate::engine::Region>(
                         "reset of the shared cache is off (start the daemon with --allow-reset)",
                     ));
                 }
-                guarded(|| op::apply(engine, client, request)).unwrap_or_else(|damage| {
-                    *corrupt = Some(damage);
-                    Err(Rejection::new(
-                        ErrorKind::Protocol,
-                        "the daemon found its engine corrupted and is stopping",
-                    ))
-                })
+                guarded(|| op::apply_with(engine, client, request, spare)).unwrap_or_else(
+                    |damage| {
+                        *corrupt = Some(damage);
+                        Err(Rejection::new(
+                            ErrorKind::Protocol,
+                            "the daemon found its engine corrupted and is stopping",
+                        ))
+                    },
+                )
             })
     };
     let room = if window_ok {
@@ -571,14 +636,11 @@ fn answer<R: crate::engine::Region>(
     } else {
         0
     };
-    let (mut reply, mut bytes) = wire::encode_reply(record.seq, &result, room);
-    if scratch
-        .write_bytes(u64::from(record.reply_off), &bytes)
-        .is_err()
-    {
-        bytes.clear();
+    let mut reply = wire::encode_reply(record.seq, &result, room, out);
+    spare.keep_reply(result);
+    if !out.is_empty() && scratch.write_bytes(u64::from(record.reply_off), out).is_err() {
+        reply.payload_len = 0;
     }
-    reply.payload_len = bytes.len() as u32;
     reply
 }
 

@@ -269,19 +269,72 @@ impl From<SessionError> for Rejection {
     }
 }
 
+/// Buffers a server hands from one request to the next: the token and
+/// page lists of decoded requests and of answers come from here and go
+/// back after each answer, so a warm server serves without allocating.
+#[derive(Debug, Default)]
+pub struct Spare {
+    lists: Vec<Vec<u32>>,
+}
+
+impl Spare {
+    /// Lists kept at most (a request holds two, its answer one).
+    const KEEP: usize = 8;
+    /// Longest list kept, in words: a rare huge request does not pin its
+    /// memory for the daemon's lifetime.
+    const KEEP_WORDS: usize = 1 << 16;
+
+    /// An empty list, with room if one was given back.
+    pub fn list(&mut self) -> Vec<u32> {
+        self.lists.pop().unwrap_or_default()
+    }
+
+    /// Gives `list` back for a later [`Spare::list`].
+    pub fn keep(&mut self, mut list: Vec<u32>) {
+        if self.lists.len() < Self::KEEP && (1..=Self::KEEP_WORDS).contains(&list.capacity()) {
+            list.clear();
+            self.lists.push(list);
+        }
+    }
+
+    /// Gives back the lists of an answer once it has been sent.
+    pub fn keep_reply(&mut self, reply: Result<Reply, Rejection>) {
+        if let Ok(Reply::Pages(pages) | Reply::Matched { pages, .. }) = reply {
+            self.keep(pages);
+        }
+    }
+}
+
 /// Carries out `request` for `client` on `engine`.
 pub fn apply<R: Region>(
     engine: &mut Engine<R>,
     client: ClientId,
     request: Request,
 ) -> Result<Reply, Rejection> {
+    apply_with(engine, client, request, &mut Spare::default())
+}
+
+/// [`apply`], taking the answer's lists from `spare` and giving the
+/// request's back to it.
+pub fn apply_with<R: Region>(
+    engine: &mut Engine<R>,
+    client: ClientId,
+    request: Request,
+    spare: &mut Spare,
+) -> Result<Reply, Rejection> {
     if let Some(session) = request.session() {
         check_session_id(session.as_bytes())?;
     }
     Ok(match request {
-        Request::Alloc { n } => Reply::Pages(engine.alloc(client, n)?),
+        Request::Alloc { n } => {
+            let mut pages = spare.list();
+            engine.alloc_into(client, n, &mut pages)?;
+            Reply::Pages(pages)
+        }
         Request::Free { pages } => {
-            engine.free(client, &pages)?;
+            let freed = engine.free(client, &pages);
+            spare.keep(pages);
+            freed?;
             Reply::Done
         }
         Request::Insert {
@@ -289,7 +342,10 @@ pub fn apply<R: Region>(
             pages,
             lock,
         } => {
-            let r = engine.insert(client, &tokens, &pages, lock)?;
+            let r = engine.insert(client, &tokens, &pages, lock);
+            spare.keep(tokens);
+            spare.keep(pages);
+            let r = r?;
             Reply::Inserted {
                 cached: r.cached as u64,
                 len: r.len as u64,
@@ -298,8 +354,9 @@ pub fn apply<R: Region>(
             }
         }
         Request::Match { tokens, lock } => {
-            let mut pages = Vec::new();
+            let mut pages = spare.list();
             let r = engine.match_prefix(client, &tokens, lock, &mut pages);
+            spare.keep(tokens);
             Reply::Matched {
                 len: r.len as u64,
                 pages,

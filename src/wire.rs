@@ -1,6 +1,9 @@
 //! How requests and answers travel between a client and the daemon: one
-//! fixed 64-byte record per message in the rings, variable-size data (tokens,
-//! pages, session ids, error messages) in the client's scratch areas.
+//! fixed 56-byte record per message (with the ring's stamp, one cache line),
+//! variable-size data (tokens, pages, session ids, error messages) in the
+//! client's scratch areas, except answers of at most [`INLINE_BYTES`]
+//! (an `alloc` of one or two pages, as a decode step asks), which travel in
+//! the record itself.
 //!
 //! A request names the window of the request scratch that holds its payload
 //! (`tokens ++ pages ++ session id`) and the window of the reply scratch the
@@ -17,7 +20,9 @@ use std::mem::size_of;
 use radixd_ipc::{copy, Scratch, ScratchError};
 
 use crate::engine::Stats;
-use crate::op::{check_session_id, check_session_len, ErrorKind, Rejection, Reply, Request};
+use crate::op::{
+    check_session_id, check_session_len, ErrorKind, Rejection, Reply, Request, Spare,
+};
 
 /// A request's payload window in a client's scratch area, checked to lie
 /// inside it; [`decode_request`] copies each piece out once.
@@ -54,13 +59,11 @@ impl Payload for ScratchWindow<'_> {
         self.len
     }
 
-    fn words(&self, at: usize, n: usize) -> Result<Vec<u32>, Rejection> {
+    fn words(&self, at: usize, n: usize, out: &mut Vec<u32>) -> Result<(), Rejection> {
         let from = self.piece(at, n.checked_mul(4))?;
-        let mut out = Vec::new();
         self.scratch
-            .read_u32s(from, n as u64, &mut out)
-            .map_err(|e| malformed(format!("payload window: {e}")))?;
-        Ok(out)
+            .read_u32s(from, n as u64, out)
+            .map_err(|e| malformed(format!("payload window: {e}")))
     }
 
     fn bytes(&self, at: usize, n: usize) -> Result<Vec<u8>, Rejection> {
@@ -105,6 +108,12 @@ mod kind {
 const FLAG_LOCK: u32 = 1;
 /// `flags` bit of a reply: `c` holds a handle.
 const FLAG_HANDLE: u32 = 2;
+/// `flags` bit of a reply: the payload is the first `payload_len` bytes of
+/// `inline`, not in the reply window.
+const FLAG_INLINE: u32 = 4;
+
+/// Largest answer payload carried in the reply record itself.
+pub const INLINE_BYTES: usize = 8;
 
 /// Room a client leaves for an error message.
 pub const MIN_REPLY_WINDOW: usize = 512;
@@ -135,7 +144,8 @@ pub struct WireRequest {
     /// Window of the reply scratch the answer may use, in bytes.
     pub reply_off: u32,
     pub reply_len: u32,
-    pub _reserved: [u32; 4],
+    /// Operation-specific extra words (none use them yet; must be zero).
+    pub aux: [u32; 2],
 }
 
 /// One reply record in a ring.
@@ -150,16 +160,19 @@ pub struct WireReply {
     pub a: u64,
     pub b: u64,
     pub c: u64,
-    /// Bytes written at the start of the request's reply window.
+    /// Bytes of payload: at the start of the request's reply window, or
+    /// in `inline` under [`FLAG_INLINE`].
     pub payload_len: u32,
     pub flags: u32,
-    pub _reserved: [u64; 2],
+    /// A payload of at most [`INLINE_BYTES`], host byte order.
+    pub inline: [u8; INLINE_BYTES],
 }
 
-const _: () = assert!(size_of::<WireRequest>() == 64);
-const _: () = assert!(size_of::<WireReply>() == 64);
+// Each record shares one cache line with its ring stamp.
+const _: () = assert!(size_of::<WireRequest>() == radixd_ipc::MAX_MESSAGE);
+const _: () = assert!(size_of::<WireReply>() == radixd_ipc::MAX_MESSAGE);
 
-// SAFETY: plain integers and integer arrays, no padding (64 bytes of
+// SAFETY: plain integers and integer arrays, no padding (56 bytes of
 // naturally aligned fields, asserted above): every bit pattern is a value.
 unsafe impl radixd_ipc::Plain for WireRequest {}
 // SAFETY: as for `WireRequest`.
@@ -203,8 +216,9 @@ pub trait Payload {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Copies out `n` words at byte `at`; `at + 4n <= len()`.
-    fn words(&self, at: usize, n: usize) -> Result<Vec<u32>, Rejection>;
+    /// Copies out `n` words at byte `at` into `out` (replacing what it
+    /// held); `at + 4n <= len()`.
+    fn words(&self, at: usize, n: usize, out: &mut Vec<u32>) -> Result<(), Rejection>;
     /// Copies out `n` bytes at byte `at`; `at + n <= len()`.
     fn bytes(&self, at: usize, n: usize) -> Result<Vec<u8>, Rejection>;
 }
@@ -214,11 +228,14 @@ impl Payload for [u8] {
         <[u8]>::len(self)
     }
 
-    fn words(&self, at: usize, n: usize) -> Result<Vec<u32>, Rejection> {
-        n.checked_mul(4)
+    fn words(&self, at: usize, n: usize, out: &mut Vec<u32>) -> Result<(), Rejection> {
+        let bytes = n
+            .checked_mul(4)
             .and_then(|len| self.get(at..at.checked_add(len)?))
-            .map(u32s)
-            .ok_or_else(|| malformed("payload piece out of range"))
+            .ok_or_else(|| malformed("payload piece out of range"))?;
+        out.clear();
+        out.extend(bytes.chunks_exact(4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]])));
+        Ok(())
     }
 
     fn bytes(&self, at: usize, n: usize) -> Result<Vec<u8>, Rejection> {
@@ -257,87 +274,117 @@ fn u32s(bytes: &[u8]) -> Vec<u32> {
 /// Bytes the successful answer to `request` needs in its reply window, on
 /// an engine of `page_size` and `capacity`.
 pub fn reply_need(request: &Request, page_size: u32, capacity: u32) -> usize {
-    match request {
-        Request::Alloc { n } => (*n).min(u64::from(capacity)) as usize * 4,
-        Request::Match { tokens, .. } => tokens.len() / page_size.max(1) as usize * 4,
-        Request::Stats => STATS_BYTES,
-        _ => 0,
-    }
+    Call::of(request).reply_need(page_size, capacity)
 }
 
 /// Size of the stats answer.
 const STATS_BYTES: usize = (Stats::LEN + 1) * 8;
 
+/// A request as a client sends it: borrowed from the caller's slices, so
+/// posting one copies its tokens only once, into the scratch window.
+#[derive(Clone, Copy, Debug)]
+pub enum Call<'a> {
+    Alloc(u64),
+    Free(&'a [u32]),
+    Insert(&'a [u32], &'a [u32], bool),
+    Match(&'a [u32], bool),
+    Lock(u64),
+    Unlock(u64),
+    Evict(u64),
+    SessionCommit(&'a str, &'a [u32], &'a [u32]),
+    SessionRelease(&'a str),
+    SessionStatus(&'a str),
+    Stats,
+    Reset,
+    Validate,
+}
+
+impl<'a> Call<'a> {
+    /// The borrowed form of `request`.
+    pub fn of(request: &'a Request) -> Self {
+        match request {
+            Request::Alloc { n } => Self::Alloc(*n),
+            Request::Free { pages } => Self::Free(pages),
+            Request::Insert {
+                tokens,
+                pages,
+                lock,
+            } => Self::Insert(tokens, pages, *lock),
+            Request::Match { tokens, lock } => Self::Match(tokens, *lock),
+            Request::Lock { handle } => Self::Lock(*handle),
+            Request::Unlock { handle } => Self::Unlock(*handle),
+            Request::Evict { tokens } => Self::Evict(*tokens),
+            Request::SessionCommit {
+                session,
+                tokens,
+                pages,
+            } => Self::SessionCommit(session, tokens, pages),
+            Request::SessionRelease { session } => Self::SessionRelease(session),
+            Request::SessionStatus { session } => Self::SessionStatus(session),
+            Request::Stats => Self::Stats,
+            Request::Reset => Self::Reset,
+            Request::Validate => Self::Validate,
+        }
+    }
+
+    /// Bytes the successful answer needs in its reply window, on an engine
+    /// of `page_size` and `capacity`.
+    pub fn reply_need(&self, page_size: u32, capacity: u32) -> usize {
+        match self {
+            Self::Alloc(n) => (*n).min(u64::from(capacity)) as usize * 4,
+            Self::Match(tokens, _) => tokens.len() / page_size.max(1) as usize * 4,
+            Self::Stats => STATS_BYTES,
+            _ => 0,
+        }
+    }
+
+    /// The record and payload pieces for an engine of `page_size` and
+    /// `capacity` (the record's sequence number and windows are the
+    /// sender's to fill in).
+    pub fn encode(self, page_size: u32, capacity: u32) -> EncodedRequest<'a> {
+        let reply_need = self.reply_need(page_size, capacity).max(MIN_REPLY_WINDOW);
+        let lock = |lock: bool| if lock { FLAG_LOCK } else { 0 };
+        let none: &[u32] = &[];
+        // (op, arg, flags, tokens, pages, session)
+        let (op, arg, flags, tokens, pages, session) = match self {
+            Self::Alloc(n) => (opcode::ALLOC, n, 0, none, none, ""),
+            Self::Free(pages) => (opcode::FREE, 0, 0, none, pages, ""),
+            Self::Insert(tokens, pages, l) => (opcode::INSERT, 0, lock(l), tokens, pages, ""),
+            Self::Match(tokens, l) => (opcode::MATCH, 0, lock(l), tokens, none, ""),
+            Self::Lock(handle) => (opcode::LOCK, handle, 0, none, none, ""),
+            Self::Unlock(handle) => (opcode::UNLOCK, handle, 0, none, none, ""),
+            Self::Evict(tokens) => (opcode::EVICT, tokens, 0, none, none, ""),
+            Self::SessionCommit(session, tokens, pages) => {
+                (opcode::SESSION_COMMIT, 0, 0, tokens, pages, session)
+            }
+            Self::SessionRelease(session) => (opcode::SESSION_RELEASE, 0, 0, none, none, session),
+            Self::SessionStatus(session) => (opcode::SESSION_STATUS, 0, 0, none, none, session),
+            Self::Stats => (opcode::STATS, 0, 0, none, none, ""),
+            Self::Reset => (opcode::RESET, 0, 0, none, none, ""),
+            Self::Validate => (opcode::VALIDATE, 0, 0, none, none, ""),
+        };
+        let mut e = EncodedRequest {
+            record: WireRequest {
+                op,
+                arg,
+                flags,
+                n_tokens: tokens.len() as u32,
+                n_pages: pages.len() as u32,
+                ..WireRequest::default()
+            },
+            reply_need,
+            tokens,
+            pages,
+            session: session.as_bytes(),
+        };
+        e.record.payload_len = e.payload_len() as u32;
+        e
+    }
+}
+
 /// Encodes `request` for an engine of `page_size` and `capacity`.
 pub fn encode_request(request: &Request, page_size: u32, capacity: u32) -> EncodedRequest<'_> {
-    let mut e = EncodedRequest {
-        record: WireRequest::default(),
-        reply_need: reply_need(request, page_size, capacity).max(MIN_REPLY_WINDOW),
-        tokens: &[],
-        pages: &[],
-        session: &[],
-    };
-    let r = &mut e.record;
-    let lock = |lock: bool| if lock { FLAG_LOCK } else { 0 };
-    match request {
-        Request::Alloc { n } => {
-            r.op = opcode::ALLOC;
-            r.arg = *n;
-        }
-        Request::Free { pages } => {
-            r.op = opcode::FREE;
-            e.pages = pages;
-        }
-        Request::Insert {
-            tokens,
-            pages,
-            lock: l,
-        } => {
-            r.op = opcode::INSERT;
-            r.flags = lock(*l);
-            (e.tokens, e.pages) = (tokens, pages);
-        }
-        Request::Match { tokens, lock: l } => {
-            r.op = opcode::MATCH;
-            r.flags = lock(*l);
-            e.tokens = tokens;
-        }
-        Request::Lock { handle } => {
-            r.op = opcode::LOCK;
-            r.arg = *handle;
-        }
-        Request::Unlock { handle } => {
-            r.op = opcode::UNLOCK;
-            r.arg = *handle;
-        }
-        Request::Evict { tokens } => {
-            r.op = opcode::EVICT;
-            r.arg = *tokens;
-        }
-        Request::SessionCommit {
-            session,
-            tokens,
-            pages,
-        } => {
-            r.op = opcode::SESSION_COMMIT;
-            (e.tokens, e.pages, e.session) = (tokens, pages, session.as_bytes());
-        }
-        Request::SessionRelease { session } => {
-            r.op = opcode::SESSION_RELEASE;
-            e.session = session.as_bytes();
-        }
-        Request::SessionStatus { session } => {
-            r.op = opcode::SESSION_STATUS;
-            e.session = session.as_bytes();
-        }
-        Request::Stats => r.op = opcode::STATS,
-        Request::Reset => r.op = opcode::RESET,
-        Request::Validate => r.op = opcode::VALIDATE,
-    }
-    e.record.n_tokens = e.tokens.len() as u32;
-    e.record.n_pages = e.pages.len() as u32;
-    e.record.payload_len = e.payload_len() as u32;
-    e
+    Call::of(request).encode(page_size, capacity)
 }
 
 fn malformed(message: impl Into<String>) -> Rejection {
@@ -346,12 +393,19 @@ fn malformed(message: impl Into<String>) -> Rejection {
 
 /// Decodes a request record (copied out of the ring) and its payload (the
 /// scratch window the record names, read piece by piece).
+///
+/// Token and page lists come from `spare` (see [`Spare`]), so a warm server
+/// decodes without allocating.
 pub fn decode_request<P: Payload + ?Sized>(
     r: &WireRequest,
     payload: &P,
+    spare: &mut Spare,
 ) -> Result<Request, Rejection> {
     if r.flags & !FLAG_LOCK != 0 {
         return Err(malformed(format!("unknown request flags {:#x}", r.flags)));
+    }
+    if r.aux != [0; 2] {
+        return Err(malformed("reserved words of the record are not zero"));
     }
     if payload.len() != r.payload_len as usize {
         return Err(malformed("payload length disagrees with the record"));
@@ -371,8 +425,10 @@ pub fn decode_request<P: Payload + ?Sized>(
             payload.len()
         )));
     }
-    let tokens = || payload.words(0, r.n_tokens as usize);
-    let pages = || payload.words(tokens_end, r.n_pages as usize);
+    let list = |spare: &mut Spare, at: usize, n: u32| {
+        let mut out = spare.list();
+        payload.words(at, n as usize, &mut out).map(|()| out)
+    };
     let tail = payload.len() - pages_end;
     let lock = r.flags & FLAG_LOCK != 0;
     let session = || -> Result<String, Rejection> {
@@ -393,20 +449,20 @@ pub fn decode_request<P: Payload + ?Sized>(
         opcode::ALLOC => none().map(|()| Request::Alloc { n: r.arg })?,
         opcode::FREE => {
             exact(false, true, false)?;
-            Request::Free { pages: pages()? }
+            Request::Free { pages: list(spare, tokens_end, r.n_pages)? }
         }
         opcode::INSERT => {
             exact(true, true, false)?;
             Request::Insert {
-                tokens: tokens()?,
-                pages: pages()?,
+                tokens: list(spare, 0, r.n_tokens)?,
+                pages: list(spare, tokens_end, r.n_pages)?,
                 lock,
             }
         }
         opcode::MATCH => {
             exact(true, false, false)?;
             Request::Match {
-                tokens: tokens()?,
+                tokens: list(spare, 0, r.n_tokens)?,
                 lock,
             }
         }
@@ -417,8 +473,8 @@ pub fn decode_request<P: Payload + ?Sized>(
             exact(true, true, true)?;
             Request::SessionCommit {
                 session: session()?,
-                tokens: tokens()?,
-                pages: pages()?,
+                tokens: list(spare, 0, r.n_tokens)?,
+                pages: list(spare, tokens_end, r.n_pages)?,
             }
         }
         opcode::SESSION_RELEASE => {
@@ -449,19 +505,22 @@ pub fn decode_request<P: Payload + ?Sized>(
     Ok(request)
 }
 
-/// Encodes an answer into a reply record and the bytes for its window of
-/// `room` bytes. Only an error message can outgrow a window whose room was
-/// checked against [`reply_need`]: it is cut, never inside a character.
+/// Encodes an answer into a reply record and `payload` (cleared first),
+/// the bytes for its window of `room` bytes; a payload of at most
+/// [`INLINE_BYTES`] goes into the record instead, leaving `payload` empty.
+/// Only an error message can outgrow a window whose room was checked
+/// against [`reply_need`]: it is cut, never inside a character.
 pub fn encode_reply(
     seq: u64,
     result: &Result<Reply, Rejection>,
     room: usize,
-) -> (WireReply, Vec<u8>) {
+    payload: &mut Vec<u8>,
+) -> WireReply {
     let mut w = WireReply {
         seq,
         ..WireReply::default()
     };
-    let mut payload = Vec::new();
+    payload.clear();
     match result {
         Err(rejection) => {
             w.status = rejection.kind as u32;
@@ -470,7 +529,7 @@ pub fn encode_reply(
         }
         Ok(Reply::Pages(pages)) => {
             w.kind = kind::PAGES;
-            push_u32s(&mut payload, pages);
+            push_u32s(payload, pages);
         }
         Ok(Reply::Done) => w.kind = kind::DONE,
         Ok(Reply::Inserted {
@@ -487,7 +546,7 @@ pub fn encode_reply(
             w.kind = kind::MATCHED;
             w.a = *len;
             set_handle(&mut w, *handle, false);
-            push_u32s(&mut payload, pages);
+            push_u32s(payload, pages);
         }
         Ok(Reply::Evicted(tokens)) => {
             w.kind = kind::EVICTED;
@@ -508,7 +567,24 @@ pub fn encode_reply(
         }
     }
     w.payload_len = payload.len() as u32;
-    (w, payload)
+    if payload.len() <= INLINE_BYTES {
+        w.flags |= FLAG_INLINE;
+        w.inline[..payload.len()].copy_from_slice(payload);
+        payload.clear();
+    }
+    w
+}
+
+/// Where a reply's payload is: `Some(bytes)` in the record itself, `None`
+/// in the request's reply window (`payload_len` bytes at its start).
+pub fn inline_payload(w: &WireReply) -> Result<Option<&[u8]>, BadReply> {
+    if w.flags & FLAG_INLINE == 0 {
+        return Ok(None);
+    }
+    w.inline
+        .get(..w.payload_len as usize)
+        .map(Some)
+        .ok_or(BadReply::PayloadLength)
 }
 
 /// Bit 0 of `flags`: the request asked for a lock; [`FLAG_HANDLE`]: `c` is
@@ -563,8 +639,10 @@ impl std::fmt::Display for BadReply {
 
 impl std::error::Error for BadReply {}
 
-/// Decodes a reply record and the bytes of its window.
-pub fn decode_reply(w: &WireReply, payload: &[u8]) -> Result<Result<Reply, Rejection>, BadReply> {
+/// Decodes a reply record and the bytes of its window (ignored when the
+/// payload is inline, see [`inline_payload`]).
+pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Rejection>, BadReply> {
+    let payload = inline_payload(w)?.unwrap_or(window);
     if payload.len() != w.payload_len as usize {
         return Err(BadReply::PayloadLength);
     }
@@ -630,8 +708,12 @@ mod tests {
         assert_eq!(utf8_prefix("abc", 10), "abc");
         assert_eq!(utf8_prefix("µ", 1), "");
         let r = Err(Rejection::new(ErrorKind::Malformed, "ééééé"));
-        let (_, bytes) = encode_reply(1, &r, 5);
-        assert_eq!(bytes, "éé".as_bytes());
+        let mut bytes = Vec::new();
+        let w = encode_reply(1, &r, 5, &mut bytes);
+        assert_eq!(inline_payload(&w).unwrap().unwrap_or(&bytes), "éé".as_bytes());
+        let long = Err(Rejection::new(ErrorKind::Malformed, "éééééé"));
+        encode_reply(1, &long, 11, &mut bytes);
+        assert_eq!(bytes, "ééééé".as_bytes());
     }
 
     fn requests() -> Vec<Request> {
@@ -675,7 +757,7 @@ mod tests {
             let e = encode_request(&request, 1, 64);
             assert_eq!(e.payload().len(), e.record.payload_len as usize);
             assert_eq!(
-                decode_request(&e.record, e.payload().as_slice()),
+                decode_request(&e.record, e.payload().as_slice(), &mut Spare::default()),
                 Ok(request.clone())
             );
         }
@@ -692,17 +774,22 @@ mod tests {
             let at = (i * 37 % 100) as u32;
             scratch.write_bytes(u64::from(at), &e.payload()).unwrap();
             let window = ScratchWindow::new(&scratch, at, e.record.payload_len).unwrap();
-            assert_eq!(decode_request(&e.record, &window), Ok(request));
+            assert_eq!(
+                decode_request(&e.record, &window, &mut Spare::default()),
+                Ok(request)
+            );
         }
         assert!(ScratchWindow::new(&scratch, 4000, 97).is_err());
         // Pieces outside the window are refused even inside the scratch.
         let window = ScratchWindow::new(&scratch, 8, 16).unwrap();
-        assert_eq!(window.words(0, 4).unwrap().len(), 4);
-        assert!(window.words(4, 4).is_err());
+        let mut out = vec![9; 7];
+        window.words(0, 4, &mut out).unwrap();
+        assert_eq!(out.len(), 4);
+        assert!(window.words(4, 4, &mut out).is_err());
         assert!(window.bytes(16, 1).is_err());
-        assert!(window.words(usize::MAX, 1).is_err());
-        assert!(window.words(0, usize::MAX).is_err());
-        assert!(<[u8] as Payload>::words(&[0; 8], 1, usize::MAX).is_err());
+        assert!(window.words(usize::MAX, 1, &mut out).is_err());
+        assert!(window.words(0, usize::MAX, &mut out).is_err());
+        assert!(<[u8] as Payload>::words(&[0; 8], 1, usize::MAX, &mut out).is_err());
         assert!(<[u8] as Payload>::bytes(&[0; 8], usize::MAX, 2).is_err());
         assert!(ScratchWindow::new(&scratch, u32::MAX, u32::MAX).is_err());
     }
@@ -748,11 +835,38 @@ mod tests {
             Ok(Reply::Stats { stats, sessions: 4 }),
             Err(Rejection::new(ErrorKind::StaleHandle, "gone")),
         ];
+        let mut payload = Vec::new();
         for reply in replies {
-            let (w, payload) = encode_reply(42, &reply, usize::MAX);
+            let w = encode_reply(42, &reply, usize::MAX, &mut payload);
             assert_eq!(w.seq, 42);
             assert_eq!(decode_reply(&w, &payload), Ok(reply));
         }
+    }
+
+    #[test]
+    fn small_answers_travel_in_the_record() {
+        let mut payload = vec![1, 2, 3];
+        for (pages, inline) in [(vec![], true), (vec![7], true), (vec![7, 8], true), (vec![7, 8, 9], false)] {
+            let reply = Ok(Reply::Pages(pages.clone()));
+            let w = encode_reply(1, &reply, usize::MAX, &mut payload);
+            assert_eq!(w.flags & FLAG_INLINE != 0, inline, "{pages:?}");
+            assert_eq!(payload.is_empty(), inline);
+            assert_eq!(inline_payload(&w).unwrap().is_some(), inline);
+            // An inline answer ignores whatever the window holds.
+            let window = if inline { &[0xff; 12][..] } else { &payload[..] };
+            assert_eq!(decode_reply(&w, window), Ok(reply));
+        }
+        let short = Err(Rejection::new(ErrorKind::StaleHandle, "gone"));
+        let w = encode_reply(1, &short, usize::MAX, &mut payload);
+        assert_eq!(decode_reply(&w, &[]), Ok(short));
+        // A daemon claiming more inline bytes than the record holds.
+        let bad = WireReply {
+            flags: FLAG_INLINE,
+            payload_len: 9,
+            kind: kind::PAGES,
+            ..WireReply::default()
+        };
+        assert_eq!(decode_reply(&bad, &[]), Err(BadReply::PayloadLength));
     }
 
     #[test]
@@ -823,8 +937,9 @@ mod tests {
                 &[],
             ),
         ];
+        let spare = &mut Spare::default();
         for (record, payload) in cases {
-            let r = decode_request(&record, payload);
+            let r = decode_request(&record, payload, spare);
             assert!(r.is_err(), "{record:?} was accepted as {r:?}");
         }
         let bad_utf8 = WireRequest {
@@ -832,6 +947,12 @@ mod tests {
             payload_len: 2,
             ..WireRequest::default()
         };
-        assert!(decode_request(&bad_utf8, &[0xff, 0xfe][..]).is_err());
+        assert!(decode_request(&bad_utf8, &[0xff, 0xfe][..], spare).is_err());
+        let aux = WireRequest {
+            op: opcode::STATS,
+            aux: [0, 1],
+            ..WireRequest::default()
+        };
+        assert!(decode_request(&aux, &[][..], spare).is_err());
     }
 }

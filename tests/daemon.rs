@@ -286,7 +286,7 @@ proptest! {
                 n_pages: np,
                 reply_off: roff,
                 reply_len: rlen,
-                _reserved: [0; 4],
+                aux: [0; 2],
             };
             let before = client.stats().unwrap();
             let reply = raw.exchange(record, u64::from(record.payload_off), &bytes);

@@ -4,20 +4,20 @@
 //! peer built with a different message type or configuration is refused
 //! at [`Segment::open`](crate::segment::Segment::open).
 //!
-//! A client block is `[request ring header][request slots]
-//! [response ring header][response slots][response doorbell][scratch]`,
+//! A client block is `[request ring header][request entries]
+//! [response ring header][response entries][response doorbell][scratch]`,
 //! page aligned, one per client slot index.
 
 use core::fmt;
 use core::marker::PhantomData;
 
 use crate::doorbell::Doorbell;
-use crate::ring::RingHeader;
+use crate::ring::{Entry, RingHeader};
 use crate::shm::{Offset, Plain};
 use crate::slots::ClientSlot;
 
 /// Crate-side layout version mixed into every hash.
-const IPC_LAYOUT_VERSION: u64 = 2;
+const IPC_LAYOUT_VERSION: u64 = 3;
 /// Where the info block sits in every [`SegmentLayout`]: right after the
 /// header and the daemon doorbell, whatever the configuration, so a peer can
 /// read the configuration before it knows the rest of the layout.
@@ -141,12 +141,12 @@ pub struct LayoutConfig {
 pub struct ClientRegions<Req, Resp> {
     /// Request ring state (client produces, daemon consumes).
     pub request_header: Offset<RingHeader>,
-    /// Request slots (`request_capacity` elements).
-    pub request_slots: Offset<crate::sync::UnsafeCell<Req>>,
+    /// Request entries (`request_capacity` of them).
+    pub request_slots: Offset<Entry<Req>>,
     /// Response ring state (daemon produces, client consumes).
     pub response_header: Offset<RingHeader>,
-    /// Response slots (`response_capacity` elements).
-    pub response_slots: Offset<crate::sync::UnsafeCell<Resp>>,
+    /// Response entries (`response_capacity` of them).
+    pub response_slots: Offset<Entry<Resp>>,
     /// Doorbell the daemon rings after posting a response.
     pub response_doorbell: Offset<Doorbell>,
     /// Start of the scratch region (page aligned).
@@ -198,6 +198,8 @@ impl<Req: Plain, Resp: Plain> SegmentLayout<Req, Resp> {
         let mut b = LayoutBuilder::new(config.user_version);
         for v in [
             size_of::<RingHeader>(),
+            size_of::<Entry<Req>>(),
+            size_of::<Entry<Resp>>(),
             size_of::<ClientSlot>(),
             size_of::<Doorbell>(),
             size_of::<Req>(),

@@ -1,12 +1,29 @@
-//! A lock-free single-producer single-consumer ring of fixed-size messages.
+//! A lock-free single-producer single-consumer ring of small fixed-size
+//! messages, where a message and its "full" mark share one cache line.
 //!
-//! The ring state is a [`RingHeader`] (two monotonically increasing `u64`
-//! counters on separate cache lines) plus a power-of-two slice of message
-//! slots. The same protocol code runs over shared memory (std atomics, state
-//! at an offset in the segment) and under loom ([`HeapRing`], loom atomics).
+//! Each [`Entry`] is one 64-byte line: a `stamp` and the message. The
+//! producer writes message `n` into entry `n % capacity` and then stamps it
+//! `n + 1` (Release); the consumer, expecting message `n`, polls that
+//! entry's stamp (Acquire) and reads the message when it says `n + 1`. So a
+//! message crosses between cores as one line, with no separate index line
+//! per message: the design of crossbeam's `ArrayQueue` (stamped slots)
+//! specialised to one producer and one consumer, with rigtorp's
+//! `SPSCQueue` cached indices for the "ring full" check.
 //!
-//! The other side may be buggy or hostile, so the consumer never trusts the
-//! counters: `head - tail > capacity` is reported as [`RingError::Corrupt`].
+//! The consumer still publishes how many messages it has taken (`tail`,
+//! on a line of its own) so the producer knows when an entry is free. The
+//! producer keeps the last `tail` it saw and reads the shared one only when
+//! that says the ring is full: once per lap, not once per message. Each
+//! end's cursor lives in its view (and is written through to the header, on
+//! a line only that end touches, so a later view resumes where the last
+//! one left off).
+//!
+//! The same code runs over shared memory (std atomics, entries at an offset
+//! in the segment) and under loom ([`HeapRing`], loom atomics). The other
+//! side may be buggy or hostile: a stamp that is not exactly the one
+//! expected is "not yet" (never trusted as a message), and a `tail` that
+//! claims more was taken than was pushed makes the producer see a full ring
+//! ([`Producer::is_corrupt`] tells the two apart).
 
 use core::cell::Cell;
 use core::fmt;
@@ -19,16 +36,60 @@ use crate::shm::Plain;
 use crate::shm::ShmSafe;
 use crate::sync::{AtomicU64, Ordering, UnsafeCell};
 
-/// Shared state of one ring: `head` counts messages pushed (written only by
-/// the producer), `tail` counts messages popped (written only by the
-/// consumer). Slot of message `n` is `n & (capacity - 1)`.
+/// One message of a ring and its stamp, on one cache line.
 ///
-/// All zero is a valid empty ring.
+/// `stamp == n + 1` means "message `n` is here"; anything else means the
+/// entry holds no message the consumer is waiting for. All zero is empty.
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+pub struct Entry<T> {
+    stamp: AtomicU64,
+    msg: UnsafeCell<T>,
+}
+
+/// Largest message that still shares its entry's line with the stamp.
+pub const MAX_MESSAGE: usize = 64 - size_of::<u64>();
+
+#[cfg(not(loom))]
+const _: () = {
+    assert!(size_of::<Entry<[u8; MAX_MESSAGE]>>() == 64);
+    assert!(core::mem::offset_of!(Entry<u64>, msg) == 8);
+};
+
+// SAFETY: a std atomic and an `UnsafeCell` over `Plain` data, `repr(C)`;
+// the trailing alignment padding is never read as a value. Every bit
+// pattern is valid (all zero: an empty entry).
+#[cfg(not(loom))]
+unsafe impl<T: Plain> ShmSafe for Entry<T> {}
+
+impl<T: Plain + Default> Entry<T> {
+    /// An empty entry.
+    pub fn new() -> Self {
+        Self {
+            stamp: AtomicU64::new(0),
+            msg: UnsafeCell::new(T::default()),
+        }
+    }
+}
+
+/// Shared cursors of one ring, each on a line of its own: `head` (messages
+/// pushed) and `seen_tail` (the last `tail` the producer read) are the
+/// producer's, `tail` (messages taken) is the consumer's. Message `n`
+/// lives in entry `n & (capacity - 1)`.
+///
+/// All zero (with all-zero entries) is a valid empty ring.
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct RingHeader {
-    head: CachePadded<AtomicU64>,
+    producer: CachePadded<ProducerWords>,
     tail: CachePadded<AtomicU64>,
+}
+
+#[repr(C)]
+#[derive(Debug, Default)]
+struct ProducerWords {
+    head: AtomicU64,
+    seen_tail: AtomicU64,
 }
 
 // `CachePadded` is a single-field `repr(align)` wrapper; pin the layout we
@@ -39,7 +100,7 @@ const _: () = {
     assert!(core::mem::offset_of!(RingHeader, tail) == 128);
 };
 
-// SAFETY: two std atomics at fixed offsets (asserted above); every bit
+// SAFETY: three std atomics at fixed offsets (asserted above); every bit
 // pattern is valid.
 #[cfg(not(loom))]
 unsafe impl ShmSafe for RingHeader {}
@@ -50,42 +111,36 @@ impl RingHeader {
         Self::default()
     }
 
-    /// Resets both counters to zero.
+    /// Empties the ring: cursors to zero, every stamp cleared.
     ///
-    /// Only call while neither side is using the ring: the daemon does so
-    /// when it adopts a new claim, between two of its own pops, before the
-    /// claim becomes ACTIVE.
-    pub fn reset(&self) {
-        // Relaxed: published by the Release CAS to ACTIVE that follows
-        // (`SlotTable::activate`); pairs with the client's Acquire in
-        // `SlotTable::is_current`.
-        self.head.store(0, Ordering::Relaxed);
+    /// Only call while neither side uses the ring: the daemon does so when
+    /// it adopts a new claim, between two of its own pops, before the
+    /// claim becomes ACTIVE. Views made before the reset keep their own
+    /// cursors: the views' `reset` is what their owner calls.
+    pub fn reset<T>(&self, entries: &[Entry<T>]) {
+        // Relaxed, all of them: published by the Release CAS to ACTIVE that
+        // follows (`SlotTable::activate`); pairs with the client's Acquire
+        // in `SlotTable::is_current`, after which it makes its views.
+        for entry in entries {
+            entry.stamp.store(0, Ordering::Relaxed);
+        }
+        self.producer.head.store(0, Ordering::Relaxed);
+        self.producer.seen_tail.store(0, Ordering::Relaxed);
         self.tail.store(0, Ordering::Relaxed);
     }
 }
 
-/// Errors of ring construction and consumption.
+/// Errors of ring construction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RingError {
     /// Capacity is zero, not a power of two, or too large.
     BadCapacity(usize),
-    /// The counters are impossible (`head - tail > capacity`): the peer wrote
-    /// garbage. The ring should be abandoned and the peer dropped.
-    Corrupt {
-        /// Head counter as read.
-        head: u64,
-        /// Tail counter as read.
-        tail: u64,
-    },
 }
 
 impl fmt::Display for RingError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::BadCapacity(c) => write!(f, "ring capacity {c} is not a non-zero power of two"),
-            Self::Corrupt { head, tail } => {
-                write!(f, "corrupt ring: head {head}, tail {tail}")
-            }
         }
     }
 }
@@ -99,144 +154,192 @@ fn check_capacity(cap: usize) -> Result<u64, RingError> {
     u64::try_from(cap).map_err(|_| RingError::BadCapacity(cap))
 }
 
-/// What either end of a ring holds: the shared header, the slots and the
+/// What either end of a ring holds: the shared header, the entries and the
 /// index mask. `Send` but not `Sync`: one thread uses an end at a time.
 struct End<'a, T> {
     header: &'a RingHeader,
-    slots: &'a [UnsafeCell<T>],
+    entries: &'a [Entry<T>],
     mask: u64,
     _not_sync: PhantomData<Cell<()>>,
 }
 
-// SAFETY: the slots are only touched through the SPSC protocol, and the view
-// is !Sync, so moving it to another thread keeps a single user of this end.
+// SAFETY: the entries are only touched through the SPSC protocol, and the
+// view is !Sync, so moving it to another thread keeps a single user of
+// this end.
 unsafe impl<T: Send> Send for End<'_, T> {}
 
 impl<'a, T> End<'a, T> {
-    fn new(header: &'a RingHeader, slots: &'a [UnsafeCell<T>]) -> Result<Self, RingError> {
-        let mask = check_capacity(slots.len())? - 1;
+    fn new(header: &'a RingHeader, entries: &'a [Entry<T>]) -> Result<Self, RingError> {
+        let mask = check_capacity(entries.len())? - 1;
         Ok(Self {
             header,
-            slots,
+            entries,
             mask,
             _not_sync: PhantomData,
         })
+    }
+
+    fn entry(&self, n: u64) -> &'a Entry<T> {
+        // `mask < entries.len()` (checked in `new`), so the index is in range.
+        &self.entries[(n & self.mask) as usize]
     }
 }
 
 /// The producing end of a ring. `Send` but not `Sync`: exactly one thread
 /// pushes at a time.
-pub struct Producer<'a, T>(End<'a, T>);
-
-/// The consuming end of a ring. `Send` but not `Sync`.
-pub struct Consumer<'a, T>(End<'a, T>);
-
-/// `new` and `reset` of one end of a ring, the same for both ends but for
-/// the role names in their contracts: `$End` is the end (`$role` in prose),
-/// `$Other` the end across the ring (`$other`, whose next `$next` sees a
-/// reset).
-macro_rules! ring_end {
-    ($End:ident, $role:literal, $Other:ident, $other:literal, $next:literal) => {
-        impl<'a, T: Plain> $End<'a, T> {
-            #[doc = concat!("A ", $role, " view over `header` and `slots` (length = capacity).")]
-            ///
-            /// # Safety
-            ///
-            #[doc = concat!("For as long as the view lives, no other ", $role, " for the same ring may")]
-            /// exist (in this or any other process), and slots may be touched only by
-            #[doc = concat!("this ", $role, " and one matching [`", stringify!($Other), "`].")]
-            pub unsafe fn new(
-                header: &'a RingHeader,
-                slots: &'a [UnsafeCell<T>],
-            ) -> Result<Self, RingError> {
-                End::new(header, slots).map(Self)
-            }
-
-            /// Empties the ring: both counters to zero (see [`RingHeader::reset`]).
-            #[doc = concat!("Only while the ", $other, " does not use the ring, and published to it")]
-            #[doc = concat!("by a Release the ", $other, " acquires before its next `", $next, "`.")]
-            pub fn reset(&self) {
-                self.0.header.reset();
-            }
-        }
-    };
+pub struct Producer<'a, T> {
+    end: End<'a, T>,
+    /// Messages pushed: the next message's number.
+    head: Cell<u64>,
+    /// The consumer's `tail` as last read; the ring has room while
+    /// `head - seen_tail < capacity`.
+    seen_tail: Cell<u64>,
 }
 
-ring_end!(Producer, "producer", Consumer, "consumer", "pop");
-ring_end!(Consumer, "consumer", Producer, "producer", "push");
+/// The consuming end of a ring. `Send` but not `Sync`.
+pub struct Consumer<'a, T> {
+    end: End<'a, T>,
+    /// Messages taken: the number of the message awaited next.
+    tail: Cell<u64>,
+}
 
 impl<'a, T: Plain> Producer<'a, T> {
-    /// Appends `msg`, or hands it back when the ring is full (or the consumer
-    /// wrote an impossible tail; the producer never overwrites unread slots).
+    /// A producer view over `header` and `entries` (length = capacity),
+    /// resuming at the cursors in `header`.
+    ///
+    /// # Safety
+    ///
+    /// For as long as the view lives, no other producer for the same ring
+    /// may exist (in this or any other process), and entries may be
+    /// touched only by this producer and one matching [`Consumer`].
+    pub unsafe fn new(header: &'a RingHeader, entries: &'a [Entry<T>]) -> Result<Self, RingError> {
+        let end = End::new(header, entries)?;
+        // Relaxed: the producer's own words (a previous view of this
+        // producer, or the reset published to it by the slot's activation).
+        let head = header.producer.head.load(Ordering::Relaxed);
+        let seen_tail = header.producer.seen_tail.load(Ordering::Relaxed);
+        Ok(Self {
+            end,
+            head: Cell::new(head),
+            seen_tail: Cell::new(seen_tail),
+        })
+    }
+
+    /// Empties the ring (see [`RingHeader::reset`]): only while the
+    /// consumer does not use the ring, and published to it by a Release
+    /// the consumer acquires before its next `pop`.
+    pub fn reset(&self) {
+        self.end.header.reset(self.end.entries);
+        self.head.set(0);
+        self.seen_tail.set(0);
+    }
+
+    /// Appends `msg`, or hands it back when the ring is full (or the
+    /// consumer wrote an impossible `tail`: see [`Producer::is_corrupt`]).
+    /// The producer never overwrites an entry the consumer has not taken.
     pub fn push(&self, msg: T) -> Result<(), T> {
-        // Relaxed: `head` is written only by us.
-        let head = self.0.header.head.load(Ordering::Relaxed);
-        // Acquire: pairs with the Release store of `tail` in `Consumer::pop`,
-        // so the consumer's read of the slot we are about to reuse is done.
-        let tail = self.0.header.tail.load(Ordering::Acquire);
-        let used = head.wrapping_sub(tail);
-        if used > self.0.mask {
-            return Err(msg);
+        let head = self.head.get();
+        if head.wrapping_sub(self.seen_tail.get()) > self.end.mask {
+            // Acquire: pairs with the Release store of `tail` in
+            // `Consumer::pop`, so the consumer's read of the entry we are
+            // about to reuse is done.
+            let tail = self.end.header.tail.load(Ordering::Acquire);
+            if head.wrapping_sub(tail) > self.end.mask {
+                return Err(msg);
+            }
+            self.seen_tail.set(tail);
+            // Relaxed: the producer's own word, for its next view.
+            self.end
+                .header
+                .producer
+                .seen_tail
+                .store(tail, Ordering::Relaxed);
         }
-        let Some(slot) = usize::try_from(head & self.0.mask)
-            .ok()
-            .and_then(|i| self.0.slots.get(i))
-        else {
-            return Err(msg);
-        };
-        // SAFETY: slot `head & mask` is free (used < capacity) so the consumer
-        // does not read it until we publish `head + 1`; we are the only
-        // producer (contract of `new`), so no one else writes it.
-        slot.with_mut(|p| unsafe { p.write_volatile(msg) });
-        // Release: publishes the slot; pairs with Acquire of `head` in `pop`.
-        self.0
+        let entry = self.end.entry(head);
+        // SAFETY: entry `head & mask` is free (the consumer took message
+        // `head - capacity`, or it was never used), so the consumer does
+        // not read it until we stamp it; we are the only producer
+        // (contract of `new`), so no one else writes it.
+        entry.msg.with_mut(|p| unsafe { p.write_volatile(msg) });
+        // Release: publishes the message; pairs with the Acquire load of
+        // the stamp in `pop`.
+        entry.stamp.store(head.wrapping_add(1), Ordering::Release);
+        self.head.set(head.wrapping_add(1));
+        // Relaxed: the producer's own word, for its next view.
+        self.end
             .header
+            .producer
             .head
-            .store(head.wrapping_add(1), Ordering::Release);
+            .store(head.wrapping_add(1), Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether the consumer's `tail` is impossible (ahead of what was
+    /// pushed): the peer wrote garbage, and the ring will look full until
+    /// it is reset.
+    pub fn is_corrupt(&self) -> bool {
+        // Relaxed: a diagnostic read after a failed `push`.
+        let tail = self.end.header.tail.load(Ordering::Relaxed);
+        self.head.get().wrapping_sub(tail) > self.end.mask + 1
     }
 }
 
 impl<'a, T: Plain> Consumer<'a, T> {
-    /// Takes the oldest message, `Ok(None)` when empty, or
-    /// [`RingError::Corrupt`] when the counters are impossible.
-    pub fn pop(&self) -> Result<Option<T>, RingError> {
-        // Relaxed: `tail` is written only by us.
-        let tail = self.0.header.tail.load(Ordering::Relaxed);
-        // Acquire: pairs with the Release store of `head` in `Producer::push`,
-        // so the slot contents written before it are visible.
-        let head = self.0.header.head.load(Ordering::Acquire);
-        let ready = head.wrapping_sub(tail);
-        if ready == 0 {
-            return Ok(None);
+    /// A consumer view over `header` and `entries` (length = capacity),
+    /// resuming at the cursor in `header`.
+    ///
+    /// # Safety
+    ///
+    /// For as long as the view lives, no other consumer for the same ring
+    /// may exist (in this or any other process), and entries may be
+    /// touched only by this consumer and one matching [`Producer`].
+    pub unsafe fn new(header: &'a RingHeader, entries: &'a [Entry<T>]) -> Result<Self, RingError> {
+        let end = End::new(header, entries)?;
+        // Relaxed: the consumer's own word.
+        let tail = header.tail.load(Ordering::Relaxed);
+        Ok(Self {
+            end,
+            tail: Cell::new(tail),
+        })
+    }
+
+    /// Empties the ring (see [`RingHeader::reset`]): only while the
+    /// producer does not use the ring, and published to it by a Release
+    /// the producer acquires before its next `push`.
+    pub fn reset(&self) {
+        self.end.header.reset(self.end.entries);
+        self.tail.set(0);
+    }
+
+    /// Takes the next message, or `None` when it has not arrived.
+    pub fn pop(&self) -> Option<T> {
+        let tail = self.tail.get();
+        let entry = self.end.entry(tail);
+        // Acquire: pairs with the Release store of the stamp in
+        // `Producer::push`, so the message written before it is visible.
+        if entry.stamp.load(Ordering::Acquire) != tail.wrapping_add(1) {
+            return None;
         }
-        if ready > self.0.mask + 1 {
-            return Err(RingError::Corrupt { head, tail });
-        }
-        let slot = usize::try_from(tail & self.0.mask)
-            .ok()
-            .and_then(|i| self.0.slots.get(i))
-            .ok_or(RingError::Corrupt { head, tail })?;
-        // SAFETY: the slot was published by the producer (ready > 0) and is
-        // not rewritten until we advance `tail`; `T: Plain` accepts whatever
-        // bits a hostile producer left there. Copied out once, by value.
-        let msg = slot.with(|p| unsafe { p.read_volatile() });
-        // Release: frees the slot; pairs with Acquire of `tail` in `push`.
-        self.0
+        // SAFETY: the stamp says message `tail` is in this entry, and the
+        // producer does not rewrite it until we advance `tail`; `T: Plain`
+        // accepts whatever bits a hostile producer left there. Copied out
+        // once, by value.
+        let msg = entry.msg.with(|p| unsafe { p.read_volatile() });
+        self.tail.set(tail.wrapping_add(1));
+        // Release: frees the entry; pairs with the Acquire load of `tail`
+        // in `push`.
+        self.end
             .header
             .tail
             .store(tail.wrapping_add(1), Ordering::Release);
-        Ok(Some(msg))
+        Some(msg)
     }
 
-    /// Whether a message is waiting (for doorbell re-checks). A corrupt ring
-    /// counts as "has work" so the caller goes on to `pop` and sees the error.
+    /// Whether the next message has arrived (for doorbell re-checks).
     pub fn has_work(&self) -> bool {
-        // Acquire: pairs with the Release store of `head` in `push`.
-        let head = self.0.header.head.load(Ordering::Acquire);
-        // Relaxed: `tail` is written only by us.
-        let tail = self.0.header.tail.load(Ordering::Relaxed);
-        head != tail
+        let tail = self.tail.get();
+        // Acquire: pairs with the Release store of the stamp in `push`.
+        self.end.entry(tail).stamp.load(Ordering::Acquire) == tail.wrapping_add(1)
     }
 }
 
@@ -245,19 +348,17 @@ impl<'a, T: Plain> Consumer<'a, T> {
 /// segment memory instead; the protocol code is the same.
 pub struct HeapRing<T> {
     header: RingHeader,
-    slots: Box<[UnsafeCell<T>]>,
+    entries: Box<[Entry<T>]>,
 }
 
 impl<T: Plain + Default> HeapRing<T> {
-    /// A ring of `capacity` (a power of two) default-initialised slots.
+    /// A ring of `capacity` (a power of two) empty entries.
     pub fn new(capacity: usize) -> Result<Self, RingError> {
         check_capacity(capacity)?;
-        let slots = (0..capacity)
-            .map(|_| UnsafeCell::new(T::default()))
-            .collect();
+        let entries = (0..capacity).map(|_| Entry::new()).collect();
         Ok(Self {
             header: RingHeader::new(),
-            slots,
+            entries,
         })
     }
 
@@ -267,7 +368,10 @@ impl<T: Plain + Default> HeapRing<T> {
     ///
     /// At most one producer view of this ring may be alive at a time.
     pub unsafe fn producer(&self) -> Producer<'_, T> {
-        Producer(self.end())
+        // SAFETY: forwarded to the caller; the capacity was checked in
+        // `HeapRing::new`, so this cannot fail.
+        unsafe { Producer::new(&self.header, &self.entries) }
+            .unwrap_or_else(|_| unreachable!("capacity checked in HeapRing::new"))
     }
 
     /// The consumer view.
@@ -276,17 +380,9 @@ impl<T: Plain + Default> HeapRing<T> {
     ///
     /// At most one consumer view of this ring may be alive at a time.
     pub unsafe fn consumer(&self) -> Consumer<'_, T> {
-        Consumer(self.end())
-    }
-
-    fn end(&self) -> End<'_, T> {
-        End {
-            header: &self.header,
-            slots: &self.slots,
-            // `new` checked the capacity.
-            mask: (self.slots.len() as u64) - 1,
-            _not_sync: PhantomData,
-        }
+        // SAFETY: as in `producer`.
+        unsafe { Consumer::new(&self.header, &self.entries) }
+            .unwrap_or_else(|_| unreachable!("capacity checked in HeapRing::new"))
     }
 
     /// The shared header (e.g. to corrupt it in tests).
@@ -294,29 +390,41 @@ impl<T: Plain + Default> HeapRing<T> {
         &self.header
     }
 
-    /// Reads the raw counters `(head, tail)` (model checks).
+    /// The entries.
+    pub fn entries(&self) -> &[Entry<T>] {
+        &self.entries
+    }
+
+    /// Reads the shared cursors `(head, tail)` (model checks).
     #[doc(hidden)]
     pub fn counters(&self) -> (u64, u64) {
         // Relaxed: a diagnostic read; callers order it themselves.
         (
-            self.header.head.load(Ordering::Relaxed),
+            self.header.producer.head.load(Ordering::Relaxed),
             self.header.tail.load(Ordering::Relaxed),
         )
     }
 
-    /// Overwrites the raw counters, bypassing the protocol. Test hook for
-    /// simulating a hostile peer.
+    /// Overwrites the consumer's shared `tail`, bypassing the protocol.
+    /// Test hook for simulating a hostile consumer.
     #[doc(hidden)]
-    pub fn set_counters(&self, head: u64, tail: u64) {
+    pub fn set_tail(&self, tail: u64) {
         // Relaxed: test hook, no data is published.
-        self.header.head.store(head, Ordering::Relaxed);
         self.header.tail.store(tail, Ordering::Relaxed);
+    }
+
+    /// Overwrites entry `i`'s stamp, bypassing the protocol. Test hook for
+    /// simulating a hostile producer.
+    #[doc(hidden)]
+    pub fn set_stamp(&self, i: usize, stamp: u64) {
+        // Relaxed: test hook, no data is published.
+        self.entries[i].stamp.store(stamp, Ordering::Relaxed);
     }
 }
 
-// SAFETY: all access to the slots goes through the producer/consumer views,
-// whose constructors are `unsafe` and require a single producer and a single
-// consumer, which is exactly what the SPSC protocol synchronises.
+// SAFETY: all access to the entries goes through the producer/consumer
+// views, whose constructors are `unsafe` and require a single producer and
+// a single consumer, which is exactly what the SPSC protocol synchronises.
 unsafe impl<T: Send> Sync for HeapRing<T> {}
 
 #[cfg(all(test, not(loom)))]
@@ -345,31 +453,73 @@ mod tests {
                 p.push(round * 10 + i).unwrap();
             }
             assert_eq!(p.push(99), Err(99));
+            assert!(!p.is_corrupt());
             for i in 0..4 {
-                assert_eq!(c.pop(), Ok(Some(round * 10 + i)));
+                assert!(c.has_work());
+                assert_eq!(c.pop(), Some(round * 10 + i));
             }
-            assert_eq!(c.pop(), Ok(None));
+            assert_eq!(c.pop(), None);
+            assert!(!c.has_work());
         }
     }
 
     #[test]
-    fn corrupt_counters_are_reported() {
+    fn views_resume_where_the_last_ones_stopped() {
+        let ring = HeapRing::<u64>::new(4).unwrap();
+        for i in 0..10u64 {
+            // SAFETY: single thread; each view dropped before the next.
+            unsafe { ring.producer() }.push(i).unwrap();
+            // SAFETY: as above.
+            assert_eq!(unsafe { ring.consumer() }.pop(), Some(i));
+        }
+        assert_eq!(ring.counters(), (10, 10));
+    }
+
+    #[test]
+    fn a_hostile_tail_makes_the_ring_look_full_never_overwritten() {
         let ring = HeapRing::<[u32; 4]>::new(4).unwrap();
         // SAFETY: single thread, one view of each kind.
+        let p = unsafe { ring.producer() };
+        for i in 0..4 {
+            p.push([i; 4]).unwrap();
+        }
+        ring.set_tail(1000); // "taken" more than was ever pushed
+        assert!(p.push([9; 4]).is_err());
+        assert!(p.is_corrupt());
+        // SAFETY: single thread, one consumer view.
+        let c = unsafe { ring.consumer() };
+        // The consumer's own view never trusts the shared word for more
+        // than where to start; the stamps decide.
+        assert_eq!(c.pop(), None);
+    }
+
+    #[test]
+    fn a_wrong_stamp_is_not_a_message() {
+        let ring = HeapRing::<u64>::new(4).unwrap();
+        // SAFETY: single thread, one view of each kind.
         let (p, c) = unsafe { (ring.producer(), ring.consumer()) };
-        ring.set_counters(1000, 3);
-        assert_eq!(
-            c.pop(),
-            Err(RingError::Corrupt {
-                head: 1000,
-                tail: 3
-            })
-        );
-        assert!(p.push([1; 4]).is_err());
-        ring.set_counters(2, 5); // tail ahead of head
-        assert_eq!(c.pop(), Err(RingError::Corrupt { head: 2, tail: 5 }));
-        ring.set_counters(u64::MAX, u64::MAX - 2); // wrap-around is fine
-        assert!(matches!(c.pop(), Ok(Some(_))));
+        ring.set_stamp(0, 5); // message 4's stamp in message 0's entry
+        assert!(!c.has_work());
+        assert_eq!(c.pop(), None);
+        p.push(7).unwrap();
+        assert_eq!(c.pop(), Some(7));
+        ring.set_stamp(1, u64::MAX);
+        assert_eq!(c.pop(), None);
+    }
+
+    #[test]
+    fn reset_empties_the_ring_and_clears_stale_stamps() {
+        let ring = HeapRing::<u64>::new(2).unwrap();
+        // SAFETY: single thread, one view of each kind.
+        let (p, c) = unsafe { (ring.producer(), ring.consumer()) };
+        p.push(1).unwrap();
+        p.push(2).unwrap();
+        c.reset();
+        p.reset();
+        // Message 0's old stamp (1) would match the next message 0.
+        assert_eq!(c.pop(), None);
+        p.push(3).unwrap();
+        assert_eq!(c.pop(), Some(3));
     }
 
     #[test]
@@ -392,7 +542,7 @@ mod tests {
             let c = unsafe { ring.consumer() };
             let mut next = 0;
             while next < N {
-                if let Some(v) = c.pop().unwrap() {
+                if let Some(v) = c.pop() {
                     assert_eq!(v, next);
                     next += 1;
                 }

@@ -22,13 +22,13 @@ use memmap2::MmapRaw;
 use crate::doorbell::Doorbell;
 use crate::layout::SegmentLayout;
 use crate::liveness::{self, OfdLocks, DAEMON_BYTE};
-use crate::ring::RingHeader;
+use crate::ring::{Entry as RingEntry, RingHeader};
 use crate::scratch::Scratch;
 use crate::shm::{Offset, Plain, ShmSafe};
 use crate::slots::{
     Claim, ClaimError, ClientSlot, LivenessError, SlotError, SlotTable, TableOutOfBounds,
 };
-use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// Magic number at offset 0 ("RADIXSHM", little-endian).
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RADIXSHM");
@@ -353,12 +353,12 @@ pub struct Segment {
 pub struct ClientBlock<'s, Req, Resp> {
     /// Request ring state (the client produces, the daemon consumes).
     pub request_header: &'s RingHeader,
-    /// Request ring slots.
-    pub request_slots: &'s [UnsafeCell<Req>],
+    /// Request ring entries.
+    pub request_slots: &'s [RingEntry<Req>],
     /// Response ring state (the daemon produces, the client consumes).
     pub response_header: &'s RingHeader,
-    /// Response ring slots.
-    pub response_slots: &'s [UnsafeCell<Resp>],
+    /// Response ring entries.
+    pub response_slots: &'s [RingEntry<Resp>],
     /// The doorbell the daemon rings after posting a response.
     pub response_doorbell: &'s Doorbell,
     /// The client's scratch area.

@@ -48,6 +48,11 @@ fn from_bytes<T: radixd_ipc::Plain + Default>(bytes: &[u8]) -> Option<T> {
     Some(value)
 }
 
+/// Bytes of a record at the start of every frame (requests and replies
+/// are the same size).
+const RECORD: usize = size_of::<WireRequest>();
+const _: () = assert!(size_of::<WireReply>() == RECORD);
+
 fn write_frame(w: &mut impl Write, record: &[u8], payload: &[u8]) -> io::Result<()> {
     let len = (record.len() + payload.len()) as u32;
     w.write_all(&len.to_le_bytes())?;
@@ -60,7 +65,7 @@ fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<()> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
-    if !(64..=MAX_FRAME).contains(&len) {
+    if !(RECORD..=MAX_FRAME).contains(&len) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("frame of {len} bytes"),
@@ -109,22 +114,23 @@ fn serve(stream: UnixStream, client: u32, engine: &Mutex<Engine>) {
     };
     let mut reader = BufReader::new(read_half);
     let mut writer = BufWriter::new(stream);
-    let mut buf = Vec::new();
+    let (mut buf, mut out, mut spare) = (Vec::new(), Vec::new(), op::Spare::default());
     while read_frame(&mut reader, &mut buf).is_ok() {
-        let (head, payload) = buf.split_at(64);
+        let (head, payload) = buf.split_at(RECORD);
         let result = match from_bytes::<WireRequest>(head) {
             None => Err(Rejection::new(ErrorKind::Malformed, "short record")),
             Some(mut record) => {
                 record.payload_len = payload.len() as u32;
-                wire::decode_request(&record, payload).and_then(|request| {
+                wire::decode_request(&record, payload, &mut spare).and_then(|request| {
                     let mut engine = engine.lock().unwrap_or_else(|p| p.into_inner());
-                    op::apply(&mut engine, client, request)
+                    op::apply_with(&mut engine, client, request, &mut spare)
                 })
             }
         };
         let seq = from_bytes::<WireRequest>(head).map_or(0, |r| r.seq);
-        let (reply, bytes) = wire::encode_reply(seq, &result, usize::MAX);
-        if write_frame(&mut writer, &to_bytes(&reply), &bytes).is_err() {
+        let reply = wire::encode_reply(seq, &result, usize::MAX, &mut out);
+        spare.keep_reply(result);
+        if write_frame(&mut writer, &to_bytes(&reply), &out).is_err() {
             break;
         }
     }
@@ -161,7 +167,7 @@ impl Backend for UdsClient {
         let gone = |e: io::Error| Rejection::new(ErrorKind::DaemonGone, e.to_string());
         write_frame(&mut self.writer, &to_bytes(&e.record), &e.payload()).map_err(gone)?;
         read_frame(&mut self.reader, &mut self.buf).map_err(gone)?;
-        let (head, payload) = self.buf.split_at(64);
+        let (head, payload) = self.buf.split_at(RECORD);
         let reply: WireReply =
             from_bytes(head).ok_or_else(|| Rejection::new(ErrorKind::Protocol, "short reply"))?;
         wire::decode_reply(&reply, payload)

@@ -241,6 +241,19 @@ impl<R: Region> Engine<R> {
     /// stay in limbo, counted in [`Engine::in_limbo`], and come back at a
     /// later reclaim).
     pub fn alloc(&mut self, client: ClientId, n: u64) -> Result<Vec<u32>, PageError> {
+        let mut pages = Vec::new();
+        self.alloc_into(client, n, &mut pages).map(|()| pages)
+    }
+
+    /// [`Engine::alloc`] into `pages` (cleared first; left empty on error),
+    /// for a caller that reuses its buffer.
+    pub fn alloc_into(
+        &mut self,
+        client: ClientId,
+        n: u64,
+        pages: &mut Vec<u32>,
+    ) -> Result<(), PageError> {
+        pages.clear();
         self.arena.reclaim();
         let h = self.arena.hdr();
         let free = u64::from(h.free_len);
@@ -273,7 +286,8 @@ impl<R: Region> Engine<R> {
                 }
             }
         }
-        Ok((0..n).map(|_| self.arena.pool_take(client)).collect())
+        pages.extend((0..n).map(|_| self.arena.pool_take(client)));
+        Ok(())
     }
 
     /// Gives readers of the region a grace period: from now on freed nodes

@@ -256,7 +256,7 @@ impl Raw {
                 .unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            if let Some(reply) = replies.pop().unwrap() {
+            if let Some(reply) = replies.pop() {
                 return reply;
             }
             assert!(Instant::now() < deadline, "no answer to {record:?}");
@@ -278,15 +278,16 @@ impl Raw {
         })
     }
 
-    /// Overwrites the request ring's head counter with garbage.
+    /// Overwrites the request ring's cursors (all three words) with
+    /// garbage: the client then stamps its records where the daemon never
+    /// looks.
     pub fn corrupt_request_ring(&self) {
         let c = self.client();
-        self.segment.get(c.request_header).unwrap().reset();
-        let raw = self.segment.region(c.request_header.get(), 8).unwrap();
-        // SAFETY: the first 8 bytes of the header are the ring's head
-        // counter, 8-aligned inside the mapping; garbage there is the fault
-        // tested.
-        unsafe { raw.cast::<u64>().as_ptr().write_volatile(1 << 40) };
+        let header = std::mem::size_of::<radixd_ipc::RingHeader>();
+        let raw = self.segment.region(c.request_header.get(), header as u64).unwrap();
+        // SAFETY: the header lies inside the mapping (checked by `region`);
+        // garbage there is the fault tested.
+        unsafe { raw.as_ptr().write_bytes(0xee, header) };
     }
 
     /// Writes `(generation, state)` into the slot word through this

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::layout::{LayoutConfig, SegmentLayout};
-use crate::ring::{Consumer, Producer, RingError, RingHeader};
+use crate::ring::{Consumer, Producer, RingHeader};
 use crate::shm::Offset;
 use crate::slots::SlotLocks;
 use std::io::{BufRead, BufReader};
@@ -296,7 +296,7 @@ fn rings_and_scratch_over_a_real_segment() {
         let q = unsafe { Consumer::new(h, slots) }.unwrap();
         let mut next = 0;
         while next < N {
-            match q.pop().unwrap() {
+            match q.pop() {
                 Some(m) => {
                     assert_eq!(m, [next, !next]);
                     next += 1;
@@ -313,41 +313,54 @@ fn rings_and_scratch_over_a_real_segment() {
 }
 
 #[test]
-fn corrupt_ring_in_shared_memory_is_an_error() {
+fn garbage_in_a_ring_in_shared_memory_is_never_a_message() {
     let l = layout();
     let n = name("corrupt");
     let seg = Segment::create(&n, l.total_size, 0o600, l.hash).unwrap();
     let c = l.client(0).unwrap();
-    // A hostile peer scribbles over the ring state and slots.
-    let raw = seg.region(c.request_header.get(), 256 + 8 * 16).unwrap();
-    // SAFETY: in bounds (checked by `region`); plain bytes.
-    unsafe { raw.as_ptr().write_bytes(0xee, 256 + 8 * 16) };
+    // A hostile peer scribbles over the ring's cursors and entries.
+    let (header, entries) = (c.request_header.get(), c.request_slots.get());
+    for (at, len) in [(header, 256), (entries, 8 * 64)] {
+        // SAFETY: in bounds (checked by `region`); plain bytes.
+        unsafe { seg.region(at, len).unwrap().as_ptr().write_bytes(0xee, len as usize) };
+    }
     let h = seg.get(c.request_header).unwrap();
     let slots = seg.slice(c.request_slots, 8).unwrap();
     // SAFETY: single consumer in this test.
     let q = unsafe { Consumer::<Msg>::new(h, slots) }.unwrap();
-    // head == tail (both 0xeeee..), so empty: garbage of equal counters is benign.
-    assert_eq!(q.pop(), Ok(None));
-    let head = c.request_header.get();
-    // SAFETY: in bounds; head is the first u64 of the header.
-    unsafe { seg.region(head, 8).unwrap().cast::<u64>().as_ptr().write(7) };
-    assert_eq!(
-        q.pop(),
-        Err(RingError::Corrupt {
-            head: 7,
-            tail: 0xeeee_eeee_eeee_eeee
-        })
-    );
-    // SAFETY: as above.
+    // Every stamp is 0xeeee..ee, the cursor expects 0xeeee..ef: no message.
+    assert_eq!(q.pop(), None);
+    assert!(!q.has_work());
+    // A stamp that happens to match delivers its garbage as plain data.
+    let entry = entries + (0xeeee_eeee_eeee_eeee_u64 & 7) * 64;
+    // SAFETY: in bounds; the stamp is the entry's first u64.
     unsafe {
-        seg.region(head, 8)
+        seg.region(entry, 8)
             .unwrap()
             .cast::<u64>()
             .as_ptr()
-            .write(0xeeee_eeee_eeee_eef0)
+            .write(0xeeee_eeee_eeee_eeef)
     };
-    // Two garbage messages in range: delivered as plain data, no panic.
-    assert_eq!(q.pop(), Ok(Some([0xeeee_eeee_eeee_eeee; 2])));
+    assert_eq!(q.pop(), Some([0xeeee_eeee_eeee_eeee; 2]));
+    // A consumer `tail` ahead of everything pushed: the producer sees a
+    // full (corrupt) ring and overwrites nothing.
+    let h = seg.get(c.response_header).unwrap();
+    let slots = seg.slice(c.response_slots, 8).unwrap();
+    // SAFETY: in bounds; `tail` is the header's second cache-padded word.
+    unsafe {
+        seg.region(c.response_header.get() + 128, 8)
+            .unwrap()
+            .cast::<u64>()
+            .as_ptr()
+            .write(1 << 40)
+    };
+    // SAFETY: single producer in this test.
+    let p = unsafe { Producer::<Msg>::new(h, slots) }.unwrap();
+    for i in 0..8 {
+        assert!(p.push([i, i]).is_ok() || p.is_corrupt());
+    }
+    assert!(p.push([9, 9]).is_err());
+    assert!(p.is_corrupt());
 }
 
 const CHILD_ENV: &str = "RADIXD_IPC_TEST_CHILD_SEGMENT";

@@ -23,8 +23,8 @@ use radixd_ipc::{
 use crate::engine::{ClientId, ConfigError, Engine, CORRUPT};
 use crate::op::{self, ErrorKind, Rejection, Request};
 use crate::shared::{
-    bucket_of, write_info, HISTOGRAM_BUCKETS, Info, LayoutProblem, LiveStats, SegmentConfig, SharedLayout, ShmGrace,
-    ShmRegion,
+    bucket_of, write_info, Info, LayoutProblem, LiveStats, SegmentConfig, SharedLayout, ShmGrace,
+    ShmRegion, HISTOGRAM_BUCKETS,
 };
 use crate::wire::{self, ScratchWindow, WireReply, WireRequest};
 
@@ -638,7 +638,11 @@ fn answer<R: crate::engine::Region>(
     };
     let mut reply = wire::encode_reply(record.seq, &result, room, out);
     spare.keep_reply(result);
-    if !out.is_empty() && scratch.write_bytes(u64::from(record.reply_off), out).is_err() {
+    if !out.is_empty()
+        && scratch
+            .write_bytes(u64::from(record.reply_off), out)
+            .is_err()
+    {
         reply.payload_len = 0;
     }
     reply

@@ -20,9 +20,7 @@ use std::mem::size_of;
 use radixd_ipc::{copy, Scratch, ScratchError};
 
 use crate::engine::Stats;
-use crate::op::{
-    check_session_id, check_session_len, ErrorKind, Rejection, Reply, Request, Spare,
-};
+use crate::op::{check_session_id, check_session_len, ErrorKind, Rejection, Reply, Request, Spare};
 
 /// A request's payload window in a client's scratch area, checked to lie
 /// inside it; [`decode_request`] copies each piece out once.
@@ -234,7 +232,11 @@ impl Payload for [u8] {
             .and_then(|len| self.get(at..at.checked_add(len)?))
             .ok_or_else(|| malformed("payload piece out of range"))?;
         out.clear();
-        out.extend(bytes.chunks_exact(4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]])));
+        out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]])),
+        );
         Ok(())
     }
 
@@ -449,7 +451,9 @@ pub fn decode_request<P: Payload + ?Sized>(
         opcode::ALLOC => none().map(|()| Request::Alloc { n: r.arg })?,
         opcode::FREE => {
             exact(false, true, false)?;
-            Request::Free { pages: list(spare, tokens_end, r.n_pages)? }
+            Request::Free {
+                pages: list(spare, tokens_end, r.n_pages)?,
+            }
         }
         opcode::INSERT => {
             exact(true, true, false)?;
@@ -710,7 +714,10 @@ mod tests {
         let r = Err(Rejection::new(ErrorKind::Malformed, "ééééé"));
         let mut bytes = Vec::new();
         let w = encode_reply(1, &r, 5, &mut bytes);
-        assert_eq!(inline_payload(&w).unwrap().unwrap_or(&bytes), "éé".as_bytes());
+        assert_eq!(
+            inline_payload(&w).unwrap().unwrap_or(&bytes),
+            "éé".as_bytes()
+        );
         let long = Err(Rejection::new(ErrorKind::Malformed, "éééééé"));
         encode_reply(1, &long, 11, &mut bytes);
         assert_eq!(bytes, "ééééé".as_bytes());
@@ -846,14 +853,23 @@ mod tests {
     #[test]
     fn small_answers_travel_in_the_record() {
         let mut payload = vec![1, 2, 3];
-        for (pages, inline) in [(vec![], true), (vec![7], true), (vec![7, 8], true), (vec![7, 8, 9], false)] {
+        for (pages, inline) in [
+            (vec![], true),
+            (vec![7], true),
+            (vec![7, 8], true),
+            (vec![7, 8, 9], false),
+        ] {
             let reply = Ok(Reply::Pages(pages.clone()));
             let w = encode_reply(1, &reply, usize::MAX, &mut payload);
             assert_eq!(w.flags & FLAG_INLINE != 0, inline, "{pages:?}");
             assert_eq!(payload.is_empty(), inline);
             assert_eq!(inline_payload(&w).unwrap().is_some(), inline);
             // An inline answer ignores whatever the window holds.
-            let window = if inline { &[0xff; 12][..] } else { &payload[..] };
+            let window = if inline {
+                &[0xff; 12][..]
+            } else {
+                &payload[..]
+            };
             assert_eq!(decode_reply(&w, window), Ok(reply));
         }
         let short = Err(Rejection::new(ErrorKind::StaleHandle, "gone"));

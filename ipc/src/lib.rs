@@ -34,7 +34,9 @@ pub use layout::{
 };
 #[cfg(not(loom))]
 pub use load::LoadSensor;
-pub use ring::{Consumer, Entry as RingEntry, HeapRing, Producer, RingError, RingHeader, MAX_MESSAGE};
+pub use ring::{
+    Consumer, Entry as RingEntry, HeapRing, Producer, RingError, RingHeader, MAX_MESSAGE,
+};
 #[cfg(not(loom))]
 pub use scratch::{Scratch, ScratchError};
 #[cfg(not(loom))]

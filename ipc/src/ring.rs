@@ -405,6 +405,33 @@ impl<T: Plain + Default> HeapRing<T> {
         )
     }
 
+    /// Overwrites the shared cursors (the producer's `head` and last seen
+    /// tail, the consumer's `tail`), bypassing the protocol: what a
+    /// previous user of the ring left behind (model checks).
+    #[doc(hidden)]
+    pub fn set_counters(&self, head: u64, tail: u64) {
+        // Relaxed: test hook, no data is published.
+        self.header.producer.head.store(head, Ordering::Relaxed);
+        self.header
+            .producer
+            .seen_tail
+            .store(tail, Ordering::Relaxed);
+        self.header.tail.store(tail, Ordering::Relaxed);
+    }
+
+    /// Whether every cursor and stamp is zero, as [`RingHeader::reset`]
+    /// leaves them (model checks; the caller orders the loads).
+    #[doc(hidden)]
+    pub fn is_reset(&self) -> bool {
+        // Relaxed: a check made after the caller's own synchronisation.
+        self.counters() == (0, 0)
+            && self.header.producer.seen_tail.load(Ordering::Relaxed) == 0
+            && self
+                .entries
+                .iter()
+                .all(|e| e.stamp.load(Ordering::Relaxed) == 0)
+    }
+
     /// Overwrites the consumer's shared `tail`, bypassing the protocol.
     /// Test hook for simulating a hostile consumer.
     #[doc(hidden)]

@@ -7,8 +7,8 @@
 //!   that the daemon reclaims.
 //! * `live_client_is_adopted_and_never_reclaimed`: a live claimant is
 //!   adopted, never reclaimed; the daemon sees the pid the claim published,
-//!   and the client sees the rings the daemon reset (counters dirtied by a
-//!   previous holder read as zero once ACTIVE is seen).
+//!   and the client sees the rings the daemon reset (cursors and a stamp
+//!   dirtied by a previous holder read as zero once ACTIVE is seen).
 //! * `two_clients_one_slot`: two claimants never share a slot.
 //! * `handover_with_a_request_queued`: a client times out and releases its
 //!   slot with a request queued while the daemon is mid-drain, and a new
@@ -30,6 +30,9 @@
 //!   is seen: the new client would push after the old holder's counters).
 //! * `Tenancy::settle` resetting the rings after `activate` instead of
 //!   before: caught by both as well.
+//! * `RingHeader::reset` (in `ipc/src/ring.rs`) leaving the entries'
+//!   stamps: caught by both (a stale stamp would let the new holder's
+//!   consumer take the old holder's message for its own first one).
 //!
 //! Not caught, by design: dropping the daemon's re-read of the slot word
 //! after a pop, or its check of a record's generation. Neither is needed
@@ -257,9 +260,10 @@ fn live_client_is_adopted_and_never_reclaimed() {
     explore("live_client_is_adopted_and_never_reclaimed", 250, || {
         let slots = one_slot();
         let kernel = Kernel::new(1);
-        // A previous holder left its counters behind.
+        // A previous holder left its cursors and a stamp behind.
         let ring = Arc::new(HeapRing::<u32>::new(2).unwrap());
         ring.set_counters(5, 5);
+        ring.set_stamp(1, 6);
         let (k, r) = (kernel.clone(), ring.clone());
         let client = loom::thread::spawn(move || {
             let table = SlotTable::new(slots, Party { me: 1, kernel: k });
@@ -268,7 +272,7 @@ fn live_client_is_adopted_and_never_reclaimed() {
                 yield_now();
             }
             // Published by `activate`, acquired by `is_current`.
-            assert_eq!(r.counters(), (0, 0), "reset rings not visible");
+            assert!(r.is_reset(), "reset rings not visible");
             claim
         });
         let (k, r) = (kernel.clone(), ring.clone());
@@ -277,7 +281,7 @@ fn live_client_is_adopted_and_never_reclaimed() {
             let mut pid = None;
             while !d.round(&mut |table| {
                 pid = table.status(0).ok().map(|s| s.pid);
-                r.set_counters(0, 0);
+                r.header().reset(r.entries());
             }) {
                 yield_now();
             }
@@ -335,7 +339,7 @@ fn handover_with_a_request_queued() {
         let claim_a = a.claim(1).unwrap();
         let mut d = Daemon::new(slots, &kernel);
         let r = ring.clone();
-        assert!(d.round(&mut |_| r.set_counters(0, 0)));
+        assert!(d.round(&mut |_| r.header().reset(r.entries())));
         assert!(a.is_current(claim_a));
         // SAFETY: A is the ring's only producer until it releases.
         unsafe { ring.producer() }
@@ -360,7 +364,7 @@ fn handover_with_a_request_queued() {
             while !b.is_current(claim) {
                 yield_now();
             }
-            assert_eq!(r.counters(), (0, 0), "reset rings not visible");
+            assert!(r.is_reset(), "reset rings not visible");
             // SAFETY: B is the ring's only producer since its adoption (A
             // released before B claimed).
             unsafe { r.producer() }.push([claim.generation, 2]).unwrap();
@@ -376,7 +380,7 @@ fn handover_with_a_request_queued() {
             loop {
                 let reset = &mut |_: &SlotTable<'static, Party>| requests.reset();
                 if d.settle(reset) {
-                    if let Ok(Some(record)) = requests.pop() {
+                    if let Some(record) = requests.pop() {
                         let word = d.table.word(0).unwrap();
                         if d.tenancy.admits(word, record[0]) {
                             assert_eq!(

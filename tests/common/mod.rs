@@ -284,7 +284,10 @@ impl Raw {
     pub fn corrupt_request_ring(&self) {
         let c = self.client();
         let header = std::mem::size_of::<radixd_ipc::RingHeader>();
-        let raw = self.segment.region(c.request_header.get(), header as u64).unwrap();
+        let raw = self
+            .segment
+            .region(c.request_header.get(), header as u64)
+            .unwrap();
         // SAFETY: the header lies inside the mapping (checked by `region`);
         // garbage there is the fault tested.
         unsafe { raw.as_ptr().write_bytes(0xee, header) };

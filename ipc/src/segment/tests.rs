@@ -322,7 +322,12 @@ fn garbage_in_a_ring_in_shared_memory_is_never_a_message() {
     let (header, entries) = (c.request_header.get(), c.request_slots.get());
     for (at, len) in [(header, 256), (entries, 8 * 64)] {
         // SAFETY: in bounds (checked by `region`); plain bytes.
-        unsafe { seg.region(at, len).unwrap().as_ptr().write_bytes(0xee, len as usize) };
+        unsafe {
+            seg.region(at, len)
+                .unwrap()
+                .as_ptr()
+                .write_bytes(0xee, len as usize)
+        };
     }
     let h = seg.get(c.request_header).unwrap();
     let slots = seg.slice(c.request_slots, 8).unwrap();

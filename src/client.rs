@@ -195,6 +195,8 @@ pub struct Client {
     /// [`SAMPLE_EVERY`] at most.
     load: LoadSensor,
     next_sample: Instant,
+    /// Round trips made (wrapping): paces the reads of the clock.
+    trips: u32,
     /// Reused from call to call: answers of one round trip, and the bytes
     /// of one answer's window.
     answers: Vec<Result<Reply, Rejection>>,
@@ -320,6 +322,7 @@ impl Client {
             timeout: Duration::from_secs(30),
             load: LoadSensor::new(),
             next_sample: Instant::now(),
+            trips: 0,
             answers: Vec::new(),
             buf: Vec::new(),
         };
@@ -386,10 +389,10 @@ impl Client {
         }
         if !self.outstanding.is_empty() {
             let port = port_of(&self.segment, &self.layout, self.slot)?;
-            let deadline = Instant::now() + self.timeout;
+            let mut deadline = None;
             let mut buf = Vec::new();
             while let Some(&sent) = self.outstanding.front() {
-                let reply = wait(&self.segment, &self.load, &port, deadline)
+                let reply = wait(&self.segment, &self.load, &port, &mut deadline, self.timeout)
                     .map_err(|e| break_on(&mut self.broken, e))?;
                 let answer = read_answer(&port, &reply, sent, &mut buf);
                 let answer = match answer {
@@ -582,8 +585,11 @@ impl Client {
         half: usize,
         answers: &mut Vec<Result<Reply, Rejection>>,
     ) -> Result<(), ClientError> {
-        let now = Instant::now();
-        if now >= self.next_sample {
+        // The clock is read every 64th round trip only (it costs as much as
+        // a quick round trip's share of a cache line on some hosts).
+        self.trips = self.trips.wrapping_add(1);
+        let now = (self.trips % 64 == 1).then(Instant::now);
+        if let Some(now) = now.filter(|&now| now >= self.next_sample) {
             self.next_sample = now + SAMPLE_EVERY;
             // Relaxed: a gauge; any recent value will do.
             let clients = self
@@ -641,11 +647,11 @@ impl Client {
         // A batch that failed part-way: what was posted stays outstanding,
         // for `resync` to drain before anything else is posted.
         posted?;
-        let deadline = now + self.timeout;
+        let mut deadline = None;
         let mut buf = std::mem::take(&mut self.buf);
         let received = (|| {
             for _ in 0..sent {
-                let reply = wait(&self.segment, &self.load, &port, deadline)
+                let reply = wait(&self.segment, &self.load, &port, &mut deadline, self.timeout)
                     .map_err(|e| break_on(&mut self.broken, e))?;
                 let Some(&front) = self.outstanding.front() else {
                     break;
@@ -821,14 +827,20 @@ impl Client {
 /// The next answer: spin a little (or, on an oversubscribed host, yield
 /// a few times), then sleep in short naps, each followed by a liveness
 /// check of the daemon.
+///
+/// The clock is first read once the answer is late (after 64 tries, or
+/// the first yield), never on a quick round trip: `deadline` is set then,
+/// to `timeout` from that moment, unless an earlier wait of the same call
+/// set it.
 fn wait(
     segment: &Segment,
     load: &LoadSensor,
     port: &Port<'_>,
-    deadline: Instant,
+    deadline: &mut Option<Instant>,
+    timeout: Duration,
 ) -> Result<WireReply, ClientError> {
     let oversubscribed = load.spin() == Spin::YIELD_ONLY;
-    let start = Instant::now();
+    let mut start = None;
     let mut tries = 0u32;
     loop {
         if let Some(reply) = port.replies.pop() {
@@ -836,11 +848,16 @@ fn wait(
         }
         tries += 1;
         if oversubscribed {
+            deadline.get_or_insert_with(|| Instant::now() + timeout);
             if tries <= YIELDS {
                 yield_now();
                 continue;
             }
-        } else if tries % 64 != 0 || start.elapsed() < SPIN_WINDOW {
+        } else if tries % 64 != 0 || {
+            let start = *start.get_or_insert_with(Instant::now);
+            deadline.get_or_insert(start + timeout);
+            start.elapsed() < SPIN_WINDOW
+        } {
             spin_loop();
             continue;
         }
@@ -851,7 +868,7 @@ fn wait(
         if !segment.is_daemon_alive().unwrap_or(false) {
             return Err(ClientError::DaemonGone);
         }
-        if Instant::now() > deadline {
+        if deadline.is_some_and(|d| Instant::now() > d) {
             return Err(ClientError::Timeout);
         }
     }

@@ -77,7 +77,8 @@ pub struct LiveStats {
     pub events_batches: AtomicU64,
     /// Times the KV event queue overflowed, each answered by a resync.
     pub events_overflows: AtomicU64,
-    /// Service time per request, log-linear buckets ([`bucket_of`]).
+    /// Service time of one request in `daemon::TIME_EVERY` (16), log-linear
+    /// buckets ([`bucket_of`]).
     pub service_ns: [AtomicU64; HISTOGRAM_BUCKETS],
 }
 

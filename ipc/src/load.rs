@@ -78,18 +78,34 @@ impl Default for LoadSensor {
 /// Tasks runnable on the host now (the reader included), or 0 when
 /// `/proc/loadavg` cannot be read (then the sensor never yields).
 fn runnable_tasks() -> usize {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| {
-            let field = s.split_whitespace().nth(3)?;
-            field.split('/').next()?.parse::<usize>().ok()
-        })
-        .unwrap_or(0)
+    use std::io::Read;
+    // Read into the stack: a client samples this on its request path, which
+    // allocates nothing.
+    let mut buf = [0u8; 128];
+    let Ok(n) = std::fs::File::open("/proc/loadavg").and_then(|mut f| f.read(&mut buf)) else {
+        return 0;
+    };
+    parse_runnable(&buf[..n]).unwrap_or(0)
+}
+
+/// The runnable count of `/proc/loadavg` ("0.01 0.02 0.03 3/245 1234").
+fn parse_runnable(loadavg: &[u8]) -> Option<usize> {
+    let field = loadavg.split(|b| b.is_ascii_whitespace()).nth(3)?;
+    let runnable = field.split(|&b| b == b'/').next()?;
+    std::str::from_utf8(runnable).ok()?.parse().ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loadavg_is_parsed() {
+        assert_eq!(parse_runnable(b"0.01 0.02 0.03 3/245 1234\n"), Some(3));
+        assert_eq!(parse_runnable(b"0.01 0.02"), None);
+        assert_eq!(parse_runnable(b"a b c x/1 2"), None);
+        assert!(runnable_tasks() >= 1, "this test is running");
+    }
 
     #[test]
     fn the_load_sensor_yields_to_its_own_crowd_at_once_and_to_others_when_steady() {

@@ -72,14 +72,61 @@ pub const NODE_TRIES: u32 = 64;
 /// Tokens compared per volatile load in [`TreeReader::peek`]'s walk.
 const LANES: usize = 8;
 
+/// Where a [`TreeReader::peek_anchored`] match ended: the node holding
+/// its last page, as the reader validated it. The daemon can act on the
+/// match from here (lock it, insert below it) without the tokens that led
+/// there, after checking that the node is still at `version`: while a
+/// live node's version stands still, so does its path from the root (see
+/// the module's guarantee), so the anchor still spells the same prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Anchor {
+    /// The node's index (never the root).
+    pub node: u32,
+    /// Its generation when copied (the high half of its handle).
+    pub generation: u32,
+    /// Its validated (even) version.
+    pub version: u32,
+    /// How many of its pages matched, `1..=num_pages`.
+    pub pages_into_node: u32,
+}
+
+/// What [`TreeReader::peek_anchored`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peeked {
+    /// Tokens of the longest cached prefix (whole pages).
+    pub len: usize,
+    /// Where the match ended; `None` when nothing matched.
+    pub anchor: Option<Anchor>,
+    /// When the match took the anchor's node whole and the key has another
+    /// whole page: the child-table hash of `(node, that page)`, under which
+    /// a child holding it would be filed (none was, when read). The daemon
+    /// probes it to see whether such a child came since.
+    pub next_hash: Option<u32>,
+}
+
 /// One step of the walk: a node the reader stands on.
 #[derive(Clone, Copy, Debug)]
 struct Frame {
     node: u32,
-    /// The version its copy was validated at.
+    /// Its generation and the version its copy was validated at.
+    generation: u32,
     version: u32,
+    /// Its pages (all of them matched).
+    pages: u32,
     /// Key tokens matched down to and including this node.
     pos: usize,
+}
+
+impl Frame {
+    /// The anchor of a match that ends with this node whole.
+    fn anchor(&self) -> Option<Anchor> {
+        (self.node != ROOT).then_some(Anchor {
+            node: self.node,
+            generation: self.generation,
+            version: self.version,
+            pages_into_node: self.pages,
+        })
+    }
 }
 
 /// What copying a candidate child found.
@@ -88,9 +135,11 @@ enum Copied {
     Torn,
     /// Not a child of the parent holding the key's next page.
     NotChild,
-    /// The child: its validated version, how many of its pages matched
-    /// (appended to the caller's pages) and whether that is all of them.
+    /// The child: its generation and validated version, how many of its
+    /// pages matched (appended to the caller's pages) and whether that is
+    /// all of them.
     Child {
+        generation: u32,
         version: u32,
         matched: usize,
         whole: bool,
@@ -102,12 +151,14 @@ enum Lookup {
     /// The child and its validated copy.
     Found {
         node: u32,
+        generation: u32,
         version: u32,
         matched: usize,
         whole: bool,
     },
-    /// No child holds the key's next page (validated under the table).
-    Miss,
+    /// No child holds the key's next page (validated under the table),
+    /// whose child-table hash this is.
+    Miss { hash: u32 },
     /// The child or the table kept changing.
     Torn,
 }
@@ -255,8 +306,9 @@ impl TreeReader {
         };
         let p = self.layout.page_size as usize;
         let start = out.len();
-        // `None`: torn; `Some(None)`: not the child; else (matched, whole).
-        let copy = || -> Option<Option<(usize, bool)>> {
+        // `None`: torn; `Some(None)`: not the child; else (generation,
+        // matched, whole).
+        let copy = || -> Option<Option<(u32, usize, bool)>> {
             let n = self.node(node)?;
             if n.state != NODE_LIVE || n.parent != parent {
                 return Some(None);
@@ -288,10 +340,11 @@ impl TreeReader {
             if whole && page != NIL {
                 return None;
             }
-            Some(Some((matched, whole)))
+            Some(Some((n.generation, matched, whole)))
         };
         match version.read(copy) {
-            Some((Some(Some((matched, whole))), v)) => Copied::Child {
+            Some((Some(Some((generation, matched, whole))), v)) => Copied::Child {
+                generation,
                 version: v,
                 matched,
                 whole,
@@ -328,12 +381,14 @@ impl TreeReader {
                 if b.hash == hash {
                     match self.copy_child(parent, b.node, key, pos, out) {
                         Copied::Child {
+                            generation,
                             version,
                             matched,
                             whole,
                         } => {
                             return Lookup::Found {
                                 node: b.node,
+                                generation,
                                 version,
                                 matched,
                                 whole,
@@ -346,7 +401,7 @@ impl TreeReader {
                 i = (i + 1) & mask;
             }
             if self.table_version().still(tv) {
-                return Lookup::Miss;
+                return Lookup::Miss { hash };
             }
             backoff(attempt);
         }
@@ -360,7 +415,9 @@ impl TreeReader {
             if let Some(version) = v.stable() {
                 return Some(Frame {
                     node: ROOT,
+                    generation: 0,
                     version,
+                    pages: 0,
                     pos: 0,
                 });
             }
@@ -373,6 +430,12 @@ impl TreeReader {
     /// with its pages in `pages`; `None` after [`NODE_TRIES`] failures in a
     /// row at one depth. See the module's guarantee.
     pub fn peek(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<usize> {
+        self.peek_anchored(tokens, pages).map(|p| p.len)
+    }
+
+    /// [`TreeReader::peek`], also naming where the match ended (the same
+    /// walk: the anchor is the frame or copy the answer came from).
+    pub fn peek_anchored(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<Peeked> {
         let p = self.layout.page_size as usize;
         let key = &tokens[..tokens.len() / p * p];
         pages.clear();
@@ -389,7 +452,11 @@ impl TreeReader {
                 continue;
             };
             if top.pos + p > key.len() {
-                return Some(top.pos);
+                return Some(Peeked {
+                    len: top.pos,
+                    anchor: top.anchor(),
+                    next_hash: None,
+                });
             }
             let before = pages.len();
             let found = self.lookup(top.node, key, top.pos, pages);
@@ -397,19 +464,44 @@ impl TreeReader {
             match found {
                 Lookup::Found {
                     node,
+                    generation,
                     version,
                     matched,
                     whole,
                 } if parent_still() => {
                     let pos = top.pos + matched * p;
                     if !whole {
-                        return Some(pos);
+                        let anchor = Anchor {
+                            node,
+                            generation,
+                            version,
+                            // matched <= num_pages, a u32.
+                            pages_into_node: matched as u32,
+                        };
+                        return Some(Peeked {
+                            len: pos,
+                            anchor: Some(anchor),
+                            next_hash: None,
+                        });
                     }
-                    stack.push(Frame { node, version, pos });
+                    stack.push(Frame {
+                        node,
+                        generation,
+                        version,
+                        pages: matched as u32,
+                        pos,
+                    });
                     tries = 0;
                     continue;
                 }
-                Lookup::Miss if parent_still() => return Some(top.pos),
+                Lookup::Miss { hash } if parent_still() => {
+                    let anchor = top.anchor();
+                    return Some(Peeked {
+                        len: top.pos,
+                        anchor,
+                        next_hash: anchor.map(|_| hash),
+                    });
+                }
                 Lookup::Torn => {}
                 // The parent changed: resume at the deepest frame whose
                 // node is still what it was.

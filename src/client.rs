@@ -19,7 +19,7 @@ use radixd_ipc::{
     RingError, Scratch, ScratchError, Segment, Spin, INFO_OFFSET,
 };
 
-use crate::engine::{Handle, Stats, TreeReader};
+use crate::engine::{Handle, Peeked, Stats, TreeReader};
 use crate::op::{ErrorKind, Rejection, Reply, Request};
 use crate::shared::{read_info, Info, LiveStats, SharedLayout, PROTOCOL_VERSION, RING_CAPACITY};
 use crate::wire::{self, BadReply, WireReply, WireRequest};
@@ -196,6 +196,19 @@ pub struct Client {
     /// [`SAMPLE_EVERY`] at most.
     load: LoadSensor,
     next_sample: Instant,
+    /// Whether `match_prefix` and `insert` read the tree first and send
+    /// only what the daemon lacks, and how that went.
+    anchoring: Anchoring,
+}
+
+/// See [`Client::set_anchoring`].
+#[derive(Clone, Copy, Debug)]
+struct Anchoring {
+    on: bool,
+    /// Calls answered without sending the key's matched part.
+    hits: u64,
+    /// Calls that read the tree, then sent the full request after all.
+    fallbacks: u64,
 }
 
 /// A request on its way whose answer no caller will read.
@@ -317,6 +330,11 @@ impl Client {
             timeout: Duration::from_secs(30),
             load: LoadSensor::new(),
             next_sample: Instant::now(),
+            anchoring: Anchoring {
+                on: true,
+                hits: 0,
+                fallbacks: 0,
+            },
         };
         // From here on `Drop` releases the claim on every error path.
         let port = port_of(&client.segment, &client.layout, client.slot)?;
@@ -573,6 +591,7 @@ impl Client {
             record.reply_off = reply_at as u32;
             record.reply_len = e.reply_need as u32;
             // Straight from the caller's slices into the window: no staging.
+            let anchor_words = e.anchor_words.as_slice();
             let words = (e.tokens.len() + e.pages.len()) * 4;
             let at = payload_at as u64;
             let written = port
@@ -582,7 +601,11 @@ impl Client {
                     port.scratch
                         .write_u32s(at + e.tokens.len() as u64 * 4, e.pages)
                 })
-                .and_then(|()| port.scratch.write_bytes(at + words as u64, e.session));
+                .and_then(|()| port.scratch.write_u32s(at + words as u64, anchor_words))
+                .and_then(|()| {
+                    let at = at + (words + anchor_words.len() * 4) as u64;
+                    port.scratch.write_bytes(at, e.session)
+                });
             if let Err(e) = written {
                 posted = Err(ProtocolError::Scratch(e).into());
                 break;
@@ -633,6 +656,12 @@ impl Client {
     /// from the shared tree: no round trip, no lock, no LRU touch (for
     /// scoring requests; `match_prefix` is what a scheduler acts on).
     pub fn peek(&self, tokens: &[u32]) -> Result<(usize, Vec<u32>), ClientError> {
+        self.peek_anchored(tokens).map(|(p, pages)| (p.len, pages))
+    }
+
+    /// [`Client::peek`], also naming where the match ended in the tree
+    /// (see [`TreeReader::peek_anchored`]).
+    pub fn peek_anchored(&self, tokens: &[u32]) -> Result<(Peeked, Vec<u32>), ClientError> {
         let base = self
             .segment
             .region(self.layout.engine_at, self.layout.engine.size() as u64)
@@ -659,12 +688,135 @@ impl Client {
             // return; an announcement it expired (this process stalled for
             // `daemon::READER_EXPIRY`) makes the copy untrustworthy.
             announce.pin(clock);
-            let len = reader.peek(tokens, &mut pages);
+            let peeked = reader.peek_anchored(tokens, &mut pages);
             if announce.unpin() {
-                return len.map(|len| (len, pages)).ok_or(ClientError::Contended);
+                return peeked.map(|p| (p, pages)).ok_or(ClientError::Contended);
             }
         }
         Err(ClientError::Contended)
+    }
+
+    /// Turns anchoring on (the default) or off. On, [`Client::match_prefix`]
+    /// and [`Client::insert`] first read the tree lock-free
+    /// ([`Client::peek_anchored`]) and send the daemon only where the match
+    /// ended (and, for an insert, the tokens after it); the daemon acts
+    /// there only if that node is unchanged, else the client sends the
+    /// full request. A match of nothing is answered without a round trip.
+    /// Answers are those of the full requests either way; off, every call
+    /// sends the whole key (for comparison and tests).
+    pub fn set_anchoring(&mut self, on: bool) {
+        self.anchoring.on = on;
+    }
+
+    /// Whether anchoring is on (see [`Client::set_anchoring`]).
+    pub fn anchoring(&self) -> bool {
+        self.anchoring.on
+    }
+
+    /// `match_prefix` and `insert` calls answered by the anchored path
+    /// (without sending the matched part of the key) so far.
+    pub fn anchored_hits(&self) -> u64 {
+        self.anchoring.hits
+    }
+
+    /// Anchored calls that fell back to the full request (the tree moved
+    /// under the anchor, or the read kept colliding with writes) so far.
+    pub fn anchored_fallbacks(&self) -> u64 {
+        self.anchoring.fallbacks
+    }
+
+    /// The read before an anchored call: `None` (counted as a fallback)
+    /// when it kept colliding with the daemon's writes.
+    fn read_anchor(&mut self, tokens: &[u32]) -> Result<Option<(Peeked, Vec<u32>)>, ClientError> {
+        // Abandoned requests first: what they change comes before the read.
+        self.resync()?;
+        match self.peek_anchored(tokens) {
+            Ok(read) => Ok(Some(read)),
+            Err(ClientError::Contended) => {
+                self.anchoring.fallbacks += 1;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends an anchored request: `None` (counted) when the tree moved
+    /// under the anchor and the full request must follow.
+    fn call_anchored(&mut self, request: &Request) -> Result<Option<Reply>, ClientError> {
+        match self.call(request) {
+            Ok(reply) => {
+                self.anchoring.hits += 1;
+                Ok(Some(reply))
+            }
+            Err(ClientError::Rejected(r)) if r.kind == ErrorKind::Moved => {
+                self.anchoring.fallbacks += 1;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `match_prefix` by anchor; `None`: send the full request.
+    fn match_anchored(
+        &mut self,
+        tokens: &[u32],
+        lock: bool,
+    ) -> Result<Option<MatchResult>, ClientError> {
+        let Some((peeked, pages)) = self.read_anchor(tokens)? else {
+            return Ok(None);
+        };
+        let Some(anchor) = peeked.anchor else {
+            // Nothing cached: the full request would change nothing (the
+            // root is never touched or locked) and answer just this.
+            self.anchoring.hits += 1;
+            return Ok(Some(MatchResult {
+                len: 0,
+                pages: Vec::new(),
+                handle: None,
+            }));
+        };
+        let request = Request::MatchAt {
+            anchor,
+            matched_pages: pages.len() as u32,
+            next_hash: peeked.next_hash,
+            lock,
+        };
+        match self.call_anchored(&request)? {
+            None => Ok(None),
+            Some(Reply::Matched { len, handle, .. }) => Ok(Some(MatchResult {
+                len: len as usize,
+                pages,
+                handle: handle.map(Handle::from_raw),
+            })),
+            Some(other) => Err(unexpected(other)),
+        }
+    }
+
+    /// `insert` by anchor; `None`: send the full request.
+    fn insert_anchored(
+        &mut self,
+        tokens: &[u32],
+        pages: &[u32],
+        lock: bool,
+    ) -> Result<Option<InsertResult>, ClientError> {
+        let Some((peeked, matched)) = self.read_anchor(tokens)? else {
+            return Ok(None);
+        };
+        // Nothing cached: the full request sends nothing more.
+        let Some(anchor) = peeked.anchor else {
+            return Ok(None);
+        };
+        let request = Request::InsertAt {
+            anchor,
+            matched_pages: matched.len() as u32,
+            tokens: copy::to_vec(&tokens[peeked.len..]),
+            pages: copy::to_vec(pages),
+            lock,
+        };
+        match self.call_anchored(&request)? {
+            None => Ok(None),
+            Some(reply) => inserted(reply).map(Some),
+        }
     }
 
     /// Takes `n` pages from the pool, evicting as needed.
@@ -682,35 +834,35 @@ impl Client {
         })
     }
 
-    /// Caches `tokens` with `pages`.
+    /// Caches `tokens` with `pages` (by anchor: see
+    /// [`Client::set_anchoring`]).
     pub fn insert(
         &mut self,
         tokens: &[u32],
         pages: &[u32],
         lock: bool,
     ) -> Result<InsertResult, ClientError> {
+        if self.anchoring.on {
+            if let Some(r) = self.insert_anchored(tokens, pages, lock)? {
+                return Ok(r);
+            }
+        }
         let request = Request::Insert {
             tokens: copy::to_vec(tokens),
             pages: copy::to_vec(pages),
             lock,
         };
-        match self.call(&request)? {
-            Reply::Inserted {
-                cached,
-                len,
-                handle,
-                ..
-            } => Ok(InsertResult {
-                cached: cached as usize,
-                len: len as usize,
-                handle: handle.map(Handle::from_raw),
-            }),
-            other => Err(unexpected(other)),
-        }
+        inserted(self.call(&request)?)
     }
 
-    /// The longest cached prefix of `tokens`, optionally locked.
+    /// The longest cached prefix of `tokens`, optionally locked (by
+    /// anchor: see [`Client::set_anchoring`]).
     pub fn match_prefix(&mut self, tokens: &[u32], lock: bool) -> Result<MatchResult, ClientError> {
+        if self.anchoring.on {
+            if let Some(m) = self.match_anchored(tokens, lock)? {
+                return Ok(m);
+            }
+        }
         match self.call(&Request::Match {
             tokens: copy::to_vec(tokens),
             lock,
@@ -874,6 +1026,22 @@ fn protect_engine(segment: &Segment, layout: &SharedLayout) -> Result<(), Client
     Ok(())
 }
 
+fn inserted(reply: Reply) -> Result<InsertResult, ClientError> {
+    match reply {
+        Reply::Inserted {
+            cached,
+            len,
+            handle,
+            ..
+        } => Ok(InsertResult {
+            cached: cached as usize,
+            len: len as usize,
+            handle: handle.map(Handle::from_raw),
+        }),
+        other => Err(unexpected(other)),
+    }
+}
+
 fn unexpected(reply: Reply) -> ClientError {
     ProtocolError::Unexpected(reply.kind()).into()
 }
@@ -889,8 +1057,30 @@ impl Drop for Client {
 }
 
 impl crate::op::Backend for Client {
+    /// `match` and `insert` go by anchor when anchoring is on (see
+    /// [`Client::set_anchoring`]), with the same answers.
     fn call(&mut self, request: Request) -> Result<Reply, Rejection> {
-        Client::call(self, &request).map_err(|e| match e {
+        let answer = match request {
+            Request::Match { tokens, lock } if self.anchoring.on => {
+                self.match_prefix(&tokens, lock).map(|m| Reply::Matched {
+                    len: m.len as u64,
+                    pages: m.pages,
+                    handle: m.handle.map(Handle::to_raw),
+                })
+            }
+            Request::Insert {
+                tokens,
+                pages,
+                lock,
+            } if self.anchoring.on => self.insert(&tokens, &pages, lock).map(|r| Reply::Inserted {
+                cached: r.cached as u64,
+                len: r.len as u64,
+                handle: r.handle.map(Handle::to_raw),
+                locked: lock,
+            }),
+            request => Client::call(self, &request),
+        };
+        answer.map_err(|e| match e {
             ClientError::Rejected(r) => r,
             ClientError::DaemonGone => Rejection::new(ErrorKind::DaemonGone, e.to_string()),
             ClientError::Timeout => Rejection::new(ErrorKind::Timeout, e.to_string()),

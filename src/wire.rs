@@ -16,7 +16,7 @@ use std::mem::size_of;
 
 use radixd_ipc::{copy, Scratch, ScratchError};
 
-use crate::engine::Stats;
+use crate::engine::{Anchor, Handle, Stats};
 use crate::op::{check_session_id, check_session_len, ErrorKind, Rejection, Reply, Request};
 
 /// A request's payload window in a client's scratch area, checked to lie
@@ -88,6 +88,8 @@ mod opcode {
     pub const STATS: u32 = 11;
     pub const RESET: u32 = 12;
     pub const VALIDATE: u32 = 13;
+    pub const MATCH_AT: u32 = 14;
+    pub const INSERT_AT: u32 = 15;
 }
 
 /// Reply kinds.
@@ -124,18 +126,24 @@ pub struct WireRequest {
     pub seq: u64,
     pub op: u32,
     pub flags: u32,
-    /// `n` of alloc, handle of lock/unlock, tokens of evict.
+    /// `n` of alloc, handle of lock/unlock, tokens of evict; for the
+    /// anchored ops the anchor's node as a handle (index | generation << 32).
     pub arg: u64,
     /// Payload window in the request scratch, in bytes.
     pub payload_off: u32,
     pub payload_len: u32,
-    /// The payload is `n_tokens` tokens, `n_pages` pages, then the session id.
+    /// The payload is `n_tokens` tokens, `n_pages` pages, then the session
+    /// id, or for the anchored ops the anchor's words: matched pages, and
+    /// for `MatchAt` the next page's hash when the reader had one.
     pub n_tokens: u32,
     pub n_pages: u32,
     /// Window of the reply scratch the answer may use, in bytes.
     pub reply_off: u32,
     pub reply_len: u32,
-    pub _reserved: [u32; 4],
+    /// For the anchored ops: the anchor's version and pages into its node;
+    /// zero for every other op.
+    pub aux: [u32; 2],
+    pub _reserved: [u32; 2],
 }
 
 /// One reply record in a ring.
@@ -173,13 +181,29 @@ pub struct EncodedRequest<'r> {
     pub reply_need: usize,
     pub tokens: &'r [u32],
     pub pages: &'r [u32],
+    /// The anchored ops' words after the pages (see [`WireRequest`]).
+    pub anchor_words: AnchorWords,
     pub session: &'r [u8],
 }
 
+/// Up to two words of an anchored request's payload.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AnchorWords {
+    words: [u32; 2],
+    len: usize,
+}
+
+impl AnchorWords {
+    /// The words.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.words[..self.len]
+    }
+}
+
 impl EncodedRequest<'_> {
-    /// Payload bytes: `tokens ++ pages ++ session`.
+    /// Payload bytes: `tokens ++ pages ++ anchor words ++ session`.
     pub fn payload_len(&self) -> usize {
-        (self.tokens.len() + self.pages.len()) * 4 + self.session.len()
+        (self.tokens.len() + self.pages.len() + self.anchor_words.len) * 4 + self.session.len()
     }
 
     /// The payload as one buffer, for transports that need one.
@@ -187,6 +211,7 @@ impl EncodedRequest<'_> {
         let mut out = Vec::with_capacity(self.payload_len());
         push_u32s(&mut out, self.tokens);
         push_u32s(&mut out, self.pages);
+        push_u32s(&mut out, self.anchor_words.as_slice());
         out.extend_from_slice(self.session);
         out
     }
@@ -275,6 +300,7 @@ pub fn encode_request(request: &Request, page_size: u32, capacity: u32) -> Encod
         reply_need: reply_need(request, page_size, capacity).max(MIN_REPLY_WINDOW),
         tokens: &[],
         pages: &[],
+        anchor_words: AnchorWords::default(),
         session: &[],
     };
     let r = &mut e.record;
@@ -333,11 +359,57 @@ pub fn encode_request(request: &Request, page_size: u32, capacity: u32) -> Encod
         Request::Stats => r.op = opcode::STATS,
         Request::Reset => r.op = opcode::RESET,
         Request::Validate => r.op = opcode::VALIDATE,
+        Request::MatchAt {
+            anchor,
+            matched_pages,
+            next_hash,
+            lock: l,
+        } => {
+            r.op = opcode::MATCH_AT;
+            r.flags = lock(*l);
+            set_anchor(r, anchor);
+            e.anchor_words = match next_hash {
+                Some(h) => AnchorWords {
+                    words: [*matched_pages, *h],
+                    len: 2,
+                },
+                None => AnchorWords {
+                    words: [*matched_pages, 0],
+                    len: 1,
+                },
+            };
+        }
+        Request::InsertAt {
+            anchor,
+            matched_pages,
+            tokens,
+            pages,
+            lock: l,
+        } => {
+            r.op = opcode::INSERT_AT;
+            r.flags = lock(*l);
+            set_anchor(r, anchor);
+            (e.tokens, e.pages) = (tokens, pages);
+            e.anchor_words = AnchorWords {
+                words: [*matched_pages, 0],
+                len: 1,
+            };
+        }
     }
     e.record.n_tokens = e.tokens.len() as u32;
     e.record.n_pages = e.pages.len() as u32;
     e.record.payload_len = e.payload_len() as u32;
     e
+}
+
+/// The anchor's node (as a handle), version and pages into the node.
+fn set_anchor(r: &mut WireRequest, a: &Anchor) {
+    let node = Handle {
+        index: a.node,
+        generation: a.generation,
+    };
+    r.arg = node.to_raw();
+    r.aux = [a.version, a.pages_into_node];
 }
 
 fn malformed(message: impl Into<String>) -> Rejection {
@@ -389,6 +461,28 @@ pub fn decode_request<P: Payload + ?Sized>(
         }
     };
     let none = || exact(false, false, false);
+    // The anchored ops' words after the pages: `words` of them exactly.
+    let anchor_words = |words: &[usize]| -> Result<Vec<u32>, Rejection> {
+        match words.iter().find(|&&n| n * 4 == tail) {
+            Some(&n) => payload.words(pages_end, n),
+            None => Err(malformed(format!(
+                "{tail} bytes after the pages, not an anchor's words"
+            ))),
+        }
+    };
+    let anchor = || {
+        let node = Handle::from_raw(r.arg);
+        Anchor {
+            node: node.index,
+            generation: node.generation,
+            version: r.aux[0],
+            pages_into_node: r.aux[1],
+        }
+    };
+    let anchored = matches!(r.op, opcode::MATCH_AT | opcode::INSERT_AT);
+    if !anchored && r.aux != [0, 0] {
+        return Err(malformed("aux words set on an op that takes none"));
+    }
     let request = match r.op {
         opcode::ALLOC => none().map(|()| Request::Alloc { n: r.arg })?,
         opcode::FREE => {
@@ -436,6 +530,33 @@ pub fn decode_request<P: Payload + ?Sized>(
         opcode::STATS => none().map(|()| Request::Stats)?,
         opcode::RESET => none().map(|()| Request::Reset)?,
         opcode::VALIDATE => none().map(|()| Request::Validate)?,
+        opcode::MATCH_AT => {
+            exact(false, false, true)?;
+            let (matched_pages, next_hash) = match anchor_words(&[1, 2])?[..] {
+                [m] => (m, None),
+                [m, h] => (m, Some(h)),
+                _ => return Err(malformed("short anchor words")),
+            };
+            Request::MatchAt {
+                anchor: anchor(),
+                matched_pages,
+                next_hash,
+                lock,
+            }
+        }
+        opcode::INSERT_AT => {
+            exact(true, true, true)?;
+            let [matched_pages] = anchor_words(&[1])?[..] else {
+                return Err(malformed("short anchor words"));
+            };
+            Request::InsertAt {
+                anchor: anchor(),
+                matched_pages,
+                tokens: tokens()?,
+                pages: pages()?,
+                lock,
+            }
+        }
         op => {
             return Err(Rejection::new(
                 ErrorKind::UnknownOp,
@@ -443,7 +564,14 @@ pub fn decode_request<P: Payload + ?Sized>(
             ))
         }
     };
-    if lock && !matches!(request, Request::Insert { .. } | Request::Match { .. }) {
+    let lockable = matches!(
+        request,
+        Request::Insert { .. }
+            | Request::Match { .. }
+            | Request::MatchAt { .. }
+            | Request::InsertAt { .. }
+    );
+    if lock && !lockable {
         return Err(malformed("only insert and match take a lock flag"));
     }
     Ok(request)
@@ -666,7 +794,137 @@ mod tests {
             Request::Stats,
             Request::Reset,
             Request::Validate,
+            Request::MatchAt {
+                anchor: ANCHOR,
+                matched_pages: 9,
+                next_hash: Some(0xdead_beef),
+                lock: true,
+            },
+            Request::MatchAt {
+                anchor: ANCHOR,
+                matched_pages: 2,
+                next_hash: None,
+                lock: false,
+            },
+            Request::InsertAt {
+                anchor: ANCHOR,
+                matched_pages: 1,
+                tokens: vec![7, 8],
+                pages: vec![3, 4],
+                lock: true,
+            },
         ]
+    }
+
+    const ANCHOR: Anchor = Anchor {
+        node: 5,
+        generation: 3,
+        version: 12,
+        pages_into_node: 2,
+    };
+
+    #[test]
+    fn anchored_requests_carry_the_anchor_in_the_record_and_no_key_prefix() {
+        let m = Request::MatchAt {
+            anchor: ANCHOR,
+            matched_pages: 9,
+            next_hash: None,
+            lock: true,
+        };
+        let e = encode_request(&m, 4, 64);
+        assert_eq!(e.record.arg, 3 << 32 | 5);
+        assert_eq!(e.record.aux, [12, 2]);
+        assert_eq!((e.record.n_tokens, e.record.n_pages), (0, 0));
+        assert_eq!(e.payload_len(), 4);
+        assert_eq!(reply_need(&m, 4, 64), 0);
+    }
+
+    #[test]
+    fn malformed_anchored_records_are_rejected() {
+        let m = Request::MatchAt {
+            anchor: ANCHOR,
+            matched_pages: 9,
+            next_hash: Some(1),
+            lock: true,
+        };
+        let good = encode_request(&m, 1, 64);
+        let p = good.payload();
+        let i = Request::InsertAt {
+            anchor: ANCHOR,
+            matched_pages: 1,
+            tokens: vec![7, 8],
+            pages: vec![3, 4],
+            lock: false,
+        };
+        let ins = encode_request(&i, 1, 64);
+        let ip = ins.payload();
+        let cases: Vec<(WireRequest, Vec<u8>)> = vec![
+            // Tokens on a MatchAt, and words of the wrong count.
+            (
+                WireRequest {
+                    n_tokens: 1,
+                    ..good.record
+                },
+                p.clone(),
+            ),
+            (
+                WireRequest {
+                    payload_len: 12,
+                    ..good.record
+                },
+                [&p[..], &[0; 4]].concat(),
+            ),
+            (
+                WireRequest {
+                    payload_len: 0,
+                    ..good.record
+                },
+                vec![],
+            ),
+            (
+                WireRequest {
+                    payload_len: 6,
+                    ..good.record
+                },
+                p[..6].to_vec(),
+            ),
+            // InsertAt takes one word after the pages, exactly.
+            (
+                WireRequest {
+                    payload_len: ins.record.payload_len - 4,
+                    ..ins.record
+                },
+                ip[..ip.len() - 4].to_vec(),
+            ),
+            (
+                WireRequest {
+                    payload_len: ins.record.payload_len + 4,
+                    ..ins.record
+                },
+                [&ip[..], &[0; 4]].concat(),
+            ),
+            // Aux words on an op that takes none.
+            (
+                WireRequest {
+                    op: opcode::STATS,
+                    aux: [1, 0],
+                    ..WireRequest::default()
+                },
+                vec![],
+            ),
+            (
+                WireRequest {
+                    flags: 0x10,
+                    ..good.record
+                },
+                p.clone(),
+            ),
+        ];
+        for (record, payload) in cases {
+            let r = decode_request(&record, payload.as_slice());
+            let err = r.as_ref().expect_err("accepted");
+            assert_eq!(err.kind, ErrorKind::Malformed, "{record:?}: {r:?}");
+        }
     }
 
     #[test]

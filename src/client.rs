@@ -725,11 +725,29 @@ impl Client {
         self.anchoring.fallbacks
     }
 
-    /// The read before an anchored call: `None` (counted as a fallback)
-    /// when it kept colliding with the daemon's writes.
-    fn read_anchor(&mut self, tokens: &[u32]) -> Result<Option<(Peeked, Vec<u32>)>, ClientError> {
+    /// The read before an anchored call standing in for a full request
+    /// of `payload` bytes whose answer needs `reply` bytes: `None`
+    /// (counted as a fallback) when it kept colliding with the daemon's
+    /// writes.
+    fn read_anchor(
+        &mut self,
+        tokens: &[u32],
+        payload: usize,
+        reply: usize,
+    ) -> Result<Option<(Peeked, Vec<u32>)>, ClientError> {
         // Abandoned requests first: what they change comes before the read.
         self.resync()?;
+        // A full request too large to send fails so (as `batch` checks it)
+        // whichever way it goes: the answer must not depend on the path,
+        // nor on a fallback.
+        let reply = reply.max(wire::MIN_REPLY_WINDOW);
+        let half = self.layout.config.scratch_bytes as usize / 2;
+        if payload > half || reply > half {
+            return Err(ClientError::TooLarge {
+                bytes: payload.max(reply),
+                room: half,
+            });
+        }
         match self.peek_anchored(tokens) {
             Ok(read) => Ok(Some(read)),
             Err(ClientError::Contended) => {
@@ -762,7 +780,10 @@ impl Client {
         tokens: &[u32],
         lock: bool,
     ) -> Result<Option<MatchResult>, ClientError> {
-        let Some((peeked, pages)) = self.read_anchor(tokens)? else {
+        // `Match`'s payload is the tokens, its answer the pages.
+        let p = self.page_size().max(1) as usize;
+        let read = self.read_anchor(tokens, tokens.len() * 4, tokens.len() / p * 4)?;
+        let Some((peeked, pages)) = read else {
             return Ok(None);
         };
         let Some(anchor) = peeked.anchor else {
@@ -799,7 +820,9 @@ impl Client {
         pages: &[u32],
         lock: bool,
     ) -> Result<Option<InsertResult>, ClientError> {
-        let Some((peeked, matched)) = self.read_anchor(tokens)? else {
+        // `Insert`'s payload is the tokens and the pages.
+        let read = self.read_anchor(tokens, (tokens.len() + pages.len()) * 4, 0)?;
+        let Some((peeked, matched)) = read else {
             return Ok(None);
         };
         // Nothing cached: the full request sends nothing more.

@@ -523,6 +523,39 @@ fn anchored_matches_stay_exact_beside_a_churning_writer() {
     a.validate().unwrap();
 }
 
+/// A key too large for the scratch area is refused the same way by both
+/// paths, though the anchored one would not have to send it.
+#[test]
+fn a_request_too_large_to_send_fails_alike_with_or_without_anchoring() {
+    let daemon = Daemon::start(&[
+        "--page-size",
+        "2",
+        "--capacity",
+        "64",
+        "--scratch-bytes",
+        "65536",
+    ]);
+    let mut c = connect(&daemon);
+    let pages = c.alloc(2).unwrap();
+    c.insert(&[0, 0, 0, 0], &pages, false).unwrap();
+    let huge = vec![0u32; 100_000];
+    for anchored in [true, false] {
+        c.set_anchoring(anchored);
+        let m = c.match_prefix(&huge, true);
+        assert!(
+            matches!(m, Err(ClientError::TooLarge { .. })),
+            "{anchored}: {m:?}"
+        );
+        let i = c.insert(&huge, &[], false);
+        assert!(
+            matches!(i, Err(ClientError::TooLarge { .. })),
+            "{anchored}: {i:?}"
+        );
+    }
+    assert_eq!(c.stats().unwrap().0.protected_tokens, 0);
+    c.validate().unwrap();
+}
+
 #[test]
 fn hostile_anchors_get_typed_errors_and_change_nothing() {
     use radixd::engine::Anchor;

@@ -91,6 +91,41 @@ fn match_anchored(e: &mut Engine, key: &[u32], lock: bool) -> Option<(Matched, V
 }
 
 #[test]
+fn the_anchor_names_where_the_match_ended() {
+    let mut e = engine(P, 16);
+    put(&mut e, A, &[1, 1, 2, 2, 3, 3], false);
+    let mut pages = Vec::new();
+    let at = |e: &Engine, key: &[u32], pages: &mut Vec<u32>| e.peek_anchored(key, pages).unwrap();
+    // Nothing matched: no anchor.
+    let p = at(&e, &[9, 9, 1, 1], &mut pages);
+    assert_eq!((p.len, p.anchor, p.next_hash), (0, None, None));
+    // Inside the edge, the key ending there or going on: no hash needed.
+    for key in [&[1, 1, 2, 2][..], &[1, 1, 2, 2, 9, 9, 9]] {
+        let p = at(&e, key, &mut pages);
+        let a = p.anchor.unwrap();
+        assert_eq!((p.len, a.pages_into_node, p.next_hash), (4, 2, None));
+        assert_eq!(a.version % 2, 0);
+        assert_eq!(pages.len(), 2);
+    }
+    // The node whole, the key ending with it: no hash; going on: its hash.
+    let p = at(&e, &[1, 1, 2, 2, 3, 3, 4], &mut pages);
+    assert_eq!(
+        (p.len, p.anchor.unwrap().pages_into_node, p.next_hash),
+        (6, 3, None)
+    );
+    let p = at(&e, &[1, 1, 2, 2, 3, 3, 4, 4], &mut pages);
+    assert_eq!((p.len, p.anchor.unwrap().pages_into_node), (6, 3));
+    assert!(p.next_hash.is_some());
+    // The anchor is the node a full match (without lock) hands out.
+    let mut full = Vec::new();
+    let m = e.match_prefix(A, &[1, 1, 2, 2, 3, 3], false, &mut full);
+    let h = m.handle.unwrap();
+    let a = at(&e, &[1, 1, 2, 2, 3, 3], &mut pages).anchor.unwrap();
+    assert_eq!((a.node, a.generation), (h.index, h.generation));
+    ok(&e);
+}
+
+#[test]
 fn anchored_match_and_insert_equal_the_full_requests() {
     for seed in 0..20 {
         let (mut a, mut b) = twins();

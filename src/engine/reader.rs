@@ -43,6 +43,16 @@
 //! finds the upper half childless (`loom_tests/tests/walk.rs` checks this
 //! stronger property).
 //!
+//! # Anchors
+//!
+//! [`TreeReader::peek_anchored`] also names where the answer came from: the
+//! deepest frame, or the child copied after it when the match stopped
+//! inside that child, with the version it was validated at
+//! ([`Anchor`]). By the guarantee's argument, while that node's version
+//! stands still its path from the root, and so the answer's tokens and
+//! pages, stay cached as read; the engine checks exactly that before it
+//! acts on an anchor (`Engine::match_at`, `Engine::insert_at`).
+//!
 //! Reused records are never misread: freeing and reusing a node moves its
 //! version, and a page changes owner only after the node that held it was
 //! trimmed (its version moved). The segment is never unmapped under a

@@ -18,7 +18,7 @@ use radixd_ipc::{
     RingError, Scratch, ScratchError, Segment, Spin, INFO_OFFSET,
 };
 
-use crate::engine::{Handle, Stats, TreeReader};
+use crate::engine::{Handle, Peeked, Stats, TreeReader};
 use crate::op::{ErrorKind, Rejection, Reply, Request};
 use crate::shared::{read_info, Info, LiveStats, SharedLayout, PROTOCOL_VERSION, RING_CAPACITY};
 use crate::wire::{self, BadReply, Call, WireReply, WireRequest};
@@ -201,6 +201,21 @@ pub struct Client {
     /// of one answer's window.
     answers: Vec<Result<Reply, Rejection>>,
     buf: Vec<u8>,
+    /// Pages an anchored insert read (only their count is sent).
+    matched: Vec<u32>,
+    /// Whether `match_prefix` and `insert` read the tree first and send
+    /// only what the daemon lacks, and how that went.
+    anchoring: Anchoring,
+}
+
+/// See [`Client::set_anchoring`].
+#[derive(Clone, Copy, Debug)]
+struct Anchoring {
+    on: bool,
+    /// Calls answered without sending the key's matched part.
+    hits: u64,
+    /// Calls that read the tree, then sent the full request after all.
+    fallbacks: u64,
 }
 
 /// A request on its way whose answer no caller will read.
@@ -325,6 +340,12 @@ impl Client {
             trips: 0,
             answers: Vec::new(),
             buf: Vec::new(),
+            matched: Vec::new(),
+            anchoring: Anchoring {
+                on: true,
+                hits: 0,
+                fallbacks: 0,
+            },
         };
         // From here on `Drop` releases the claim on every error path.
         let port = port_of(&client.segment, &client.layout, client.slot)?;
@@ -392,8 +413,14 @@ impl Client {
             let mut deadline = None;
             let mut buf = Vec::new();
             while let Some(&sent) = self.outstanding.front() {
-                let reply = wait(&self.segment, &self.load, &port, &mut deadline, self.timeout)
-                    .map_err(|e| break_on(&mut self.broken, e))?;
+                let reply = wait(
+                    &self.segment,
+                    &self.load,
+                    &port,
+                    &mut deadline,
+                    self.timeout,
+                )
+                .map_err(|e| break_on(&mut self.broken, e))?;
                 let answer = read_answer(&port, &reply, sent, &mut buf);
                 let answer = match answer {
                     Ok(a) => a,
@@ -611,6 +638,7 @@ impl Client {
             record.reply_off = reply_at as u32;
             record.reply_len = e.reply_need as u32;
             // Straight from the caller's slices into the window: no staging.
+            let anchor_words = e.anchor_words.as_slice();
             let words = (e.tokens.len() + e.pages.len()) * 4;
             let at = payload_at as u64;
             let written = port
@@ -620,7 +648,11 @@ impl Client {
                     port.scratch
                         .write_u32s(at + e.tokens.len() as u64 * 4, e.pages)
                 })
-                .and_then(|()| port.scratch.write_bytes(at + words as u64, e.session));
+                .and_then(|()| port.scratch.write_u32s(at + words as u64, anchor_words))
+                .and_then(|()| {
+                    let at = at + (words + anchor_words.len() * 4) as u64;
+                    port.scratch.write_bytes(at, e.session)
+                });
             if let Err(e) = written {
                 posted = Err(ProtocolError::Scratch(e).into());
                 break;
@@ -651,8 +683,14 @@ impl Client {
         let mut buf = std::mem::take(&mut self.buf);
         let received = (|| {
             for _ in 0..sent {
-                let reply = wait(&self.segment, &self.load, &port, &mut deadline, self.timeout)
-                    .map_err(|e| break_on(&mut self.broken, e))?;
+                let reply = wait(
+                    &self.segment,
+                    &self.load,
+                    &port,
+                    &mut deadline,
+                    self.timeout,
+                )
+                .map_err(|e| break_on(&mut self.broken, e))?;
                 let Some(&front) = self.outstanding.front() else {
                     break;
                 };
@@ -675,6 +713,18 @@ impl Client {
     /// from the shared tree: no round trip, no lock, no LRU touch (for
     /// scoring requests; `match_prefix` is what a scheduler acts on).
     pub fn peek(&self, tokens: &[u32]) -> Result<(usize, Vec<u32>), ClientError> {
+        self.peek_anchored(tokens).map(|(p, pages)| (p.len, pages))
+    }
+
+    /// [`Client::peek`], also naming where the match ended in the tree
+    /// (see [`TreeReader::peek_anchored`]).
+    pub fn peek_anchored(&self, tokens: &[u32]) -> Result<(Peeked, Vec<u32>), ClientError> {
+        let mut pages = Vec::new();
+        self.peek_into(tokens, &mut pages).map(|p| (p, pages))
+    }
+
+    /// [`Client::peek_anchored`] into `pages` (cleared first).
+    fn peek_into(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Result<Peeked, ClientError> {
         let base = self
             .segment
             .region(self.layout.engine_at, self.layout.engine.size() as u64)
@@ -695,18 +745,171 @@ impl Client {
             })
             .into());
         };
-        let mut pages = Vec::new();
         for _ in 0..PEEK_TRIES {
             // Announced, the daemon reuses no node or page this walk may
             // return; an announcement it expired (this process stalled for
             // `daemon::READER_EXPIRY`) makes the copy untrustworthy.
             announce.pin(clock);
-            let len = reader.peek(tokens, &mut pages);
+            let peeked = reader.peek_anchored(tokens, pages);
             if announce.unpin() {
-                return len.map(|len| (len, pages)).ok_or(ClientError::Contended);
+                return peeked.ok_or(ClientError::Contended);
             }
         }
         Err(ClientError::Contended)
+    }
+
+    /// Turns anchoring on (the default) or off. On, [`Client::match_prefix`]
+    /// and [`Client::insert`] first read the tree lock-free
+    /// ([`Client::peek_anchored`]) and send the daemon only where the match
+    /// ended (and, for an insert, the tokens after it); the daemon acts
+    /// there only if that node is unchanged, else the client sends the
+    /// full request. A match of nothing is answered without a round trip.
+    /// Answers are those of the full requests either way; off, every call
+    /// sends the whole key (for comparison and tests).
+    pub fn set_anchoring(&mut self, on: bool) {
+        self.anchoring.on = on;
+    }
+
+    /// Whether anchoring is on (see [`Client::set_anchoring`]).
+    pub fn anchoring(&self) -> bool {
+        self.anchoring.on
+    }
+
+    /// `match_prefix` and `insert` calls answered by the anchored path
+    /// (without sending the matched part of the key) so far.
+    pub fn anchored_hits(&self) -> u64 {
+        self.anchoring.hits
+    }
+
+    /// Anchored calls that fell back to the full request (the tree moved
+    /// under the anchor, or the read kept colliding with writes) so far.
+    pub fn anchored_fallbacks(&self) -> u64 {
+        self.anchoring.fallbacks
+    }
+
+    /// The read before an anchored call standing in for a full request
+    /// of `payload` bytes whose answer needs `reply` bytes: `None`
+    /// (counted as a fallback) when it kept colliding with the daemon's
+    /// writes.
+    fn read_anchor(
+        &mut self,
+        tokens: &[u32],
+        payload: usize,
+        reply: usize,
+        pages: &mut Vec<u32>,
+    ) -> Result<Option<Peeked>, ClientError> {
+        // Abandoned requests first: what they change comes before the read.
+        self.resync()?;
+        // A full request too large to send fails so (as `batch` checks it)
+        // whichever way it goes: the answer must not depend on the path,
+        // nor on a fallback.
+        let reply = reply.max(wire::MIN_REPLY_WINDOW);
+        let half = self.layout.config.scratch_bytes as usize / 2;
+        if payload > half || reply > half {
+            return Err(ClientError::TooLarge {
+                bytes: payload.max(reply),
+                room: half,
+            });
+        }
+        match self.peek_into(tokens, pages) {
+            Ok(read) => Ok(Some(read)),
+            Err(ClientError::Contended) => {
+                self.anchoring.fallbacks += 1;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends an anchored request: `None` (counted) when the tree moved
+    /// under the anchor and the full request must follow.
+    fn call_anchored(&mut self, call: Call<'_>) -> Result<Option<Reply>, ClientError> {
+        match self.send(call) {
+            Ok(reply) => {
+                self.anchoring.hits += 1;
+                Ok(Some(reply))
+            }
+            Err(ClientError::Rejected(r)) if r.kind == ErrorKind::Moved => {
+                self.anchoring.fallbacks += 1;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `match_prefix` by anchor; `None`: send the full request.
+    fn match_anchored(
+        &mut self,
+        tokens: &[u32],
+        lock: bool,
+    ) -> Result<Option<MatchResult>, ClientError> {
+        // `Match`'s payload is the tokens, its answer the pages.
+        let p = self.page_size().max(1) as usize;
+        let mut pages = Vec::new();
+        let read = self.read_anchor(tokens, tokens.len() * 4, tokens.len() / p * 4, &mut pages)?;
+        let Some(peeked) = read else {
+            return Ok(None);
+        };
+        let Some(anchor) = peeked.anchor else {
+            // Nothing cached: the full request would change nothing (the
+            // root is never touched or locked) and answer just this.
+            self.anchoring.hits += 1;
+            return Ok(Some(MatchResult {
+                len: 0,
+                pages: Vec::new(),
+                handle: None,
+            }));
+        };
+        let call = Call::MatchAt {
+            anchor,
+            matched_pages: pages.len() as u32,
+            next_hash: peeked.next_hash,
+            lock,
+        };
+        match self.call_anchored(call)? {
+            None => Ok(None),
+            Some(Reply::Matched { len, handle, .. }) => Ok(Some(MatchResult {
+                len: len as usize,
+                pages,
+                handle: handle.map(Handle::from_raw),
+            })),
+            Some(other) => Err(unexpected(other)),
+        }
+    }
+
+    /// `insert` by anchor; `None`: send the full request.
+    fn insert_anchored(
+        &mut self,
+        tokens: &[u32],
+        pages: &[u32],
+        lock: bool,
+    ) -> Result<Option<InsertResult>, ClientError> {
+        // `Insert`'s payload is the tokens and the pages.
+        // The pages read are not needed, only their count: a buffer kept
+        // from call to call.
+        let mut matched = std::mem::take(&mut self.matched);
+        let payload = (tokens.len() + pages.len()) * 4;
+        let read = self.read_anchor(tokens, payload, 0, &mut matched);
+        let matched_pages = matched.len() as u32;
+        self.matched = matched;
+        let Some(peeked) = read? else {
+            return Ok(None);
+        };
+        // Nothing cached: the full request sends nothing more.
+        let Some(anchor) = peeked.anchor else {
+            return Ok(None);
+        };
+        let call = Call::InsertAt {
+            anchor,
+            matched_pages,
+            tokens: &tokens[peeked.len..],
+            pages,
+            lock,
+        };
+        match self.call_anchored(call)? {
+            None => Ok(None),
+            Some(reply) => inserted(reply).map(Some),
+        }
     }
 
     /// Takes `n` pages from the pool, evicting as needed.
@@ -722,30 +925,30 @@ impl Client {
         self.done(Call::Free(pages))
     }
 
-    /// Caches `tokens` with `pages`.
+    /// Caches `tokens` with `pages` (by anchor: see
+    /// [`Client::set_anchoring`]).
     pub fn insert(
         &mut self,
         tokens: &[u32],
         pages: &[u32],
         lock: bool,
     ) -> Result<InsertResult, ClientError> {
-        match self.send(Call::Insert(tokens, pages, lock))? {
-            Reply::Inserted {
-                cached,
-                len,
-                handle,
-                ..
-            } => Ok(InsertResult {
-                cached: cached as usize,
-                len: len as usize,
-                handle: handle.map(Handle::from_raw),
-            }),
-            other => Err(unexpected(other)),
+        if self.anchoring.on {
+            if let Some(r) = self.insert_anchored(tokens, pages, lock)? {
+                return Ok(r);
+            }
         }
+        inserted(self.send(Call::Insert(tokens, pages, lock))?)
     }
 
-    /// The longest cached prefix of `tokens`, optionally locked.
+    /// The longest cached prefix of `tokens`, optionally locked (by
+    /// anchor: see [`Client::set_anchoring`]).
     pub fn match_prefix(&mut self, tokens: &[u32], lock: bool) -> Result<MatchResult, ClientError> {
+        if self.anchoring.on {
+            if let Some(m) = self.match_anchored(tokens, lock)? {
+                return Ok(m);
+            }
+        }
         match self.send(Call::Match(tokens, lock))? {
             Reply::Matched {
                 len, pages, handle, ..
@@ -902,6 +1105,22 @@ fn protect_engine(segment: &Segment, layout: &SharedLayout) -> Result<(), Client
     Ok(())
 }
 
+fn inserted(reply: Reply) -> Result<InsertResult, ClientError> {
+    match reply {
+        Reply::Inserted {
+            cached,
+            len,
+            handle,
+            ..
+        } => Ok(InsertResult {
+            cached: cached as usize,
+            len: len as usize,
+            handle: handle.map(Handle::from_raw),
+        }),
+        other => Err(unexpected(other)),
+    }
+}
+
 fn unexpected(reply: Reply) -> ClientError {
     ProtocolError::Unexpected(reply.kind()).into()
 }
@@ -917,8 +1136,30 @@ impl Drop for Client {
 }
 
 impl crate::op::Backend for Client {
+    /// `match` and `insert` go by anchor when anchoring is on (see
+    /// [`Client::set_anchoring`]), with the same answers.
     fn call(&mut self, request: Request) -> Result<Reply, Rejection> {
-        Client::call(self, &request).map_err(|e| match e {
+        let answer = match request {
+            Request::Match { tokens, lock } if self.anchoring.on => {
+                self.match_prefix(&tokens, lock).map(|m| Reply::Matched {
+                    len: m.len as u64,
+                    pages: m.pages,
+                    handle: m.handle.map(Handle::to_raw),
+                })
+            }
+            Request::Insert {
+                tokens,
+                pages,
+                lock,
+            } if self.anchoring.on => self.insert(&tokens, &pages, lock).map(|r| Reply::Inserted {
+                cached: r.cached as u64,
+                len: r.len as u64,
+                handle: r.handle.map(Handle::to_raw),
+                locked: lock,
+            }),
+            request => Client::call(self, &request),
+        };
+        answer.map_err(|e| match e {
             ClientError::Rejected(r) => r,
             ClientError::DaemonGone => Rejection::new(ErrorKind::DaemonGone, e.to_string()),
             ClientError::Timeout => Rejection::new(ErrorKind::Timeout, e.to_string()),

@@ -144,11 +144,17 @@ struct ExecArgs {
     /// in-process only: a daemon has its own `serve --session-ttl`).
     #[arg(long, value_parser = positive_seconds, conflicts_with = "connect")]
     session_ttl: Option<Duration>,
+    /// With --connect: send every match and insert with its whole key,
+    /// instead of reading the shared tree first and sending only where the
+    /// match ended (same answers; for comparison).
+    #[arg(long, requires = "connect")]
+    full_requests: bool,
 }
 
 fn exec(args: ExecArgs) -> Result<(), String> {
     if let Some(name) = args.connect {
         let mut client = Client::connect(&name).map_err(|e| format!("{name}: {e}"))?;
+        client.set_anchoring(!args.full_requests);
         // The daemon's configuration rules; a flag that contradicts it is
         // an error rather than silently ignored.
         let daemon = [

@@ -4,7 +4,9 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::engine::{ClientId, Engine, HandleError, PageError, Region, SessionError, Stats};
+use crate::engine::{
+    Anchor, AnchorError, ClientId, Engine, HandleError, PageError, Region, SessionError, Stats,
+};
 
 /// One request to the cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +50,29 @@ pub enum Request {
     Reset,
     /// Checks every invariant of the engine (a diagnostic; changes nothing).
     Validate,
+    /// `match` of a key whose first `matched_pages` pages the client read
+    /// down to `anchor` ([`Engine::match_at`]): no tokens travel. Answers
+    /// `Matched` without pages (the client has them from its read), or
+    /// [`ErrorKind::Moved`]. Internal to the shared-memory client: `exec`
+    /// never parses it.
+    MatchAt {
+        anchor: Anchor,
+        matched_pages: u32,
+        /// The reader's `Peeked::next_hash`.
+        next_hash: Option<u32>,
+        lock: bool,
+    },
+    /// `insert` of a key whose first `matched_pages` pages the client read
+    /// down to `anchor` ([`Engine::insert_at`]): `tokens` is the rest of
+    /// the key, `pages` one per whole page of the whole key. Answers
+    /// `Inserted`, or [`ErrorKind::Moved`]. Internal, as `MatchAt`.
+    InsertAt {
+        anchor: Anchor,
+        matched_pages: u32,
+        tokens: Vec<u32>,
+        pages: Vec<u32>,
+        lock: bool,
+    },
 }
 
 /// The answer to a successful request.
@@ -65,7 +90,7 @@ pub enum Reply {
         locked: bool,
     },
     /// `match`: the handle covers the matched tokens (`None`: nothing
-    /// matched), locked when the request asked.
+    /// matched), locked when the request asked. No pages for `MatchAt`.
     Matched {
         len: u64,
         pages: Vec<u32>,
@@ -158,11 +183,15 @@ pub enum ErrorKind {
     /// The daemon does not allow this operation (`reset` without
     /// `--allow-reset`).
     NotPermitted = 17,
+    /// Internal: the tree moved under the anchor of a `MatchAt` or
+    /// `InsertAt` (nothing changed). The client then sends the full
+    /// request, so neither `exec` nor a library caller ever sees it.
+    Moved = 18,
 }
 
 impl ErrorKind {
     /// Every kind, for decoding.
-    pub const ALL: [ErrorKind; 17] = [
+    pub const ALL: [ErrorKind; 18] = [
         Self::UnknownOp,
         Self::Malformed,
         Self::PageOutOfRange,
@@ -180,6 +209,7 @@ impl ErrorKind {
         Self::Protocol,
         Self::Invariant,
         Self::NotPermitted,
+        Self::Moved,
     ];
 
     /// The wire name.
@@ -202,6 +232,7 @@ impl ErrorKind {
             Self::Protocol => "protocol",
             Self::Invariant => "invariant",
             Self::NotPermitted => "not_permitted",
+            Self::Moved => "moved",
         }
     }
 
@@ -256,6 +287,16 @@ impl From<HandleError> for Rejection {
             HandleError::NotLocked(_) => ErrorKind::NotLocked,
         };
         Self::new(kind, e.to_string())
+    }
+}
+
+impl From<AnchorError> for Rejection {
+    fn from(e: AnchorError) -> Self {
+        match e {
+            AnchorError::Moved => Self::new(ErrorKind::Moved, e.to_string()),
+            AnchorError::Invalid(_) => Self::new(ErrorKind::Malformed, e.to_string()),
+            AnchorError::Page(p) => p.into(),
+        }
     }
 }
 
@@ -409,6 +450,39 @@ pub fn apply_with<R: Region>(
                 .validate()
                 .map_err(|e| Rejection::new(ErrorKind::Invariant, e.to_string()))?;
             Reply::Done
+        }
+        Request::MatchAt {
+            anchor,
+            matched_pages,
+            next_hash,
+            lock,
+        } => {
+            let m = matched_pages as usize;
+            let r = engine.match_at(client, &anchor, m, next_hash, lock, None)?;
+            Reply::Matched {
+                len: r.len as u64,
+                pages: Vec::new(),
+                handle: r.handle.map(|h| h.to_raw()),
+            }
+        }
+        Request::InsertAt {
+            anchor,
+            matched_pages,
+            tokens,
+            pages,
+            lock,
+        } => {
+            let m = matched_pages as usize;
+            let r = engine.insert_at(client, &anchor, m, &tokens, &pages, lock);
+            spare.keep(tokens);
+            spare.keep(pages);
+            let r = r?;
+            Reply::Inserted {
+                cached: r.cached as u64,
+                len: r.len as u64,
+                handle: r.handle.map(|h| h.to_raw()),
+                locked: lock,
+            }
         }
     })
 }

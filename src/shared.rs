@@ -28,8 +28,9 @@ use crate::engine::{EngineLayout, Grace, Region, Stats, REGION_ALIGN};
 use crate::wire::{WireReply, WireRequest};
 
 /// Version of radixd's own structures (`Info`, `LiveStats`, the wire
-/// records, the engine layout); mixed into the layout hash.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// records and the ops they carry, the engine layout); mixed into the
+/// layout hash. 3: the anchored ops `MatchAt`/`InsertAt` and `aux`.
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Requests (and replies) a client may have in flight.
 pub const RING_CAPACITY: u32 = 64;
 

@@ -19,7 +19,7 @@ use std::mem::size_of;
 
 use radixd_ipc::{copy, Scratch, ScratchError};
 
-use crate::engine::Stats;
+use crate::engine::{Anchor, Handle, Stats};
 use crate::op::{check_session_id, check_session_len, ErrorKind, Rejection, Reply, Request, Spare};
 
 /// A request's payload window in a client's scratch area, checked to lie
@@ -89,6 +89,8 @@ mod opcode {
     pub const STATS: u32 = 11;
     pub const RESET: u32 = 12;
     pub const VALIDATE: u32 = 13;
+    pub const MATCH_AT: u32 = 14;
+    pub const INSERT_AT: u32 = 15;
 }
 
 /// Reply kinds.
@@ -131,18 +133,22 @@ pub struct WireRequest {
     pub seq: u64,
     pub op: u32,
     pub flags: u32,
-    /// `n` of alloc, handle of lock/unlock, tokens of evict.
+    /// `n` of alloc, handle of lock/unlock, tokens of evict; for the
+    /// anchored ops the anchor's node as a handle (index | generation << 32).
     pub arg: u64,
     /// Payload window in the request scratch, in bytes.
     pub payload_off: u32,
     pub payload_len: u32,
-    /// The payload is `n_tokens` tokens, `n_pages` pages, then the session id.
+    /// The payload is `n_tokens` tokens, `n_pages` pages, then the session
+    /// id, or for the anchored ops the anchor's words: matched pages, and
+    /// for `MatchAt` the next page's hash when the reader had one.
     pub n_tokens: u32,
     pub n_pages: u32,
     /// Window of the reply scratch the answer may use, in bytes.
     pub reply_off: u32,
     pub reply_len: u32,
-    /// Operation-specific extra words (none use them yet; must be zero).
+    /// For the anchored ops: the anchor's version and pages into its node;
+    /// zero for every other op.
     pub aux: [u32; 2],
 }
 
@@ -184,13 +190,29 @@ pub struct EncodedRequest<'r> {
     pub reply_need: usize,
     pub tokens: &'r [u32],
     pub pages: &'r [u32],
+    /// The anchored ops' words after the pages (see [`WireRequest`]).
+    pub anchor_words: AnchorWords,
     pub session: &'r [u8],
 }
 
+/// Up to two words of an anchored request's payload.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AnchorWords {
+    words: [u32; 2],
+    len: usize,
+}
+
+impl AnchorWords {
+    /// The words.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.words[..self.len]
+    }
+}
+
 impl EncodedRequest<'_> {
-    /// Payload bytes: `tokens ++ pages ++ session`.
+    /// Payload bytes: `tokens ++ pages ++ anchor words ++ session`.
     pub fn payload_len(&self) -> usize {
-        (self.tokens.len() + self.pages.len()) * 4 + self.session.len()
+        (self.tokens.len() + self.pages.len() + self.anchor_words.len) * 4 + self.session.len()
     }
 
     /// The payload as one buffer, for transports that need one.
@@ -198,6 +220,7 @@ impl EncodedRequest<'_> {
         let mut out = Vec::with_capacity(self.payload_len());
         push_u32s(&mut out, self.tokens);
         push_u32s(&mut out, self.pages);
+        push_u32s(&mut out, self.anchor_words.as_slice());
         out.extend_from_slice(self.session);
         out
     }
@@ -299,6 +322,21 @@ pub enum Call<'a> {
     Stats,
     Reset,
     Validate,
+    /// See [`Request::MatchAt`].
+    MatchAt {
+        anchor: Anchor,
+        matched_pages: u32,
+        next_hash: Option<u32>,
+        lock: bool,
+    },
+    /// See [`Request::InsertAt`].
+    InsertAt {
+        anchor: Anchor,
+        matched_pages: u32,
+        tokens: &'a [u32],
+        pages: &'a [u32],
+        lock: bool,
+    },
 }
 
 impl<'a> Call<'a> {
@@ -326,6 +364,30 @@ impl<'a> Call<'a> {
             Request::Stats => Self::Stats,
             Request::Reset => Self::Reset,
             Request::Validate => Self::Validate,
+            Request::MatchAt {
+                anchor,
+                matched_pages,
+                next_hash,
+                lock,
+            } => Self::MatchAt {
+                anchor: *anchor,
+                matched_pages: *matched_pages,
+                next_hash: *next_hash,
+                lock: *lock,
+            },
+            Request::InsertAt {
+                anchor,
+                matched_pages,
+                tokens,
+                pages,
+                lock,
+            } => Self::InsertAt {
+                anchor: *anchor,
+                matched_pages: *matched_pages,
+                tokens,
+                pages,
+                lock: *lock,
+            },
         }
     }
 
@@ -364,6 +426,13 @@ impl<'a> Call<'a> {
             Self::Stats => (opcode::STATS, 0, 0, none, none, ""),
             Self::Reset => (opcode::RESET, 0, 0, none, none, ""),
             Self::Validate => (opcode::VALIDATE, 0, 0, none, none, ""),
+            Self::MatchAt { lock: l, .. } => (opcode::MATCH_AT, 0, lock(l), none, none, ""),
+            Self::InsertAt {
+                tokens,
+                pages,
+                lock: l,
+                ..
+            } => (opcode::INSERT_AT, 0, lock(l), tokens, pages, ""),
         };
         let mut e = EncodedRequest {
             record: WireRequest {
@@ -377,8 +446,35 @@ impl<'a> Call<'a> {
             reply_need,
             tokens,
             pages,
+            anchor_words: AnchorWords::default(),
             session: session.as_bytes(),
         };
+        match self {
+            Self::MatchAt {
+                anchor,
+                matched_pages,
+                next_hash,
+                ..
+            } => {
+                set_anchor(&mut e.record, &anchor);
+                e.anchor_words = AnchorWords {
+                    words: [matched_pages, next_hash.unwrap_or(0)],
+                    len: 1 + usize::from(next_hash.is_some()),
+                };
+            }
+            Self::InsertAt {
+                anchor,
+                matched_pages,
+                ..
+            } => {
+                set_anchor(&mut e.record, &anchor);
+                e.anchor_words = AnchorWords {
+                    words: [matched_pages, 0],
+                    len: 1,
+                };
+            }
+            _ => {}
+        }
         e.record.payload_len = e.payload_len() as u32;
         e
     }
@@ -387,6 +483,16 @@ impl<'a> Call<'a> {
 /// Encodes `request` for an engine of `page_size` and `capacity`.
 pub fn encode_request(request: &Request, page_size: u32, capacity: u32) -> EncodedRequest<'_> {
     Call::of(request).encode(page_size, capacity)
+}
+
+/// The anchor's node (as a handle), version and pages into the node.
+fn set_anchor(r: &mut WireRequest, a: &Anchor) {
+    let node = Handle {
+        index: a.node,
+        generation: a.generation,
+    };
+    r.arg = node.to_raw();
+    r.aux = [a.version, a.pages_into_node];
 }
 
 fn malformed(message: impl Into<String>) -> Rejection {
@@ -405,9 +511,6 @@ pub fn decode_request<P: Payload + ?Sized>(
 ) -> Result<Request, Rejection> {
     if r.flags & !FLAG_LOCK != 0 {
         return Err(malformed(format!("unknown request flags {:#x}", r.flags)));
-    }
-    if r.aux != [0; 2] {
-        return Err(malformed("reserved words of the record are not zero"));
     }
     if payload.len() != r.payload_len as usize {
         return Err(malformed("payload length disagrees with the record"));
@@ -447,6 +550,36 @@ pub fn decode_request<P: Payload + ?Sized>(
         }
     };
     let none = || exact(false, false, false);
+    // The anchored ops' words after the pages: `words` of them exactly.
+    let anchor_words = |spare: &mut Spare, words: &[usize]| -> Result<[u32; 2], Rejection> {
+        let Some(&n) = words.iter().find(|&&n| n * 4 == tail) else {
+            return Err(malformed(format!(
+                "{tail} bytes after the pages, not an anchor's words"
+            )));
+        };
+        let mut got = spare.list();
+        let read = payload.words(pages_end, n, &mut got);
+        let out = [got.first().copied(), got.get(1).copied()];
+        spare.keep(got);
+        read?;
+        match out {
+            [Some(m), h] => Ok([m, h.unwrap_or(0)]),
+            _ => Err(malformed("short anchor words")),
+        }
+    };
+    let anchor = || {
+        let node = Handle::from_raw(r.arg);
+        Anchor {
+            node: node.index,
+            generation: node.generation,
+            version: r.aux[0],
+            pages_into_node: r.aux[1],
+        }
+    };
+    let anchored = matches!(r.op, opcode::MATCH_AT | opcode::INSERT_AT);
+    if !anchored && r.aux != [0, 0] {
+        return Err(malformed("aux words set on an op that takes none"));
+    }
     let request = match r.op {
         opcode::ALLOC => none().map(|()| Request::Alloc { n: r.arg })?,
         opcode::FREE => {
@@ -496,6 +629,28 @@ pub fn decode_request<P: Payload + ?Sized>(
         opcode::STATS => none().map(|()| Request::Stats)?,
         opcode::RESET => none().map(|()| Request::Reset)?,
         opcode::VALIDATE => none().map(|()| Request::Validate)?,
+        opcode::MATCH_AT => {
+            exact(false, false, true)?;
+            let [matched_pages, hash] = anchor_words(spare, &[1, 2])?;
+            let next_hash = (tail == 8).then_some(hash);
+            Request::MatchAt {
+                anchor: anchor(),
+                matched_pages,
+                next_hash,
+                lock,
+            }
+        }
+        opcode::INSERT_AT => {
+            exact(true, true, true)?;
+            let [matched_pages, _] = anchor_words(spare, &[1])?;
+            Request::InsertAt {
+                anchor: anchor(),
+                matched_pages,
+                tokens: list(spare, 0, r.n_tokens)?,
+                pages: list(spare, tokens_end, r.n_pages)?,
+                lock,
+            }
+        }
         op => {
             return Err(Rejection::new(
                 ErrorKind::UnknownOp,
@@ -503,7 +658,14 @@ pub fn decode_request<P: Payload + ?Sized>(
             ))
         }
     };
-    if lock && !matches!(request, Request::Insert { .. } | Request::Match { .. }) {
+    let lockable = matches!(
+        request,
+        Request::Insert { .. }
+            | Request::Match { .. }
+            | Request::MatchAt { .. }
+            | Request::InsertAt { .. }
+    );
+    if lock && !lockable {
         return Err(malformed("only insert and match take a lock flag"));
     }
     Ok(request)
@@ -755,7 +917,137 @@ mod tests {
             Request::Stats,
             Request::Reset,
             Request::Validate,
+            Request::MatchAt {
+                anchor: ANCHOR,
+                matched_pages: 9,
+                next_hash: Some(0xdead_beef),
+                lock: true,
+            },
+            Request::MatchAt {
+                anchor: ANCHOR,
+                matched_pages: 2,
+                next_hash: None,
+                lock: false,
+            },
+            Request::InsertAt {
+                anchor: ANCHOR,
+                matched_pages: 1,
+                tokens: vec![7, 8],
+                pages: vec![3, 4],
+                lock: true,
+            },
         ]
+    }
+
+    const ANCHOR: Anchor = Anchor {
+        node: 5,
+        generation: 3,
+        version: 12,
+        pages_into_node: 2,
+    };
+
+    #[test]
+    fn anchored_requests_carry_the_anchor_in_the_record_and_no_key_prefix() {
+        let m = Request::MatchAt {
+            anchor: ANCHOR,
+            matched_pages: 9,
+            next_hash: None,
+            lock: true,
+        };
+        let e = encode_request(&m, 4, 64);
+        assert_eq!(e.record.arg, 3 << 32 | 5);
+        assert_eq!(e.record.aux, [12, 2]);
+        assert_eq!((e.record.n_tokens, e.record.n_pages), (0, 0));
+        assert_eq!(e.payload_len(), 4);
+        assert_eq!(reply_need(&m, 4, 64), 0);
+    }
+
+    #[test]
+    fn malformed_anchored_records_are_rejected() {
+        let m = Request::MatchAt {
+            anchor: ANCHOR,
+            matched_pages: 9,
+            next_hash: Some(1),
+            lock: true,
+        };
+        let good = encode_request(&m, 1, 64);
+        let p = good.payload();
+        let i = Request::InsertAt {
+            anchor: ANCHOR,
+            matched_pages: 1,
+            tokens: vec![7, 8],
+            pages: vec![3, 4],
+            lock: false,
+        };
+        let ins = encode_request(&i, 1, 64);
+        let ip = ins.payload();
+        let cases: Vec<(WireRequest, Vec<u8>)> = vec![
+            // Tokens on a MatchAt, and words of the wrong count.
+            (
+                WireRequest {
+                    n_tokens: 1,
+                    ..good.record
+                },
+                p.clone(),
+            ),
+            (
+                WireRequest {
+                    payload_len: 12,
+                    ..good.record
+                },
+                [&p[..], &[0; 4]].concat(),
+            ),
+            (
+                WireRequest {
+                    payload_len: 0,
+                    ..good.record
+                },
+                vec![],
+            ),
+            (
+                WireRequest {
+                    payload_len: 6,
+                    ..good.record
+                },
+                p[..6].to_vec(),
+            ),
+            // InsertAt takes one word after the pages, exactly.
+            (
+                WireRequest {
+                    payload_len: ins.record.payload_len - 4,
+                    ..ins.record
+                },
+                ip[..ip.len() - 4].to_vec(),
+            ),
+            (
+                WireRequest {
+                    payload_len: ins.record.payload_len + 4,
+                    ..ins.record
+                },
+                [&ip[..], &[0; 4]].concat(),
+            ),
+            // Aux words on an op that takes none.
+            (
+                WireRequest {
+                    op: opcode::STATS,
+                    aux: [1, 0],
+                    ..WireRequest::default()
+                },
+                vec![],
+            ),
+            (
+                WireRequest {
+                    flags: 0x10,
+                    ..good.record
+                },
+                p.clone(),
+            ),
+        ];
+        for (record, payload) in cases {
+            let r = decode_request(&record, payload.as_slice(), &mut Spare::default());
+            let err = r.as_ref().expect_err("accepted");
+            assert_eq!(err.kind, ErrorKind::Malformed, "{record:?}: {r:?}");
+        }
     }
 
     #[test]

@@ -109,7 +109,10 @@ fn allocations(f: impl FnOnce()) -> (u64, u64) {
     MEASURING.store(true, Ordering::SeqCst);
     f();
     MEASURING.store(false, Ordering::SeqCst);
-    (CLIENT.load(Ordering::Relaxed), DAEMON.load(Ordering::Relaxed))
+    (
+        CLIENT.load(Ordering::Relaxed),
+        DAEMON.load(Ordering::Relaxed),
+    )
 }
 
 #[test]
@@ -118,6 +121,7 @@ fn a_warm_client_and_daemon_allocate_nothing_per_request() {
         let mut c = Client::connect(name).unwrap();
         let prompt: Vec<u32> = (0..1024).collect();
         let pages = c.alloc(64).unwrap();
+        assert!(c.anchoring());
         let h = c.insert(&prompt, &pages, true).unwrap().handle.unwrap();
         let step = |c: &mut Client| {
             let m = c.match_prefix(&prompt, true).unwrap();
@@ -139,33 +143,46 @@ fn a_warm_client_and_daemon_allocate_nothing_per_request() {
         }
         if std::env::var_os("RADIXD_ALLOC_DEBUG").is_some() {
             let handle = c.match_prefix(&prompt, false).unwrap().handle.unwrap();
-            eprintln!("match {:?}", allocations(|| drop(c.match_prefix(&prompt, false))));
+            eprintln!(
+                "match {:?}",
+                allocations(|| drop(c.match_prefix(&prompt, false)))
+            );
             eprintln!("lock {:?}", allocations(|| c.lock(handle).unwrap()));
             eprintln!("unlock {:?}", allocations(|| c.unlock(handle).unwrap()));
             eprintln!("alloc {:?}", allocations(|| drop(c.alloc(1))));
-            eprintln!("insert {:?}", allocations(|| drop(c.insert(&prompt, &pages, false))));
+            eprintln!(
+                "insert {:?}",
+                allocations(|| drop(c.insert(&prompt, &pages, false)))
+            );
             eprintln!("evict {:?}", allocations(|| drop(c.evict(0))));
             eprintln!("stats {:?}", allocations(|| drop(c.stats())));
             eprintln!("peek {:?}", allocations(|| drop(c.peek(&prompt))));
         }
         const STEPS: u64 = 500;
-        let (client, daemon) = allocations(|| {
-            for _ in 0..STEPS {
-                step(&mut c);
-            }
-        });
-        // Per step the caller owns three lists: the pages of `match`, of
-        // `alloc`, and of `peek`; nothing else is allocated on its side.
-        assert!(
-            client <= 3 * STEPS,
-            "the client allocated {client} times in {STEPS} steps"
-        );
-        // The daemon's rounds between requests (sweeps every 50 ms) may
-        // allocate rarely; its requests never.
-        assert!(
-            daemon <= 4,
-            "the daemon allocated {daemon} times in {STEPS} steps of 9 requests"
-        );
+        // Both ways of sending `match` and `insert`: by anchor (the
+        // default), and with the whole key.
+        for anchoring in [true, false] {
+            c.set_anchoring(anchoring);
+            step(&mut c);
+            let (client, daemon) = allocations(|| {
+                for _ in 0..STEPS {
+                    step(&mut c);
+                }
+            });
+            // Per step the caller owns three lists: the pages of `match`,
+            // of `alloc`, and of `peek`; nothing else is allocated on its
+            // side.
+            assert!(
+                client <= 3 * STEPS,
+                "anchoring {anchoring}: the client allocated {client} times in {STEPS} steps"
+            );
+            // The daemon's rounds between requests (sweeps every 50 ms)
+            // may allocate rarely; its requests never.
+            assert!(
+                daemon <= 4,
+                "anchoring {anchoring}: the daemon allocated {daemon} times in {STEPS} steps of 9 requests"
+            );
+        }
         c.unlock(h).unwrap();
         c.validate().unwrap();
     });

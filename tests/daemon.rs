@@ -265,7 +265,7 @@ proptest! {
     fn garbage_in_a_request_slot_gets_an_answer_and_changes_nothing(
         records in proptest::collection::vec(
             (0u32..16, 0u32..4, any::<u64>(), field(), field(), field(), field(), field(), field(),
-             proptest::collection::vec(any::<u8>(), 0..64)),
+             proptest::collection::vec(any::<u8>(), 0..64), (field(), field())),
             200,
         )
     ) {
@@ -274,7 +274,7 @@ proptest! {
         let pages = client.alloc(2).unwrap();
         client.insert(&[1, 2, 3, 4], &pages, true).unwrap();
         let raw = Raw::new(&daemon.name, &client);
-        for (i, (op, flags, arg, poff, plen, nt, np, roff, rlen, bytes)) in records.into_iter().enumerate() {
+        for (i, (op, flags, arg, poff, plen, nt, np, roff, rlen, bytes, (x, y))) in records.into_iter().enumerate() {
             let record = WireRequest {
                 seq: raw.seq(i as u64),
                 op,
@@ -286,7 +286,9 @@ proptest! {
                 n_pages: np,
                 reply_off: roff,
                 reply_len: rlen,
-                aux: [0; 2],
+                // Anchors for the anchored ops (14, 15): a version and
+                // pages into the node; any other op must refuse them.
+                aux: if i % 2 == 0 { [x % 8, y % 4] } else { [0; 2] },
             };
             let before = client.stats().unwrap();
             let reply = raw.exchange(record, u64::from(record.payload_off), &bytes);
@@ -376,5 +378,294 @@ fn peek_reads_the_shared_tree_without_a_round_trip_even_under_churn() {
         "the churn evicted"
     );
     c.unlock(h).unwrap();
+    c.validate().unwrap();
+}
+
+/// The anchor of `key` as `c` reads it now, with the matched pages.
+fn anchor_of(c: &Client, key: &[u32]) -> (radixd::engine::Peeked, Vec<u32>) {
+    c.peek_anchored(key).expect("peek")
+}
+
+fn moved(r: Result<radixd::op::Reply, ClientError>) -> bool {
+    matches!(r, Err(ClientError::Rejected(ref r)) if r.kind == radixd::op::ErrorKind::Moved)
+}
+
+#[test]
+fn anchored_calls_take_the_fast_path_and_fall_back_when_the_tree_moved() {
+    use radixd::op::Request;
+    let daemon = Daemon::start(&["--page-size", "2", "--capacity", "64"]);
+    let mut a = connect(&daemon);
+    let mut b = connect(&daemon);
+    assert!(a.anchoring());
+    let base: Vec<u32> = (1..=8).collect();
+    let pages = a.alloc(4).unwrap();
+    // Nothing cached yet: the insert goes in full.
+    a.insert(&base, &pages, false).unwrap();
+    assert_eq!((a.anchored_hits(), a.anchored_fallbacks()), (0, 0));
+    let key = [&base[..], &[9, 9]].concat();
+    let m = a.match_prefix(&key, true).unwrap();
+    assert_eq!((m.len, &m.pages), (8, &pages));
+    assert_eq!(a.anchored_hits(), 1);
+    assert_eq!(a.stats().unwrap().0.protected_tokens, 8);
+    a.unlock(m.handle.unwrap()).unwrap();
+    // Nothing matches: answered without a round trip.
+    let none = a.match_prefix(&[7, 7, 7], true).unwrap();
+    assert_eq!((none.len, none.pages.len(), none.handle), (0, 0, None));
+    assert_eq!(a.anchored_hits(), 2);
+
+    // A writer between the read and the lock splits the anchor's node:
+    // the anchored request is refused as moved and changes nothing...
+    let (peeked, _) = anchor_of(&a, &key);
+    let split = [1, 2, 3, 4, 5, 5];
+    let bp = b.alloc(3).unwrap();
+    b.insert(&split, &bp, false).unwrap();
+    let before = a.stats().unwrap();
+    let at = Request::MatchAt {
+        anchor: peeked.anchor.unwrap(),
+        matched_pages: 4,
+        next_hash: peeked.next_hash,
+        lock: true,
+    };
+    assert!(moved(a.call(&at)));
+    assert_eq!(a.stats().unwrap(), before);
+    // ...and the same for a child that continues the key (no version of
+    // the anchor's node moves then, only the child table's).
+    let (peeked, _) = anchor_of(&a, &key);
+    let bp = b.alloc(5).unwrap();
+    b.insert(&key, &bp, false).unwrap();
+    let at = Request::MatchAt {
+        anchor: peeked.anchor.unwrap(),
+        matched_pages: 4,
+        next_hash: peeked.next_hash,
+        lock: true,
+    };
+    assert!(moved(a.call(&at)));
+    let ins = Request::InsertAt {
+        anchor: peeked.anchor.unwrap(),
+        matched_pages: 4,
+        tokens: vec![9, 9],
+        pages: vec![0; 5],
+        lock: false,
+    };
+    // An insert walks on below the unchanged anchor, and judges its pages
+    // as the full insert does: page 0 at its own place is fine, the same
+    // page again at the next is not a's to give.
+    let r = a.call(&ins);
+    assert!(
+        matches!(r, Err(ClientError::Rejected(ref r)) if r.kind == radixd::op::ErrorKind::PageNotOwned),
+        "{r:?}"
+    );
+    // The calls themselves answer as the full requests do.
+    let m = a.match_prefix(&key, false).unwrap();
+    assert_eq!(m.len, 10);
+    let hits = a.anchored_hits();
+    let mut full = connect(&daemon);
+    full.set_anchoring(false);
+    let f = full.match_prefix(&key, false).unwrap();
+    assert_eq!((f.len, f.pages, f.handle), (m.len, m.pages, m.handle));
+    assert_eq!(full.anchored_hits(), 0);
+    assert_eq!(a.anchored_hits(), hits);
+    a.validate().unwrap();
+}
+
+/// A writer splits, evicts and re-caches the very prompt a scheduler
+/// matches with a lock: every answer is a locked, still-cached prefix, and
+/// both the anchored path and the fallback are taken.
+#[test]
+fn anchored_matches_stay_exact_beside_a_churning_writer() {
+    let daemon = Daemon::start(&["--page-size", "2", "--capacity", "256"]);
+    let mut a = connect(&daemon);
+    let key: Vec<u32> = (0..64).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let name = daemon.name.clone();
+        let stop = stop.clone();
+        let key = key.clone();
+        std::thread::spawn(move || {
+            let mut b = Client::connect(&name).unwrap();
+            let (mut n, mut round) = (2, 0);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let k = &key[..n];
+                let pages = b.alloc(n as u64 / 2).unwrap();
+                b.insert(k, &pages, false).unwrap();
+                round += 1;
+                if round % 5 == 0 {
+                    b.evict(1000).unwrap();
+                }
+                n = if n + 6 > key.len() { 2 } else { n + 6 };
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut rounds = 0;
+    while rounds < 300 || a.anchored_fallbacks() == 0 || a.anchored_hits() == 0 {
+        assert!(Instant::now() < deadline, "no fallback seen");
+        let m = a.match_prefix(&key, true).unwrap();
+        assert_eq!(m.pages.len() * 2, m.len);
+        if let Some(h) = m.handle {
+            // Locked: those pages stay cached at that prefix.
+            let read = loop {
+                match a.peek(&key[..m.len]) {
+                    Err(ClientError::Contended) => continue,
+                    read => break read.unwrap(),
+                }
+            };
+            assert_eq!((read.0, &read.1), (m.len, &m.pages));
+            a.unlock(h).unwrap();
+        } else {
+            assert_eq!(m.len, 0);
+        }
+        rounds += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    a.validate().unwrap();
+}
+
+/// A key too large for the scratch area is refused the same way by both
+/// paths, though the anchored one would not have to send it.
+#[test]
+fn a_request_too_large_to_send_fails_alike_with_or_without_anchoring() {
+    let daemon = Daemon::start(&[
+        "--page-size",
+        "2",
+        "--capacity",
+        "64",
+        "--scratch-bytes",
+        "65536",
+    ]);
+    let mut c = connect(&daemon);
+    let pages = c.alloc(2).unwrap();
+    c.insert(&[0, 0, 0, 0], &pages, false).unwrap();
+    let huge = vec![0u32; 100_000];
+    for anchored in [true, false] {
+        c.set_anchoring(anchored);
+        let m = c.match_prefix(&huge, true);
+        assert!(
+            matches!(m, Err(ClientError::TooLarge { .. })),
+            "{anchored}: {m:?}"
+        );
+        let i = c.insert(&huge, &[], false);
+        assert!(
+            matches!(i, Err(ClientError::TooLarge { .. })),
+            "{anchored}: {i:?}"
+        );
+    }
+    assert_eq!(c.stats().unwrap().0.protected_tokens, 0);
+    c.validate().unwrap();
+}
+
+#[test]
+fn hostile_anchors_get_typed_errors_and_change_nothing() {
+    use radixd::engine::Anchor;
+    use radixd::op::{ErrorKind, Request};
+    let daemon = Daemon::start(&["--page-size", "2", "--capacity", "32"]);
+    let mut c = connect(&daemon);
+    let key: Vec<u32> = (1..=6).collect();
+    let pages = c.alloc(3).unwrap();
+    c.insert(&key, &pages, true).unwrap();
+    let (peeked, _) = anchor_of(&c, &key);
+    let good = peeked.anchor.unwrap();
+    let spare = c.alloc(4).unwrap();
+    let before = c.stats().unwrap();
+    let bad = [
+        (Anchor { node: 0, ..good }, 3, ErrorKind::Malformed),
+        (
+            Anchor {
+                node: u32::MAX,
+                ..good
+            },
+            3,
+            ErrorKind::Malformed,
+        ),
+        (
+            Anchor {
+                version: good.version | 1,
+                ..good
+            },
+            3,
+            ErrorKind::Malformed,
+        ),
+        (
+            Anchor {
+                version: good.version + 2,
+                ..good
+            },
+            3,
+            ErrorKind::Moved,
+        ),
+        (
+            Anchor {
+                generation: good.generation + 1,
+                ..good
+            },
+            3,
+            ErrorKind::Moved,
+        ),
+        (
+            Anchor {
+                pages_into_node: 0,
+                ..good
+            },
+            0,
+            ErrorKind::Malformed,
+        ),
+        (
+            Anchor {
+                pages_into_node: 9,
+                ..good
+            },
+            9,
+            ErrorKind::Malformed,
+        ),
+        (good, 2, ErrorKind::Malformed),
+        (good, u32::MAX, ErrorKind::Malformed),
+    ];
+    for (anchor, m, kind) in bad {
+        for request in [
+            Request::MatchAt {
+                anchor,
+                matched_pages: m,
+                next_hash: Some(1),
+                lock: true,
+            },
+            Request::InsertAt {
+                anchor,
+                matched_pages: m,
+                tokens: vec![7, 7],
+                pages: spare.clone(),
+                lock: true,
+            },
+        ] {
+            match c.call(&request) {
+                Err(ClientError::Rejected(r)) => assert_eq!(r.kind, kind, "{request:?}"),
+                other => panic!("{request:?} answered {other:?}"),
+            }
+            assert_eq!(c.stats().unwrap(), before, "{request:?} changed state");
+        }
+    }
+    // A MatchAt that smuggles tokens, raw.
+    let raw = Raw::new(&daemon.name, &c);
+    let request = Request::MatchAt {
+        anchor: good,
+        matched_pages: 3,
+        next_hash: None,
+        lock: true,
+    };
+    let e = radixd::wire::encode_request(&request, 2, 32);
+    let mut payload = vec![1u8, 0, 0, 0, 2, 0, 0, 0];
+    payload.extend_from_slice(&e.payload());
+    let half = raw.scratch_len() / 2;
+    let record = WireRequest {
+        seq: raw.seq(0),
+        n_tokens: 2,
+        payload_len: payload.len() as u32,
+        reply_off: half as u32,
+        reply_len: 512,
+        ..e.record
+    };
+    let reply = raw.exchange(record, 0, &payload);
+    assert_eq!(reply.status, ErrorKind::Malformed as u32);
+    assert_eq!(c.stats().unwrap(), before);
     c.validate().unwrap();
 }

@@ -1,15 +1,16 @@
 //! `radixd exec`: the JSON-lines interface the README documents, driven through the
 //! real binary one line at a time (which also proves answers are flushed
-//! before the next request is read). Every scenario runs twice: on the
-//! in-process engine, and with `--connect` through a real daemon; the
-//! answers must be the same.
+//! before the next request is read). Every scenario runs three times: on
+//! the in-process engine, and with `--connect` through a real daemon, once
+//! with anchored match and insert (the default) and once with
+//! `--full-requests`; the answers must be the same.
 
 mod common;
 
 use common::{Daemon, Exec};
 use serde_json::{json, Value};
 
-/// Runs `$scenario(&mut Exec)` against both backends.
+/// Runs `$scenario(&mut Exec)` against every backend.
 macro_rules! both {
     ($scenario:ident, $page_size:expr, $capacity:expr) => {
         mod $scenario {
@@ -40,6 +41,16 @@ macro_rules! both {
                 let daemon = Daemon::start(&a);
                 super::$scenario(&mut Exec::start(&["--connect", &daemon.name]));
             }
+
+            #[test]
+            fn through_the_daemon_with_full_requests() {
+                let a = args();
+                let mut a: Vec<&str> = a.iter().map(String::as_str).collect();
+                a.push("--allow-reset");
+                let daemon = Daemon::start(&a);
+                let name = daemon.name.as_str();
+                super::$scenario(&mut Exec::start(&["--connect", name, "--full-requests"]));
+            }
         }
     };
 }
@@ -48,6 +59,113 @@ both!(every_op_answers_as_the_design_says, 2, 8);
 both!(sessions_over_exec, 2, 16);
 both!(errors_are_typed_and_change_nothing, 1, 4);
 both!(session_ids_follow_one_rule, 2, 8);
+both!(shared_prefixes_split_dedupe_and_extend, 2, 16);
+
+/// Prompts that share prefixes: matches and inserts that end inside an
+/// edge, at its end, past it, with duplicates and with pages the client
+/// does not own; the anchored paths must answer exactly the same.
+fn shared_prefixes_split_dedupe_and_extend(x: &mut Exec) {
+    let call = |x: &mut Exec, v: Value| x.call(v);
+    assert_eq!(
+        call(x, json!({"op":"alloc","n":4}))["pages"],
+        json!([0, 1, 2, 3])
+    );
+    let base = [1, 2, 3, 4, 5, 6, 7, 8];
+    assert_eq!(
+        call(x, json!({"op":"insert","tokens":base,"pages":[0,1,2,3]})),
+        json!({"ok":true,"cached":0,"len":8})
+    );
+    // Ends inside the edge: split there, the handle covers 6 tokens.
+    let m = call(
+        x,
+        json!({"op":"match","tokens":[1,2,3,4,5,6,9,9],"lock":true}),
+    );
+    assert_eq!((&m["len"], &m["pages"]), (&json!(6), &json!([0, 1, 2])));
+    let h6 = m["handle"].as_u64().expect("handle");
+    // Past the end (an odd token left over), then exactly at an edge's end.
+    let m = call(x, json!({"op":"match","tokens":[1,2,3,4,5,6,7,8,9]}));
+    assert_eq!((&m["len"], &m["pages"]), (&json!(8), &json!([0, 1, 2, 3])));
+    let m = call(x, json!({"op":"match","tokens":[1,2,3,4,5,6],"lock":true}));
+    assert_eq!((&m["len"], &m["handle"]), (&json!(6), &json!(h6)));
+    // Shorter than a page: nothing, no handle.
+    assert_eq!(
+        call(x, json!({"op":"match","tokens":[1],"lock":true})),
+        json!({"ok":true,"len":0,"pages":[],"handle":null})
+    );
+    assert_eq!(
+        call(x, json!({"op":"alloc","n":3}))["pages"],
+        json!([4, 5, 6])
+    );
+    // Duplicates of the cached prefix go back to the pool; a new leaf
+    // hangs under the split node.
+    assert_eq!(
+        call(
+            x,
+            json!({"op":"insert","tokens":[1,2,3,4,20,21],"pages":[4,5,6],"lock":true})
+        )["cached"],
+        json!(4)
+    );
+    assert_eq!(call(x, json!({"op":"stats"}))["free_pages"], json!(11));
+    // Inside an edge again (splits [1,2,3,4] at one page).
+    assert_eq!(call(x, json!({"op":"alloc","n":2}))["pages"], json!([7, 8]));
+    let ins = call(
+        x,
+        json!({"op":"insert","tokens":[1,2,30,31],"pages":[0,8],"lock":true}),
+    );
+    assert_eq!((&ins["cached"], &ins["len"]), (&json!(2), &json!(4)));
+    // Errors: a page not owned beyond the cached prefix, wrong counts;
+    // nothing changes.
+    let before = call(x, json!({"op":"stats"}));
+    let bad = call(
+        x,
+        json!({"op":"insert","tokens":[1,2,3,4,5,6,7,8,9,9],"pages":[0,1,2,3,4]}),
+    );
+    assert_eq!(error_kind(&bad), "page_not_owned");
+    let bad = call(
+        x,
+        json!({"op":"insert","tokens":[1,2,3,4,5,6,7,8,9,9],"pages":[0,1,2]}),
+    );
+    assert_eq!(error_kind(&bad), "page_count_mismatch");
+    let bad = call(
+        x,
+        json!({"op":"insert","tokens":[1,2,3,4,5,6,7,8,9,9],"pages":[0,1,2,3,99]}),
+    );
+    assert_eq!(error_kind(&bad), "page_out_of_range");
+    assert_eq!(call(x, json!({"op":"stats"})), before);
+    // Extending the whole prompt by a page (owned: page 7).
+    let ins = call(
+        x,
+        json!({"op":"insert","tokens":[1,2,3,4,5,6,7,8,9,9],"pages":[0,1,2,3,7]}),
+    );
+    assert_eq!(ins, json!({"ok":true,"cached":8,"len":10}));
+    let m = call(x, json!({"op":"match","tokens":[1,2,3,4,5,6,7,8,9,9,9]}));
+    assert_eq!(
+        (&m["len"], &m["pages"]),
+        (&json!(10), &json!([0, 1, 2, 3, 7]))
+    );
+    let stats = call(x, json!({"op":"stats"}));
+    assert_eq!(
+        (
+            &stats["nodes"],
+            &stats["protected_tokens"],
+            &stats["total_tokens"]
+        ),
+        (&json!(7), &json!(10), &json!(14))
+    );
+    assert_eq!(call(x, json!({"op":"validate"})), json!({"ok":true}));
+    assert_eq!(
+        call(x, json!({"op":"unlock","handle":h6})),
+        json!({"ok":true})
+    );
+    assert_eq!(
+        call(x, json!({"op":"unlock","handle":h6})),
+        json!({"ok":true})
+    );
+    assert_eq!(
+        error_kind(&call(x, json!({"op":"unlock","handle":h6}))),
+        "not_locked"
+    );
+}
 
 /// Session ids are 1..=256 bytes wherever the request comes from.
 fn session_ids_follow_one_rule(x: &mut Exec) {

@@ -108,6 +108,39 @@ impl fmt::Display for HandleError {
 
 impl std::error::Error for HandleError {}
 
+/// Errors of the anchored operations, `match_at` and `insert_at`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnchorError {
+    /// The tree changed under the anchor since it was read (its node went,
+    /// was reused, split, trimmed, or a child that may continue the key
+    /// came): nothing changed; ask again with the whole key.
+    Moved,
+    /// An anchor no reader could have produced from this tree: the root or
+    /// a node out of range, an odd version, pages outside the node, or a
+    /// page count that is not the node's depth.
+    Invalid(&'static str),
+    /// The pages of an `insert_at`, refused as `insert` would refuse them.
+    Page(PageError),
+}
+
+impl fmt::Display for AnchorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Moved => f.write_str("the tree moved under the anchor; send the whole key"),
+            Self::Invalid(why) => write!(f, "invalid anchor: {why}"),
+            Self::Page(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for AnchorError {}
+
+impl From<PageError> for AnchorError {
+    fn from(e: PageError) -> Self {
+        Self::Page(e)
+    }
+}
+
 /// A broken invariant found by [`Engine::validate`](super::Engine::validate).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InvariantError(pub String);

@@ -43,6 +43,16 @@
 //! finds the upper half childless (`loom_tests/tests/walk.rs` checks this
 //! stronger property).
 //!
+//! # Anchors
+//!
+//! [`TreeReader::peek_anchored`] also names where the answer came from: the
+//! deepest frame, or the child copied after it when the match stopped
+//! inside that child, with the version it was validated at
+//! ([`Anchor`]). By the guarantee's argument, while that node's version
+//! stands still its path from the root, and so the answer's tokens and
+//! pages, stay cached as read; the engine checks exactly that before it
+//! acts on an anchor (`Engine::match_at`, `Engine::insert_at`).
+//!
 //! Reused records are never misread: freeing and reusing a node moves its
 //! version, and a page changes owner only after the node that held it was
 //! trimmed (its version moved). The segment is never unmapped under a
@@ -72,14 +82,98 @@ pub const NODE_TRIES: u32 = 64;
 /// Tokens compared per volatile load in [`TreeReader::peek`]'s walk.
 const LANES: usize = 8;
 
+/// Where a [`TreeReader::peek_anchored`] match ended: the node holding
+/// its last page, as the reader validated it. The daemon can act on the
+/// match from here (lock it, insert below it) without the tokens that led
+/// there, after checking that the node is still at `version`: while a
+/// live node's version stands still, so does its path from the root (see
+/// the module's guarantee), so the anchor still spells the same prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Anchor {
+    /// The node's index (never the root).
+    pub node: u32,
+    /// Its generation when copied (the high half of its handle).
+    pub generation: u32,
+    /// Its validated (even) version.
+    pub version: u32,
+    /// How many of its pages matched, `1..=num_pages`.
+    pub pages_into_node: u32,
+}
+
+/// What [`TreeReader::peek_anchored`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peeked {
+    /// Tokens of the longest cached prefix (whole pages).
+    pub len: usize,
+    /// Where the match ended; `None` when nothing matched.
+    pub anchor: Option<Anchor>,
+    /// When the match took the anchor's node whole and the key has another
+    /// whole page: the child-table hash of `(node, that page)`, under which
+    /// a child holding it would be filed (none was, when read). The daemon
+    /// probes it to see whether such a child came since.
+    pub next_hash: Option<u32>,
+}
+
 /// One step of the walk: a node the reader stands on.
 #[derive(Clone, Copy, Debug)]
 struct Frame {
     node: u32,
-    /// The version its copy was validated at.
+    /// Its generation and the version its copy was validated at.
+    generation: u32,
     version: u32,
+    /// Its pages (all of them matched).
+    pages: u32,
     /// Key tokens matched down to and including this node.
     pos: usize,
+}
+
+/// The walk's frames, on the stack of the caller: the deepest
+/// [`FrameStack::DEPTH`] of them. A resume that pops past the oldest kept
+/// frame restarts from the root, as when the root itself changed: slower,
+/// never wrong.
+struct FrameStack {
+    frames: [Frame; Self::DEPTH],
+    len: usize,
+}
+
+impl FrameStack {
+    const DEPTH: usize = 64;
+
+    fn new(root: Frame) -> Self {
+        Self {
+            frames: [root; Self::DEPTH],
+            len: 1,
+        }
+    }
+
+    fn last(&self) -> Option<&Frame> {
+        self.len.checked_sub(1).map(|i| &self.frames[i])
+    }
+
+    fn push(&mut self, frame: Frame) {
+        if self.len == Self::DEPTH {
+            self.frames.copy_within(1.., 0);
+            self.len -= 1;
+        }
+        self.frames[self.len] = frame;
+        self.len += 1;
+    }
+
+    fn pop(&mut self) {
+        self.len = self.len.saturating_sub(1);
+    }
+}
+
+impl Frame {
+    /// The anchor of a match that ends with this node whole.
+    fn anchor(&self) -> Option<Anchor> {
+        (self.node != ROOT).then_some(Anchor {
+            node: self.node,
+            generation: self.generation,
+            version: self.version,
+            pages_into_node: self.pages,
+        })
+    }
 }
 
 /// What copying a candidate child found.
@@ -88,9 +182,11 @@ enum Copied {
     Torn,
     /// Not a child of the parent holding the key's next page.
     NotChild,
-    /// The child: its validated version, how many of its pages matched
-    /// (appended to the caller's pages) and whether that is all of them.
+    /// The child: its generation and validated version, how many of its
+    /// pages matched (appended to the caller's pages) and whether that is
+    /// all of them.
     Child {
+        generation: u32,
         version: u32,
         matched: usize,
         whole: bool,
@@ -102,12 +198,14 @@ enum Lookup {
     /// The child and its validated copy.
     Found {
         node: u32,
+        generation: u32,
         version: u32,
         matched: usize,
         whole: bool,
     },
-    /// No child holds the key's next page (validated under the table).
-    Miss,
+    /// No child holds the key's next page (validated under the table),
+    /// whose child-table hash this is.
+    Miss { hash: u32 },
     /// The child or the table kept changing.
     Torn,
 }
@@ -255,8 +353,9 @@ impl TreeReader {
         };
         let p = self.layout.page_size as usize;
         let start = out.len();
-        // `None`: torn; `Some(None)`: not the child; else (matched, whole).
-        let copy = || -> Option<Option<(usize, bool)>> {
+        // `None`: torn; `Some(None)`: not the child; else (generation,
+        // matched, whole).
+        let copy = || -> Option<Option<(u32, usize, bool)>> {
             let n = self.node(node)?;
             if n.state != NODE_LIVE || n.parent != parent {
                 return Some(None);
@@ -288,10 +387,11 @@ impl TreeReader {
             if whole && page != NIL {
                 return None;
             }
-            Some(Some((matched, whole)))
+            Some(Some((n.generation, matched, whole)))
         };
         match version.read(copy) {
-            Some((Some(Some((matched, whole))), v)) => Copied::Child {
+            Some((Some(Some((generation, matched, whole))), v)) => Copied::Child {
+                generation,
                 version: v,
                 matched,
                 whole,
@@ -328,12 +428,14 @@ impl TreeReader {
                 if b.hash == hash {
                     match self.copy_child(parent, b.node, key, pos, out) {
                         Copied::Child {
+                            generation,
                             version,
                             matched,
                             whole,
                         } => {
                             return Lookup::Found {
                                 node: b.node,
+                                generation,
                                 version,
                                 matched,
                                 whole,
@@ -346,7 +448,7 @@ impl TreeReader {
                 i = (i + 1) & mask;
             }
             if self.table_version().still(tv) {
-                return Lookup::Miss;
+                return Lookup::Miss { hash };
             }
             backoff(attempt);
         }
@@ -360,7 +462,9 @@ impl TreeReader {
             if let Some(version) = v.stable() {
                 return Some(Frame {
                     node: ROOT,
+                    generation: 0,
                     version,
+                    pages: 0,
                     pos: 0,
                 });
             }
@@ -373,11 +477,17 @@ impl TreeReader {
     /// with its pages in `pages`; `None` after [`NODE_TRIES`] failures in a
     /// row at one depth. See the module's guarantee.
     pub fn peek(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<usize> {
+        self.peek_anchored(tokens, pages).map(|p| p.len)
+    }
+
+    /// [`TreeReader::peek`], also naming where the match ended (the same
+    /// walk: the anchor is the frame or copy the answer came from).
+    pub fn peek_anchored(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<Peeked> {
         let p = self.layout.page_size as usize;
         let key = &tokens[..tokens.len() / p * p];
         pages.clear();
         pages.reserve(key.len() / p);
-        let mut stack = vec![self.root()?];
+        let mut stack = FrameStack::new(self.root()?);
         // Failures since the walk last went deeper.
         let mut tries = 0u32;
         // Every iteration goes deeper (at most once per key page) or counts
@@ -389,7 +499,11 @@ impl TreeReader {
                 continue;
             };
             if top.pos + p > key.len() {
-                return Some(top.pos);
+                return Some(Peeked {
+                    len: top.pos,
+                    anchor: top.anchor(),
+                    next_hash: None,
+                });
             }
             let before = pages.len();
             let found = self.lookup(top.node, key, top.pos, pages);
@@ -397,19 +511,44 @@ impl TreeReader {
             match found {
                 Lookup::Found {
                     node,
+                    generation,
                     version,
                     matched,
                     whole,
                 } if parent_still() => {
                     let pos = top.pos + matched * p;
                     if !whole {
-                        return Some(pos);
+                        let anchor = Anchor {
+                            node,
+                            generation,
+                            version,
+                            // matched <= num_pages, a u32.
+                            pages_into_node: matched as u32,
+                        };
+                        return Some(Peeked {
+                            len: pos,
+                            anchor: Some(anchor),
+                            next_hash: None,
+                        });
                     }
-                    stack.push(Frame { node, version, pos });
+                    stack.push(Frame {
+                        node,
+                        generation,
+                        version,
+                        pages: matched as u32,
+                        pos,
+                    });
                     tries = 0;
                     continue;
                 }
-                Lookup::Miss if parent_still() => return Some(top.pos),
+                Lookup::Miss { hash } if parent_still() => {
+                    let anchor = top.anchor();
+                    return Some(Peeked {
+                        len: top.pos,
+                        anchor,
+                        next_hash: anchor.map(|_| hash),
+                    });
+                }
                 Lookup::Torn => {}
                 // The parent changed: resume at the deepest frame whose
                 // node is still what it was.
@@ -495,6 +634,37 @@ mod tests {
         e.arena.version(leaf_a).end();
         assert_eq!(r.peek(a, &mut pages), Some(6));
         assert_eq!(pages, want);
+    }
+
+    #[test]
+    fn a_path_deeper_than_the_frame_stack_reads_and_resumes() {
+        // A 100-page key with a branch off every page: 100 nodes deep.
+        let depth = 100u32;
+        let mut e = Engine::new(Config {
+            page_size: 1,
+            capacity: 2 * depth + 2,
+        })
+        .expect("engine");
+        let key: Vec<u32> = (0..depth).collect();
+        let pages = e.alloc(1, u64::from(depth)).expect("alloc");
+        e.insert(1, &key, &pages, false).expect("insert");
+        for i in 1..depth as usize {
+            let mut branch = key[..i].to_vec();
+            branch.push(10_000 + i as u32);
+            let mut owned = pages[..i].to_vec();
+            owned.extend(e.alloc(1, 1).expect("alloc"));
+            e.insert(1, &branch, &owned, false).expect("insert");
+        }
+        assert!(e.stats().nodes > u64::from(depth));
+        let r = reader(&e);
+        let mut out = Vec::new();
+        assert_eq!(r.peek(&key, &mut out), Some(key.len()));
+        assert_eq!(out, pages);
+        // Every prefix too, ending at each depth.
+        for n in [1, 63, 64, 65, 99] {
+            assert_eq!(r.peek(&key[..n], &mut out), Some(n));
+            assert_eq!(out, pages[..n]);
+        }
     }
 
     #[test]

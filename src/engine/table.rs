@@ -64,6 +64,31 @@ impl<R: Region> Arena<R> {
         None
     }
 
+    /// Whether some child of `parent` is filed under `hash`: a child whose
+    /// first page hashes so may exist (a miss is certain, a hit is not).
+    pub fn has_child_hashed(&self, parent: u32, hash: u32) -> bool {
+        let mask = self.mask();
+        let (buckets, nodes) = (self.buckets(), self.nodes());
+        let mut i = hash & mask;
+        // At most one lap, as in `find_child`.
+        for _ in 0..=mask {
+            let b = buckets[i as usize];
+            if b.node == NIL {
+                return false;
+            }
+            if b.hash == hash {
+                let n = nodes
+                    .get(b.node as usize)
+                    .unwrap_or_else(|| corrupt("bucket"));
+                if n.parent == parent {
+                    return true;
+                }
+            }
+            i = (i + 1) & mask;
+        }
+        false
+    }
+
     /// Files `node` under its `hash` (already stored in the node), inside
     /// the table's version.
     pub fn table_insert(&mut self, node: u32) {

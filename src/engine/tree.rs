@@ -29,38 +29,75 @@ impl<R: Region> Arena<R> {
     /// Follows `key` (whole pages only) down from the root, appending the ids
     /// of the matched pages to `out`. Changes nothing.
     pub fn walk(&self, key: &[u32], out: &mut Vec<u32>) -> Walk {
-        let p = self.page_size();
-        let (nodes, pages) = (self.nodes(), self.pages());
-        let mut walk = Walk {
+        let root = Walk {
             node: ROOT,
             partial: None,
             pages: 0,
         };
+        self.walk_on(root, key, out)
+    }
+
+    /// Goes on from `walk` (a walk, or an anchor's place) with `key`, the
+    /// whole pages after those `walk` matched: first through the rest of
+    /// the part-matched child, if any, then down the tree. Changes nothing.
+    pub fn walk_on(&self, mut walk: Walk, key: &[u32], out: &mut Vec<u32>) -> Walk {
+        let p = self.page_size();
+        let nodes = self.nodes();
         let mut pos = 0;
+        if let Some((child, page, in_child)) = walk.partial.take() {
+            if !self.follow(&mut walk, child, page, in_child, key, &mut pos, out) {
+                return walk;
+            }
+            walk.node = child;
+        }
         while pos + p <= key.len() {
             let Some(child) = self.find_child(walk.node, &key[pos..pos + p]) else {
                 break;
             };
             // `find_child` verified the first page.
-            let mut page = nodes[child as usize].first_page;
-            let mut in_child = 0;
-            loop {
-                out.push(page);
-                pos += p;
-                in_child += 1;
-                walk.pages += 1;
-                page = pages[page as usize].next;
-                if page == NIL {
-                    break;
-                }
-                if pos + p > key.len() || !self.page_is(page, &key[pos..pos + p]) {
-                    walk.partial = Some((child, page, in_child));
-                    return walk;
-                }
+            let page = nodes[child as usize].first_page;
+            out.push(page);
+            pos += p;
+            walk.pages += 1;
+            let next = self.pages()[page as usize].next;
+            if !self.follow(&mut walk, child, next, 1, key, &mut pos, out) {
+                return walk;
             }
             walk.node = child;
         }
         walk
+    }
+
+    /// Matches `child`'s pages from `page` (its `in_child`th; `NIL`: none
+    /// left) against `key` at `pos`; true when all of them matched, else
+    /// notes where the match stopped in `walk.partial`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn follow(
+        &self,
+        walk: &mut Walk,
+        child: u32,
+        mut page: u32,
+        mut in_child: u32,
+        key: &[u32],
+        pos: &mut usize,
+        out: &mut Vec<u32>,
+    ) -> bool {
+        let p = self.page_size();
+        let pages = self.pages();
+        // Ends: every step consumes a page of `key`.
+        while page != NIL {
+            if *pos + p > key.len() || !self.page_is(page, &key[*pos..*pos + p]) {
+                walk.partial = Some((child, page, in_child));
+                return false;
+            }
+            out.push(page);
+            *pos += p;
+            in_child += 1;
+            walk.pages += 1;
+            page = pages[page as usize].next;
+        }
+        true
     }
 
     /// The node whose path from the root is exactly what `walk` matched,

@@ -700,10 +700,15 @@ fn _use_raw_buffers(py: Python<'_>, on: bool) -> bool {
     input::use_raw_buffers(py, on)
 }
 
-/// The `exec` error kinds this build knows, in wire-code order.
+/// The `exec` error kinds this build knows, in wire-code order (without
+/// `moved`, which the client handles itself and no caller ever sees).
 #[pyfunction]
 fn _error_kinds() -> Vec<&'static str> {
-    ErrorKind::ALL.iter().map(|k| k.name()).collect()
+    ErrorKind::ALL
+        .iter()
+        .filter(|&&k| k != ErrorKind::Moved)
+        .map(|k| k.name())
+        .collect()
 }
 
 #[pymodule]

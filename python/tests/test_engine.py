@@ -120,6 +120,7 @@ def test_error_classes_cover_every_exec_kind():
         assert isinstance(e, cls) and isinstance(e, radixd.RadixdError)
         assert (e.kind, e.message) == (kind, "why")
     assert {"unknown_op", "malformed", "protocol", "too_large", "daemon_gone", "timeout", "invariant"} <= set(kinds)
+    assert "moved" not in kinds  # internal: the client falls back by itself
     assert issubclass(radixd.ERRORS["timeout"], TimeoutError)
     assert issubclass(radixd.ERRORS["daemon_gone"], ConnectionError)
     odd = radixd._errors.make_error("brand_new_kind", "m")

@@ -193,6 +193,7 @@ fn four_processes(c: &mut Criterion) {
                     compare: false,
                     baseline: false,
                     busy_poll: false,
+                    full_requests: false,
                     json: true,
                     connect: None,
                     trace: None,

@@ -18,7 +18,7 @@ use radixd_ipc::{
     RingError, Scratch, ScratchError, Segment, Spin, INFO_OFFSET,
 };
 
-use crate::engine::{Handle, Peeked, Stats, TreeReader};
+use crate::engine::{Anchor, Handle, Peeked, Stats, TreeReader};
 use crate::op::{ErrorKind, Rejection, Reply, Request};
 use crate::shared::{read_info, Info, LiveStats, SharedLayout, PROTOCOL_VERSION, RING_CAPACITY};
 use crate::wire::{self, BadReply, Call, WireReply, WireRequest};
@@ -201,8 +201,10 @@ pub struct Client {
     /// of one answer's window.
     answers: Vec<Result<Reply, Rejection>>,
     buf: Vec<u8>,
-    /// Pages an anchored insert read (only their count is sent).
-    matched: Vec<u32>,
+    /// Where the last `match_prefix` ended, and the tokens it matched: an
+    /// `insert` of the same prompt next goes by that anchor.
+    last_match: Option<Anchor>,
+    last_key: Vec<u32>,
     /// Whether `match_prefix` and `insert` read the tree first and send
     /// only what the daemon lacks, and how that went.
     anchoring: Anchoring,
@@ -340,7 +342,8 @@ impl Client {
             trips: 0,
             answers: Vec::new(),
             buf: Vec::new(),
-            matched: Vec::new(),
+            last_match: None,
+            last_key: Vec::new(),
             anchoring: Anchoring {
                 on: true,
                 hits: 0,
@@ -723,17 +726,23 @@ impl Client {
         self.peek_into(tokens, &mut pages).map(|p| (p, pages))
     }
 
-    /// [`Client::peek_anchored`] into `pages` (cleared first).
-    fn peek_into(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Result<Peeked, ClientError> {
+    /// A reader of the shared tree through this client's mapping.
+    fn reader(&self) -> Result<TreeReader, ClientError> {
         let base = self
             .segment
             .region(self.layout.engine_at, self.layout.engine.size() as u64)
             .map_err(ProtocolError::Region)?;
         // SAFETY: the engine region lies inside our mapping (checked just
-        // now), which lives as long as `self` and therefore the reader; it
-        // is page aligned (the layout puts it after a page-aligned stats
-        // page), and the reader only copies out of it.
-        let reader = unsafe { TreeReader::new(base, self.layout.engine) };
+        // now), which lives as long as `self` and therefore the reader
+        // (only ever used within a `&self` call); it is page aligned (the
+        // layout puts it after a page-aligned stats page), and the reader
+        // only copies out of it.
+        Ok(unsafe { TreeReader::new(base, self.layout.engine) })
+    }
+
+    /// [`Client::peek_anchored`] into `pages` (cleared first).
+    fn peek_into(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Result<Peeked, ClientError> {
+        let reader = self.reader()?;
         let (clock, slots) = self
             .layout
             .readers(&self.segment)
@@ -877,32 +886,36 @@ impl Client {
         }
     }
 
-    /// `insert` by anchor; `None`: send the full request.
+    /// `insert` of a prompt whose prefix the last `match_prefix` just
+    /// matched, sending only the rest under the node that match ended at;
+    /// `None`: send the full request (no such match, or the tree moved).
     fn insert_anchored(
         &mut self,
         tokens: &[u32],
         pages: &[u32],
         lock: bool,
     ) -> Result<Option<InsertResult>, ClientError> {
-        // `Insert`'s payload is the tokens and the pages.
-        // The pages read are not needed, only their count: a buffer kept
-        // from call to call.
-        let mut matched = std::mem::take(&mut self.matched);
+        let Some(anchor) = self.last_match.take() else {
+            return Ok(None);
+        };
+        let len = self.last_key.len();
+        let p = self.page_size().max(1) as usize;
+        if tokens.get(..len) != Some(&self.last_key[..]) || len % p != 0 {
+            return Ok(None);
+        }
+        // A full request too large to send fails so whichever way it goes.
+        let half = self.layout.config.scratch_bytes as usize / 2;
         let payload = (tokens.len() + pages.len()) * 4;
-        let read = self.read_anchor(tokens, payload, 0, &mut matched);
-        let matched_pages = matched.len() as u32;
-        self.matched = matched;
-        let Some(peeked) = read? else {
-            return Ok(None);
-        };
-        // Nothing cached: the full request sends nothing more.
-        let Some(anchor) = peeked.anchor else {
-            return Ok(None);
-        };
+        if payload > half {
+            return Err(ClientError::TooLarge {
+                bytes: payload,
+                room: half,
+            });
+        }
         let call = Call::InsertAt {
             anchor,
-            matched_pages,
-            tokens: &tokens[peeked.len..],
+            matched_pages: (len / p) as u32,
+            tokens: &tokens[len..],
             pages,
             lock,
         };
@@ -941,24 +954,50 @@ impl Client {
         inserted(self.send(Call::Insert(tokens, pages, lock))?)
     }
 
+    /// Remembers where the match of `tokens` that answered `len` tokens
+    /// and `handle` ended, for an `insert` of the same prompt next.
+    fn remember_match(&mut self, tokens: &[u32], len: usize, handle: Option<Handle>) {
+        self.last_match = None;
+        let Some(h) = handle.filter(|_| self.anchoring.on) else {
+            return;
+        };
+        // The handle names the node holding exactly the matched tokens
+        // (a match splits there): its version and page count now.
+        let Some(anchor) = self
+            .reader()
+            .ok()
+            .and_then(|r| r.anchor_of(h.index, h.generation))
+        else {
+            return;
+        };
+        self.last_key.clear();
+        self.last_key.extend_from_slice(&tokens[..len]);
+        self.last_match = Some(anchor);
+    }
+
     /// The longest cached prefix of `tokens`, optionally locked (by
     /// anchor: see [`Client::set_anchoring`]).
     pub fn match_prefix(&mut self, tokens: &[u32], lock: bool) -> Result<MatchResult, ClientError> {
-        if self.anchoring.on {
-            if let Some(m) = self.match_anchored(tokens, lock)? {
-                return Ok(m);
-            }
-        }
-        match self.send(Call::Match(tokens, lock))? {
-            Reply::Matched {
-                len, pages, handle, ..
-            } => Ok(MatchResult {
-                len: len as usize,
-                pages,
-                handle: handle.map(Handle::from_raw),
-            }),
-            other => Err(unexpected(other)),
-        }
+        let anchored = if self.anchoring.on {
+            self.match_anchored(tokens, lock)?
+        } else {
+            None
+        };
+        let m = match anchored {
+            Some(m) => m,
+            None => match self.send(Call::Match(tokens, lock))? {
+                Reply::Matched {
+                    len, pages, handle, ..
+                } => MatchResult {
+                    len: len as usize,
+                    pages,
+                    handle: handle.map(Handle::from_raw),
+                },
+                other => return Err(unexpected(other)),
+            },
+        };
+        self.remember_match(tokens, m.len.min(tokens.len()), m.handle);
+        Ok(m)
     }
 
     /// Locks a node (and its ancestors).
@@ -1102,6 +1141,19 @@ fn protect_engine(segment: &Segment, layout: &SharedLayout) -> Result<(), Client
         let err = std::io::Error::last_os_error();
         return Err(ProtocolError::Protect(err.kind()).into());
     }
+    // Map every page of the tree into this process now, so a `peek` never
+    // takes a first-touch fault on a node the daemon wrote since (a few µs
+    // each, the tail of an anchored `match`). Best effort: a kernel before
+    // 5.14 refuses the advice, and the pages then fault in as read.
+    // SAFETY: the same in-mapping range; the advice only populates page
+    // tables (read faults) and changes no data or protection.
+    unsafe {
+        libc::madvise(
+            start.as_ptr().cast(),
+            len as usize,
+            libc::MADV_POPULATE_READ,
+        )
+    };
     Ok(())
 }
 

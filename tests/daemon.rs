@@ -669,3 +669,58 @@ fn hostile_anchors_get_typed_errors_and_change_nothing() {
     assert_eq!(c.stats().unwrap(), before);
     c.validate().unwrap();
 }
+
+/// `insert` of the prompt the last `match_prefix` just matched sends only
+/// the rest, under the node that match ended at (after its own split),
+/// and answers as the full insert does; an insert with no such match, or
+/// of another prompt, goes in full; a change under the remembered node
+/// falls back.
+#[test]
+fn an_insert_after_its_match_sends_only_the_rest() {
+    let daemon = Daemon::start(&["--page-size", "2", "--capacity", "64"]);
+    let mut a = connect(&daemon);
+    let mut full = connect(&daemon);
+    full.set_anchoring(false);
+    let base: Vec<u32> = (1..=8).collect();
+    let pages = a.alloc(4).unwrap();
+    a.insert(&base, &pages, false).unwrap();
+    assert_eq!(a.anchored_hits(), 0, "no match before: in full");
+    // The match splits the edge after 3 pages; the insert goes under it.
+    let key: Vec<u32> = [&base[..6], &[70, 71, 72, 73]].concat();
+    let m = a.match_prefix(&key, true).unwrap();
+    assert_eq!(m.len, 6);
+    let hits = a.anchored_hits();
+    let mut own = m.pages.clone();
+    own.extend(a.alloc(2).unwrap());
+    let r = a.insert(&key, &own, false).unwrap();
+    assert_eq!(a.anchored_hits(), hits + 1, "the insert went by anchor");
+    assert_eq!((r.cached, r.len), (6, 10));
+    assert_eq!(full.peek(&key).unwrap(), (10, own.clone()));
+    // The anchor is used once: the same insert again goes in full (and
+    // answers what a full insert answers: all cached).
+    let again = a.insert(&key, &own, false).unwrap();
+    assert_eq!(a.anchored_hits(), hits + 1);
+    assert_eq!((again.cached, again.len), (10, 10));
+    // Another prompt than the one matched: in full.
+    a.match_prefix(&key, false).unwrap();
+    let other: Vec<u32> = [&base[..2], &[90, 91]].concat();
+    let op = [&pages[..1], &a.alloc(1).unwrap()[..]].concat();
+    let hits = a.anchored_hits();
+    a.insert(&other, &op, false).unwrap();
+    assert_eq!(a.anchored_hits(), hits);
+    // Someone splits the remembered node between match and insert: the
+    // anchored insert is refused as moved, and the full one answers.
+    let m2 = a.match_prefix(&key, false).unwrap();
+    assert_eq!(m2.len, 10);
+    let split: Vec<u32> = [&key[..8], &[99, 99]].concat();
+    let sp = [&own[..4], &full.alloc(1).unwrap()[..]].concat();
+    // (the cached pages named again are no duplicates; the last is new)
+    assert_eq!(full.insert(&split, &sp, false).unwrap().cached, 8);
+    let fallbacks = a.anchored_fallbacks();
+    let longer: Vec<u32> = [&key[..], &[5, 5]].concat();
+    let lp = [&own[..], &a.alloc(1).unwrap()[..]].concat();
+    let r = a.insert(&longer, &lp, false).unwrap();
+    assert_eq!(a.anchored_fallbacks(), fallbacks + 1, "the split moved it");
+    assert_eq!((r.cached, r.len), (10, 12));
+    a.validate().unwrap();
+}

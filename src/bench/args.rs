@@ -60,6 +60,10 @@ pub struct BenchArgs {
     /// Run the daemon with --busy-poll.
     #[arg(long)]
     pub busy_poll: bool,
+    /// Send `match` and `insert` with the whole key, not by anchor (shm;
+    /// see `Client::set_anchoring`).
+    #[arg(long)]
+    pub full_requests: bool,
     /// Print JSON lines instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -124,6 +128,9 @@ pub struct WorkerArgs {
     /// running scheduler steps.
     #[arg(long)]
     pub reader: bool,
+    /// Send `match` and `insert` with the whole key (shm).
+    #[arg(long)]
+    pub full_requests: bool,
 }
 
 impl BenchArgs {

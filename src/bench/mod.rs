@@ -448,6 +448,9 @@ fn run_workers(
         if worker >= clients {
             cmd.arg("--reader");
         }
+        if args.full_requests {
+            cmd.arg("--full-requests");
+        }
         children.push(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?);
     }
     let outcome = drive(&mut children, clients as usize);

@@ -24,7 +24,10 @@ pub fn worker(args: &WorkerArgs) -> Result<(), BenchError> {
     };
     let mut backend: Box<dyn Backend> = match args.transport {
         Transport::Shm => {
-            Box::new(Client::connect(&args.target).map_err(|e| BenchError::Server(e.to_string()))?)
+            let mut client =
+                Client::connect(&args.target).map_err(|e| BenchError::Server(e.to_string()))?;
+            client.set_anchoring(!args.full_requests);
+            Box::new(client)
         }
         Transport::Uds => Box::new(UdsClient::connect(Path::new(&args.target), config)?),
     };

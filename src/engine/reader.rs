@@ -473,6 +473,32 @@ impl TreeReader {
         None
     }
 
+    /// The anchor of a match that took node `index` (of `generation`)
+    /// whole, as a `match` answer's handle names it: its version and page
+    /// count, copied while it stood still; `None` when it is not that live
+    /// node, or kept changing. Untrusted like every anchor: the daemon
+    /// re-checks it, and the depth a caller claims with it, in full.
+    pub fn anchor_of(&self, index: u32, generation: u32) -> Option<Anchor> {
+        if index == ROOT {
+            return None;
+        }
+        let v = self.version(index)?;
+        for attempt in 0..NODE_TRIES {
+            if let Some((node, version)) = v.read(|| self.node(index)) {
+                let node = node?;
+                let live = node.state == NODE_LIVE && node.generation == generation;
+                return live.then_some(Anchor {
+                    node: index,
+                    generation,
+                    version,
+                    pages_into_node: node.num_pages,
+                });
+            }
+            backoff(attempt);
+        }
+        None
+    }
+
     /// The length of the longest cached page-aligned prefix of `tokens`,
     /// with its pages in `pages`; `None` after [`NODE_TRIES`] failures in a
     /// row at one depth. See the module's guarantee.

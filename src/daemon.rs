@@ -170,6 +170,9 @@ struct Peer<'s> {
     next_probe: Instant,
     /// A reply that found the ring full; nothing more is read until it goes.
     pending: Option<WireReply>,
+    /// An `alloc` waiting for evicted pages that readers still hold, and
+    /// until when it waits; nothing more is read until it is answered.
+    deferred: Option<(WireRequest, Instant)>,
     /// The ring was found corrupt: ignored until the slot is claimed anew.
     broken: bool,
     /// The engine stopped at corrupt shared data while serving this slot.
@@ -262,6 +265,8 @@ pub fn serve_reporting(
         spare: op::Spare::default(),
         out: Vec::new(),
         allow_reset: config.allow_reset,
+        // The reader is expired by then, and its pages come back.
+        reader_wait: config.reader_expiry * 2,
     };
     // Relaxed: a plain flag set by the signal handler; nothing to order.
     while stop.load(Ordering::Relaxed) == 0 {
@@ -347,10 +352,12 @@ pub fn serve_reporting(
             // or one no longer served keeps the daemon asleep: the nap's
             // timeout retries them.
             let pending = || {
-                peers
-                    .iter()
-                    .any(|p| p.serving && !p.broken && p.pending.is_none() && p.requests.has_work())
-                    || (0..config.max_clients).any(|i| slots.word(i).is_ok_and(|w| w.1 == CLAIMED))
+                peers.iter().any(|p| {
+                    p.serving
+                        && !p.broken
+                        && p.pending.is_none()
+                        && (p.deferred.is_some() || p.requests.has_work())
+                }) || (0..config.max_clients).any(|i| slots.word(i).is_ok_and(|w| w.1 == CLAIMED))
             };
             doorbell.sleep(pending, Some(SLEEP.min(SWEEP)));
         }
@@ -392,6 +399,7 @@ fn peer<'s>(
         serving: false,
         next_probe: Instant::now(),
         pending: None,
+        deferred: None,
         broken: false,
         corrupt: None,
         reader,
@@ -437,6 +445,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
         requests,
         replies,
         pending,
+        deferred,
         broken,
         corrupt,
         reader,
@@ -461,6 +470,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
             requests.reset();
             replies.reset();
             *pending = None;
+            *deferred = None;
             *broken = false;
         },
     );
@@ -523,6 +533,8 @@ struct Service {
     /// Bytes of the answer being written to a reply window.
     out: Vec<u8>,
     allow_reset: bool,
+    /// Longest an `alloc` waits for pages readers hold (see `drain`).
+    reader_wait: Duration,
 }
 
 /// Answers up to [`BATCH`] requests of one active slot; returns how many.
@@ -547,8 +559,20 @@ fn drain<R: crate::engine::Region>(
     // Dropped records count too, so a ring refilled with them still yields.
     while answered < BATCH && popped < 2 * BATCH {
         popped += 1;
-        let Some(record) = peer.requests.pop() else {
-            break;
+        let (record, retry) = match peer.deferred.take() {
+            Some((record, until)) => {
+                let want = wire::alloc_count(&record).unwrap_or(0);
+                let (free, held) = (engine.stats().free_pages, engine.in_limbo().0);
+                if free < want && held > 0 && Instant::now() < until {
+                    peer.deferred = Some((record, until));
+                    break;
+                }
+                (record, true)
+            }
+            None => match peer.requests.pop() {
+                Some(record) => (record, false),
+                None => break,
+            },
         };
         // SYNC POINT: re-read the slot word after the pop (Acquire in
         // `SlotTable::word`, pairing with the client's Release in
@@ -574,6 +598,15 @@ fn drain<R: crate::engine::Region>(
             &record,
             &mut peer.corrupt,
         );
+        // An `alloc` that evicted pages readers still hold waits for them
+        // (the grace period, at most until the readers are expired) rather
+        // than fail as if the cache were locked full: other slots are
+        // served meanwhile, and this one reads nothing more until then.
+        let short = reply.status == ErrorKind::InsufficientPages as u32;
+        if short && !retry && wire::alloc_count(&record).is_some() && engine.in_limbo().0 > 0 {
+            peer.deferred = Some((record, Instant::now() + service.reader_wait));
+            break;
+        }
         let tally = &mut service.tally;
         if let Some(start) = start {
             let ns = start.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);

@@ -125,6 +125,11 @@ pub fn handle_locked_by(record: &WireRequest) -> Option<u64> {
     (record.op == opcode::LOCK).then_some(record.arg)
 }
 
+/// The page count an `alloc` record asks for (`None`: not an `alloc`).
+pub fn alloc_count(record: &WireRequest) -> Option<u64> {
+    (record.op == opcode::ALLOC).then_some(record.arg)
+}
+
 /// One request record in a ring.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

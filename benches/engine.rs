@@ -113,6 +113,25 @@ fn bench_peek(c: &mut Criterion) {
     g.bench_function(BenchmarkId::new("engine_match_P16", n), |b| {
         b.iter(|| e.match_prefix(CLIENT, black_box(&prompt), false, &mut pages))
     });
+    // The same prompt on pages in no useful order (every other id, as
+    // after long churn): no two consecutive, so no runs.
+    let mut scattered = engine(p, 2 * (n / p as usize) as u32 + 1);
+    let all = scattered
+        .alloc(CLIENT, 2 * (n / p as usize) as u64)
+        .unwrap();
+    let odd: Vec<u32> = all.iter().copied().filter(|x| x % 2 == 1).collect();
+    let even: Vec<u32> = all.iter().copied().filter(|x| x % 2 == 0).collect();
+    scattered.free(CLIENT, &even).unwrap();
+    scattered.insert(CLIENT, &prompt, &odd, false).unwrap();
+    g.bench_function(BenchmarkId::new("engine_match_P16_no_runs", n), |b| {
+        b.iter(|| scattered.match_prefix(CLIENT, black_box(&prompt), false, &mut pages))
+    });
+    let base = std::ptr::NonNull::new(scattered.region().as_ptr()).unwrap();
+    // SAFETY: as for `reader` above, over `scattered`, which outlives it.
+    let no_runs = unsafe { TreeReader::new(base, scattered.layout()) };
+    g.bench_function(BenchmarkId::new("reader_P16_no_runs", n), |b| {
+        b.iter(|| no_runs.peek(black_box(&prompt), &mut pages))
+    });
     let stored = tokens(1, n);
     g.bench_function(BenchmarkId::new("memcmp", n), |b| {
         b.iter(|| black_box(prompt.as_slice()) == black_box(stored.as_slice()))

@@ -743,3 +743,59 @@ fn readers_keep_succeeding_while_a_writer_churns_the_tree() {
     assert!(total >= 100, "the readers ran: {total} peeks");
     assert!(ok_n * 10 >= total * 9, "{ok_n} of {total} peeks succeeded");
 }
+
+/// Pages with consecutive ids are matched as one run (their tokens side by
+/// side); a run cut by a split, trimmed by eviction, broken by a page out
+/// of order, or ended by a mismatch part-way answers exactly as page by
+/// page, in the engine and in a reader of its region alike.
+#[test]
+fn runs_of_consecutive_pages_match_as_pages_do() {
+    let mut e = engine(2, 64);
+    let both = |e: &Engine, key: &[u32]| {
+        let mut mine = Vec::new();
+        let len = e.peek(key, &mut mine);
+        let mut read = Vec::new();
+        let peeked = e.peek_anchored(key, &mut read).expect("a quiet read");
+        assert_eq!(
+            (peeked.len, &read),
+            (len, &mine),
+            "reader and engine on {key:?}"
+        );
+        (len, mine)
+    };
+    // Ten pages, ids 0..10 from the fresh pool: one run.
+    let key: Vec<u32> = (100..120).collect();
+    let pages = put(&mut e, 1, &key);
+    assert_eq!(pages, (0..10).collect::<Vec<u32>>());
+    assert_eq!(both(&e, &key), (20, pages.clone()));
+    // A mismatch inside the run, in its first and its last token.
+    for bad in [8, 9, 19] {
+        let mut k = key.clone();
+        k[bad] = 0;
+        assert_eq!(both(&e, &k), (bad / 2 * 2, pages[..bad / 2].to_vec()));
+    }
+    // Split inside the run (a match that ends at page 6), then both halves.
+    let mut m = Vec::new();
+    let r = e.match_prefix(1, &key[..12], false, &mut m);
+    assert_eq!((r.len, &m), (12, &pages[..6].to_vec()));
+    ok(&e);
+    assert_eq!(both(&e, &key), (20, pages.clone()));
+    assert_eq!(both(&e, &key[..13]), (12, pages[..6].to_vec()));
+    // A second leaf whose pages are out of order: runs of one and two.
+    let mut other: Vec<u32> = key[..12].to_vec();
+    other.extend(200..208);
+    let fresh = e.alloc(1, 4).expect("alloc");
+    let shuffled = [fresh[1], fresh[0], fresh[2], fresh[3]];
+    let mut with = pages[..6].to_vec();
+    with.extend(shuffled);
+    e.insert(1, &other, &with, false).expect("insert");
+    ok(&e);
+    assert_eq!(both(&e, &other), (20, with.clone()));
+    // Trim the first leaf's end by eviction: its run ends earlier now.
+    let lru = e.evict(2 * 2);
+    assert_eq!(lru, 4);
+    ok(&e);
+    // (the first leaf's lower half is the least recently used leaf)
+    assert_eq!(both(&e, &key), (16, pages[..8].to_vec()));
+    assert_eq!(both(&e, &other), (20, with));
+}

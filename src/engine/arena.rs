@@ -126,7 +126,7 @@ impl<R: Region> Arena<R> {
         for page in self.pages_mut() {
             *page = Page {
                 state: PAGE_FREE,
-                owner: NIL,
+                owner_or_run: NIL,
                 next: NIL,
                 prev: NIL,
             };

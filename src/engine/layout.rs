@@ -34,7 +34,7 @@ pub const MAX_PAGE_SIZE: u32 = 1024;
 pub const MAX_CAPACITY: u32 = 1 << 30;
 
 /// Identifies this layout; bumped whenever a record changes shape.
-pub const ENGINE_VERSION: u32 = 3;
+pub const ENGINE_VERSION: u32 = 4;
 
 /// Engine-wide scalars at the start of the region.
 #[repr(C)]
@@ -140,8 +140,13 @@ pub(crate) const PAGE_RETIRED: u32 = 4;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Page {
     pub state: u32,
-    /// The owning client while `PAGE_OWNED`.
-    pub owner: u32,
+    /// While `PAGE_OWNED`: the owning client. While `PAGE_CACHED`: the run,
+    /// how many pages of its node from this one on have consecutive ids
+    /// (at least 1). Set when the leaf is made and never changed after: a
+    /// node only loses pages at its end (trim) or is cut in two (split),
+    /// so a run read as `min(run, pages left in the node)` stays exact. A
+    /// walk compares a run's tokens as one contiguous slice.
+    pub owner_or_run: u32,
     /// Next page of the same node while `PAGE_CACHED`.
     pub next: u32,
     /// Previous page of the same node while `PAGE_CACHED`.

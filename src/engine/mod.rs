@@ -361,7 +361,7 @@ impl<R: Region> Engine<R> {
                 continue;
             }
             let pg = &mut self.arena.pages_mut()[page as usize];
-            if pg.state != PAGE_OWNED || pg.owner != client {
+            if pg.state != PAGE_OWNED || pg.owner_or_run != client {
                 for (j, &undo) in pages[..i].iter().enumerate() {
                     let pg = &mut self.arena.pages_mut()[undo as usize];
                     if !keep(j, undo) && pg.state == PAGE_CLAIMED {
@@ -815,7 +815,7 @@ impl<R: Region> Engine<R> {
         let owned: Vec<u32> = (0..self.capacity())
             .filter(|&i| {
                 let pg = &self.arena.pages()[i as usize];
-                pg.state == PAGE_OWNED && pg.owner == client
+                pg.state == PAGE_OWNED && pg.owner_or_run == client
             })
             .collect();
         for page in owned {

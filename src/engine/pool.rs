@@ -16,7 +16,7 @@ impl<R: Region> Arena<R> {
         self.hdr_mut().free_len += 1;
         let p = &mut self.pages_mut()[page as usize];
         p.state = PAGE_FREE;
-        p.owner = NIL;
+        p.owner_or_run = NIL;
         p.next = NIL;
         p.prev = NIL;
     }
@@ -34,7 +34,7 @@ impl<R: Region> Arena<R> {
         let page = self.free_ring()[at as usize];
         let p = &mut self.pages_mut()[page as usize];
         p.state = PAGE_OWNED;
-        p.owner = client;
+        p.owner_or_run = client;
         page
     }
 

@@ -114,6 +114,53 @@ pub struct Peeked {
     pub next_hash: Option<u32>,
 }
 
+/// Whether the `key.len()` tokens at `tokens` equal `key`, four tokens per
+/// volatile 16-byte load where `tokens` is 16-byte aligned (a page's
+/// tokens are when the page size is a multiple of 4): a volatile load of a
+/// vector type is one instruction, where one of `[u32; 8]` is eight. SSE2
+/// is part of every x86-64.
+///
+/// # Safety
+///
+/// `tokens` must point at `key.len()` readable `u32`s (which another
+/// process may be writing: each is read once, volatile, and judged by the
+/// caller's version check).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+unsafe fn same_sse2(tokens: *const u32, key: &[u32]) -> bool {
+    use std::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128,
+        _mm_setzero_si128, _mm_xor_si128,
+    };
+    let vectors = if (tokens as usize) % 16 == 0 {
+        key.len() / 4
+    } else {
+        0
+    };
+    let mut diff = 0u32;
+    // SAFETY: SSE2 is baseline on x86-64. The vector loads read tokens
+    // `4c..4c + 4` for `c < vectors <= key.len() / 4`, at 16-byte aligned
+    // addresses (`tokens` is, and each step is 16 bytes); the key side is
+    // an unaligned load inside `key`; the scalar loads read the tokens
+    // from `4 * vectors` up to `key.len()`: all inside what the caller
+    // vouches for.
+    unsafe {
+        let mut acc = _mm_setzero_si128();
+        for c in 0..vectors {
+            let stored = tokens.add(c * 4).cast::<__m128i>().read_volatile();
+            let wanted = _mm_loadu_si128(key.as_ptr().add(c * 4).cast::<__m128i>());
+            acc = _mm_or_si128(acc, _mm_xor_si128(stored, wanted));
+        }
+        if _mm_movemask_epi8(_mm_cmpeq_epi8(acc, _mm_setzero_si128())) != 0xffff {
+            return false;
+        }
+        for (i, k) in key.iter().enumerate().skip(vectors * 4) {
+            diff |= tokens.add(i).read_volatile() ^ k;
+        }
+    }
+    diff == 0
+}
+
 /// One step of the walk: a node the reader stands on.
 #[derive(Clone, Copy, Debug)]
 struct Frame {
@@ -137,7 +184,7 @@ struct FrameStack {
 }
 
 impl FrameStack {
-    const DEPTH: usize = 64;
+    const DEPTH: usize = 16;
 
     fn new(root: Frame) -> Self {
         Self {
@@ -279,9 +326,9 @@ impl TreeReader {
         self.get(self.layout.nodes_at, self.layout.node_cap as usize, i)
     }
 
-    /// The state and next link of page `i` (two volatile loads, not the
+    /// The state, run and next link of page `i` (volatile loads, not the
     /// whole record), if in range.
-    fn page_link(&self, i: u32) -> Option<(u32, u32)> {
+    fn page_link(&self, i: u32) -> Option<(u32, u32, u32)> {
         if i >= self.layout.capacity {
             return None;
         }
@@ -295,6 +342,9 @@ impl TreeReader {
                 rec.add(std::mem::offset_of!(Page, state))
                     .cast::<u32>()
                     .read_volatile(),
+                rec.add(std::mem::offset_of!(Page, owner_or_run))
+                    .cast::<u32>()
+                    .read_volatile(),
                 rec.add(std::mem::offset_of!(Page, next))
                     .cast::<u32>()
                     .read_volatile(),
@@ -304,6 +354,32 @@ impl TreeReader {
 
     fn bucket(&self, i: u32) -> Option<Bucket> {
         self.get(self.layout.buckets_at, self.layout.buckets as usize, i)
+    }
+
+    /// Whether the `key.len() / p` pages from `first` on, consecutive,
+    /// hold exactly `key` (one slice of tokens: a run); `None` if they run
+    /// past the pool.
+    fn run_is(&self, first: u32, key: &[u32]) -> Option<bool> {
+        let p = self.layout.page_size as usize;
+        let pages = (key.len() / p) as u64;
+        if u64::from(first) + pages > u64::from(self.layout.capacity) {
+            return None;
+        }
+        let at = self.layout.tokens_at + first as usize * p * size_of::<u32>();
+        // SAFETY: `first + pages <= capacity`, so the run's tokens lie
+        // inside the token array, aligned for u32.
+        let tokens = unsafe { self.base.as_ptr().add(at).cast::<u32>() };
+        let key = &key[..pages as usize * p];
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: `tokens` points at the run's `key.len()` tokens.
+            return Some(unsafe { same_sse2(tokens, key) });
+        }
+        #[allow(unreachable_code)]
+        Some(
+            (0..pages as u32)
+                .all(|j| self.page_is(first + j, &key[j as usize * p..]) == Some(true)),
+        )
     }
 
     /// Whether `page` holds exactly `key` (one page of tokens); `None` if
@@ -318,6 +394,13 @@ impl TreeReader {
         // array, aligned for u32.
         let tokens = unsafe { self.base.as_ptr().add(at).cast::<u32>() };
         let key = &key[..key.len().min(p)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: `tokens` points at the page's `p >= key.len()` tokens
+            // inside the region (checked above).
+            return Some(unsafe { same_sse2(tokens, key) });
+        }
+        #[allow(unreachable_code)]
         let mut diff = 0;
         // Eight tokens per volatile load (one 32-byte vector where the
         // target has one), then the rest one by one.
@@ -368,15 +451,41 @@ impl TreeReader {
                 if at + p > key.len() {
                     break;
                 }
+                let (state, run, next) = self.page_link(page)?;
+                if state != PAGE_CACHED {
+                    return None;
+                }
+                // A run of consecutive pages (see `Page::owner_or_run`):
+                // their tokens side by side, their ids without the links.
+                // The node's version vouches for the run as for the links.
+                let run = (run as usize)
+                    .min(n.num_pages as usize - matched)
+                    .min((key.len() - at) / p);
+                if run >= 2 && matched > 0 {
+                    let mut same = 0;
+                    if self.run_is(page, &key[at..at + run * p])? {
+                        same = run;
+                    }
+                    while same < run
+                        && self.page_is(page.checked_add(same as u32)?, &key[at + same * p..])?
+                    {
+                        same += 1;
+                    }
+                    out.extend((0..same as u32).map(|j| page + j));
+                    matched += same;
+                    at += same * p;
+                    if same < run {
+                        break;
+                    }
+                    let (_, _, next) = self.page_link(page + run as u32 - 1)?;
+                    page = next;
+                    continue;
+                }
                 if !self.page_is(page, &key[at..at + p])? {
                     if matched == 0 {
                         return Some(None);
                     }
                     break;
-                }
-                let (state, next) = self.page_link(page)?;
-                if state != PAGE_CACHED {
-                    return None;
                 }
                 out.push(page);
                 matched += 1;

@@ -85,8 +85,40 @@ impl<R: Region> Arena<R> {
     ) -> bool {
         let p = self.page_size();
         let pages = self.pages();
-        // Ends: every step consumes a page of `key`.
+        let num_pages = self.nodes()[child as usize].num_pages;
+        // Ends: every step consumes at least a page of `key`.
         while page != NIL {
+            // A run of consecutive pages: their tokens lie side by side,
+            // compared as one slice (a `memcmp`), ids without the links.
+            let run = pages[page as usize]
+                .owner_or_run
+                .min(num_pages.saturating_sub(in_child))
+                .min(((key.len() - *pos) / p) as u32);
+            if run >= 2 {
+                let (first, n) = (page as usize, run as usize);
+                let stored = self.tokens().get(first * p..(first + n) * p);
+                let stored = stored.unwrap_or_else(|| super::arena::corrupt("page run"));
+                let wanted = &key[*pos..*pos + n * p];
+                let same = if stored == wanted {
+                    n
+                } else {
+                    stored
+                        .chunks_exact(p)
+                        .zip(wanted.chunks_exact(p))
+                        .take_while(|(a, b)| a == b)
+                        .count()
+                };
+                out.extend((0..same as u32).map(|i| page + i));
+                *pos += same * p;
+                in_child += same as u32;
+                walk.pages += same;
+                if same < n {
+                    walk.partial = Some((child, page + same as u32, in_child));
+                    return false;
+                }
+                page = pages[first + n - 1].next;
+                continue;
+            }
             if *pos + p > key.len() || !self.page_is(page, &key[*pos..*pos + p]) {
                 walk.partial = Some((child, page, in_child));
                 return false;
@@ -174,12 +206,18 @@ impl<R: Region> Arena<R> {
         }
         let leaf = self.node_alloc();
         let mut prev = NIL;
+        // Runs of consecutive ids, counted from the end.
+        let mut run = 0;
+        for i in (0..pages.len()).rev() {
+            let next_in_run = pages.get(i + 1) == Some(&pages[i].wrapping_add(1));
+            run = if next_in_run { run + 1 } else { 1 };
+            self.pages_mut()[pages[i] as usize].owner_or_run = run;
+        }
         for (i, &page) in pages.iter().enumerate() {
             let at = page as usize * p;
             self.tokens_mut()[at..at + p].copy_from_slice(&key[i * p..(i + 1) * p]);
             let pg = &mut self.pages_mut()[page as usize];
             pg.state = PAGE_CACHED;
-            pg.owner = NIL;
             pg.prev = prev;
             pg.next = NIL;
             if prev != NIL {

@@ -113,6 +113,17 @@ impl<R: Region> Engine<R> {
                 );
                 ensure!(cached_by[page as usize] == NIL, "page {page} in two nodes");
                 ensure!(pg.prev == prev, "page {page} has a wrong back link");
+                // The run: at least this page, and consecutive ids as far
+                // as it says (or to the node's end, whichever is first).
+                ensure!(pg.owner_or_run >= 1, "page {page} has an empty run");
+                if pg.owner_or_run >= 2 && pg.next != NIL {
+                    ensure!(
+                        pg.next == page + 1
+                            && pages[pg.next as usize].owner_or_run == pg.owner_or_run - 1,
+                        "page {page}'s run of {} breaks at the next page",
+                        pg.owner_or_run
+                    );
+                }
                 cached_by[page as usize] = i;
                 prev = page;
                 page = pg.next;

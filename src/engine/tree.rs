@@ -206,12 +206,17 @@ impl<R: Region> Arena<R> {
         }
         let leaf = self.node_alloc();
         let mut prev = NIL;
-        // Runs of consecutive ids, counted from the end.
-        let mut run = 0;
-        for i in (0..pages.len()).rev() {
-            let next_in_run = pages.get(i + 1) == Some(&pages[i].wrapping_add(1));
-            run = if next_in_run { run + 1 } else { 1 };
-            self.pages_mut()[pages[i] as usize].owner_or_run = run;
+        // Runs of consecutive ids: their records lie side by side, so each
+        // run's are numbered in one pass over one slice.
+        let mut start = 0;
+        for i in 1..=pages.len() {
+            if i == pages.len() || pages[i] != pages[i - 1].wrapping_add(1) {
+                let (first, len) = (pages[start] as usize, i - start);
+                for (k, pg) in self.pages_mut()[first..first + len].iter_mut().enumerate() {
+                    pg.owner_or_run = (len - k) as u32;
+                }
+                start = i;
+            }
         }
         for (i, &page) in pages.iter().enumerate() {
             let at = page as usize * p;

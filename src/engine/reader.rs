@@ -79,7 +79,8 @@ pub struct TreeReader {
 /// with changes of that very node gives up.
 pub const NODE_TRIES: u32 = 64;
 
-/// Tokens compared per volatile load in [`TreeReader::peek`]'s walk.
+/// Tokens compared per volatile load where there is no SSE2.
+#[cfg(not(target_arch = "x86_64"))]
 const LANES: usize = 8;
 
 /// Where a [`TreeReader::peek_anchored`] match ended: the node holding
@@ -112,6 +113,42 @@ pub struct Peeked {
     /// a child holding it would be filed (none was, when read). The daemon
     /// probes it to see whether such a child came since.
     pub next_hash: Option<u32>,
+}
+
+/// Whether the `key.len()` tokens at `tokens` equal `key`, each read once,
+/// volatile: with SSE2 on x86-64, else eight tokens per volatile load (one
+/// 32-byte vector where the target has one), then the rest one by one.
+///
+/// # Safety
+///
+/// As for [`same_sse2`].
+#[inline]
+unsafe fn same_volatile(tokens: *const u32, key: &[u32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: forwarded from the caller.
+        unsafe { same_sse2(tokens, key) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let mut diff = 0;
+        let mut chunks = key.chunks_exact(LANES);
+        for (c, k) in chunks.by_ref().enumerate() {
+            // SAFETY: `(c + 1) * LANES <= key.len()`: inside what the caller
+            // vouches for; `[u32; LANES]` has u32's alignment and takes any
+            // bits.
+            let t = unsafe { tokens.add(c * LANES).cast::<[u32; LANES]>().read_volatile() };
+            diff |= t.iter().zip(k).fold(0, |d, (x, y)| d | (x ^ y));
+        }
+        let done = key.len() - chunks.remainder().len();
+        for (i, k) in chunks.remainder().iter().enumerate() {
+            // SAFETY: `done + i < key.len()`: inside what the caller vouches
+            // for.
+            let t = unsafe { tokens.add(done + i).read_volatile() };
+            diff |= t ^ k;
+        }
+        diff == 0
+    }
 }
 
 /// Whether the `key.len()` tokens at `tokens` equal `key`, four tokens per
@@ -369,55 +406,14 @@ impl TreeReader {
         // SAFETY: `first + pages <= capacity`, so the run's tokens lie
         // inside the token array, aligned for u32.
         let tokens = unsafe { self.base.as_ptr().add(at).cast::<u32>() };
-        let key = &key[..pages as usize * p];
-        #[cfg(target_arch = "x86_64")]
-        {
-            // SAFETY: `tokens` points at the run's `key.len()` tokens.
-            return Some(unsafe { same_sse2(tokens, key) });
-        }
-        #[allow(unreachable_code)]
-        Some(
-            (0..pages as u32)
-                .all(|j| self.page_is(first + j, &key[j as usize * p..]) == Some(true)),
-        )
+        // SAFETY: `tokens` points at the run's `pages * p` tokens.
+        Some(unsafe { same_volatile(tokens, &key[..pages as usize * p]) })
     }
 
-    /// Whether `page` holds exactly `key` (one page of tokens); `None` if
-    /// the page is out of range.
+    /// Whether `page` holds exactly the first page of `key`; `None` if the
+    /// page is out of range or `key` is shorter than a page.
     fn page_is(&self, page: u32, key: &[u32]) -> Option<bool> {
-        if page >= self.layout.capacity {
-            return None;
-        }
-        let p = self.layout.page_size as usize;
-        let at = self.layout.tokens_at + page as usize * p * size_of::<u32>();
-        // SAFETY: page < capacity, so its `p` tokens lie inside the token
-        // array, aligned for u32.
-        let tokens = unsafe { self.base.as_ptr().add(at).cast::<u32>() };
-        let key = &key[..key.len().min(p)];
-        #[cfg(target_arch = "x86_64")]
-        {
-            // SAFETY: `tokens` points at the page's `p >= key.len()` tokens
-            // inside the region (checked above).
-            return Some(unsafe { same_sse2(tokens, key) });
-        }
-        #[allow(unreachable_code)]
-        let mut diff = 0;
-        // Eight tokens per volatile load (one 32-byte vector where the
-        // target has one), then the rest one by one.
-        let mut chunks = key.chunks_exact(LANES);
-        for (c, k) in chunks.by_ref().enumerate() {
-            // SAFETY: `(c + 1) * LANES <= key.len() <= p`: inside the page;
-            // `[u32; LANES]` has u32's alignment and takes any bits.
-            let t = unsafe { tokens.add(c * LANES).cast::<[u32; LANES]>().read_volatile() };
-            diff |= t.iter().zip(k).fold(0, |d, (x, y)| d | (x ^ y));
-        }
-        let done = key.len() - chunks.remainder().len();
-        for (i, k) in chunks.remainder().iter().enumerate() {
-            // SAFETY: `done + i < key.len() <= p`: inside the page.
-            let t = unsafe { tokens.add(done + i).read_volatile() };
-            diff |= t ^ k;
-        }
-        Some(diff == 0)
+        self.run_is(page, key.get(..self.layout.page_size as usize)?)
     }
 
     /// Copies candidate `node` (found under `parent`) and the pages of it

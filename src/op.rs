@@ -5,7 +5,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::engine::{
-    Anchor, AnchorError, ClientId, Engine, HandleError, PageError, Region, SessionError, Stats,
+    Anchor, AnchorError, ClientId, Engine, HandleError, Inserted, PageError, Region, SessionError,
+    Stats,
 };
 
 /// One request to the cache.
@@ -386,13 +387,7 @@ pub fn apply_with<R: Region>(
             let r = engine.insert(client, &tokens, &pages, lock);
             spare.keep(tokens);
             spare.keep(pages);
-            let r = r?;
-            Reply::Inserted {
-                cached: r.cached as u64,
-                len: r.len as u64,
-                handle: r.handle.map(|h| h.to_raw()),
-                locked: lock,
-            }
+            inserted(r?, lock)
         }
         Request::Match { tokens, lock } => {
             let mut pages = spare.list();
@@ -419,12 +414,8 @@ pub fn apply_with<R: Region>(
             pages,
         } => {
             let r = engine.session_commit(client, &session, &tokens, &pages)?;
-            Reply::Inserted {
-                cached: r.cached as u64,
-                len: r.len as u64,
-                handle: None,
-                locked: false,
-            }
+            // A session's lock is its own, never handed to the caller.
+            inserted(Inserted { handle: None, ..r }, false)
         }
         Request::SessionRelease { session } => {
             engine.session_release(client, &session)?;
@@ -476,15 +467,19 @@ pub fn apply_with<R: Region>(
             let r = engine.insert_at(client, &anchor, m, &tokens, &pages, lock);
             spare.keep(tokens);
             spare.keep(pages);
-            let r = r?;
-            Reply::Inserted {
-                cached: r.cached as u64,
-                len: r.len as u64,
-                handle: r.handle.map(|h| h.to_raw()),
-                locked: lock,
-            }
+            inserted(r?, lock)
         }
     })
+}
+
+/// The answer to an insert that did `r` (and locked when `locked`).
+fn inserted(r: Inserted, locked: bool) -> Reply {
+    Reply::Inserted {
+        cached: r.cached as u64,
+        len: r.len as u64,
+        handle: r.handle.map(|h| h.to_raw()),
+        locked,
+    }
 }
 
 /// Something that carries out requests: an in-process engine or a daemon.

@@ -8,7 +8,7 @@
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::arena::{corrupt, Arena};
-use super::layout::{Bucket, NIL};
+use super::layout::{Bucket, Node, NIL};
 use super::region::Region;
 
 /// Hash of a child key. The parent index seeds the hash so the same first
@@ -40,7 +40,20 @@ impl<R: Region> Arena<R> {
     /// The child of `parent` whose first page holds exactly `page`.
     #[inline]
     pub fn find_child(&self, parent: u32, page: &[u32]) -> Option<u32> {
-        let hash = child_hash(parent, page);
+        self.probe(parent, child_hash(parent, page), |n| {
+            self.page_is(n.first_page, page)
+        })
+    }
+
+    /// Whether some child of `parent` is filed under `hash`: a child whose
+    /// first page hashes so may exist (a miss is certain, a hit is not).
+    pub fn has_child_hashed(&self, parent: u32, hash: u32) -> bool {
+        self.probe(parent, hash, |_| true).is_some()
+    }
+
+    /// The first child of `parent` filed under `hash` that `accept`s.
+    #[inline]
+    fn probe(&self, parent: u32, hash: u32, accept: impl Fn(&Node) -> bool) -> Option<u32> {
         let mask = self.mask();
         let (buckets, nodes) = (self.buckets(), self.nodes());
         let mut i = hash & mask;
@@ -55,38 +68,13 @@ impl<R: Region> Arena<R> {
                 let n = nodes
                     .get(b.node as usize)
                     .unwrap_or_else(|| corrupt("bucket"));
-                if n.parent == parent && self.page_is(n.first_page, page) {
+                if n.parent == parent && accept(n) {
                     return Some(b.node);
                 }
             }
             i = (i + 1) & mask;
         }
         None
-    }
-
-    /// Whether some child of `parent` is filed under `hash`: a child whose
-    /// first page hashes so may exist (a miss is certain, a hit is not).
-    pub fn has_child_hashed(&self, parent: u32, hash: u32) -> bool {
-        let mask = self.mask();
-        let (buckets, nodes) = (self.buckets(), self.nodes());
-        let mut i = hash & mask;
-        // At most one lap, as in `find_child`.
-        for _ in 0..=mask {
-            let b = buckets[i as usize];
-            if b.node == NIL {
-                return false;
-            }
-            if b.hash == hash {
-                let n = nodes
-                    .get(b.node as usize)
-                    .unwrap_or_else(|| corrupt("bucket"));
-                if n.parent == parent {
-                    return true;
-                }
-            }
-            i = (i + 1) & mask;
-        }
-        false
     }
 
     /// Files `node` under its `hash` (already stored in the node), inside

@@ -416,22 +416,17 @@ impl Client {
             let mut deadline = None;
             let mut buf = Vec::new();
             while let Some(&sent) = self.outstanding.front() {
-                let reply = wait(
-                    &self.segment,
-                    &self.load,
+                let (segment, load) = (&self.segment, &self.load);
+                let answer = receive(
+                    segment,
+                    load,
                     &port,
+                    sent,
                     &mut deadline,
                     self.timeout,
+                    &mut buf,
                 )
                 .map_err(|e| break_on(&mut self.broken, e))?;
-                let answer = read_answer(&port, &reply, sent, &mut buf);
-                let answer = match answer {
-                    Ok(a) => a,
-                    Err(e) => {
-                        self.broken = Some(e);
-                        return Err(ClientError::Broken(e));
-                    }
-                };
                 self.to_return.note(sent.locks, &answer);
                 self.outstanding.pop_front();
             }
@@ -484,10 +479,25 @@ fn port_of<'s>(
 /// A protocol error leaves the connection out of step: remember it, so
 /// every later call says so.
 fn break_on(broken: &mut Option<ProtocolError>, e: ClientError) -> ClientError {
-    if let ClientError::Protocol(p) = e {
+    if let ClientError::Protocol(p) | ClientError::Broken(p) = e {
         *broken = Some(p);
     }
     e
+}
+
+/// Waits for the answer to `sent`, the oldest request outstanding, and
+/// decodes it; an answer out of step is [`ClientError::Broken`].
+fn receive(
+    segment: &Segment,
+    load: &LoadSensor,
+    port: &Port<'_>,
+    sent: Sent,
+    deadline: &mut Option<Instant>,
+    timeout: Duration,
+    buf: &mut Vec<u8>,
+) -> Result<Result<Reply, Rejection>, ClientError> {
+    let reply = wait(segment, load, port, deadline, timeout)?;
+    read_answer(port, &reply, sent, buf).map_err(ClientError::Broken)
 }
 
 /// Reads and decodes the answer `reply` to `sent`; a mismatch of sequence
@@ -684,30 +694,29 @@ impl Client {
         posted?;
         let mut deadline = None;
         let mut buf = std::mem::take(&mut self.buf);
-        let received = (|| {
-            for _ in 0..sent {
-                let reply = wait(
-                    &self.segment,
-                    &self.load,
-                    &port,
-                    &mut deadline,
-                    self.timeout,
-                )
-                .map_err(|e| break_on(&mut self.broken, e))?;
-                let Some(&front) = self.outstanding.front() else {
+        let mut received = Ok(());
+        for _ in 0..sent {
+            let Some(&front) = self.outstanding.front() else {
+                break;
+            };
+            let (segment, load) = (&self.segment, &self.load);
+            match receive(
+                segment,
+                load,
+                &port,
+                front,
+                &mut deadline,
+                self.timeout,
+                &mut buf,
+            ) {
+                Ok(answer) => answers.push(answer),
+                Err(e) => {
+                    received = Err(break_on(&mut self.broken, e));
                     break;
-                };
-                match read_answer(&port, &reply, front, &mut buf) {
-                    Ok(answer) => answers.push(answer),
-                    Err(e) => {
-                        self.broken = Some(e);
-                        return Err(ClientError::Broken(e));
-                    }
                 }
-                self.outstanding.pop_front();
             }
-            Ok(())
-        })();
+            self.outstanding.pop_front();
+        }
         self.buf = buf;
         received
     }

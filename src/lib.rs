@@ -17,13 +17,22 @@
 //!   socket.
 //! - [`chart`]: the SVG line charts of `replay --plot` and `bench --plot`.
 
-pub mod client;
-pub mod daemon;
 pub mod engine;
+// Under loom (`--cfg loom`, for `loom_tests`) only the engine, whose tree
+// reader the models drive: the rest needs real shared memory.
+#[cfg(not(loom))]
+pub mod client;
+#[cfg(not(loom))]
+pub mod daemon;
+#[cfg(not(loom))]
 pub mod events;
+#[cfg(not(loom))]
 pub mod op;
+#[cfg(not(loom))]
 pub mod order;
+#[cfg(not(loom))]
 pub mod shared;
+#[cfg(not(loom))]
 pub mod wire;
 
 // The command-line tools and what only they need (clap, serde_json,
@@ -41,5 +50,7 @@ pub mod signal;
 #[cfg(feature = "cli")]
 pub mod stat;
 
+#[cfg(not(loom))]
 pub use client::{Client, ClientError};
+#[cfg(not(loom))]
 pub use order::Policy;

@@ -311,6 +311,31 @@ impl<T> Limbo<T> {
     }
 }
 
+/// The reader's loop: pin, walk, unpin, retry.
+impl ReaderSlot {
+    /// Runs `walk` between [`Self::pin`] and [`Self::unpin`], again while
+    /// `unpin` says the writer expired the announcement (what that walk
+    /// copied may hold reused records), at most `tries` times. Returns what
+    /// the first trusted walk returned; `None` when every walk was expired.
+    /// This is the whole of a lock-free read (`Client::peek`), and what the
+    /// loom models drive.
+    pub fn read<T>(
+        &self,
+        clock: &EpochClock,
+        tries: u32,
+        mut walk: impl FnMut() -> T,
+    ) -> Option<T> {
+        for _ in 0..tries {
+            self.pin(clock);
+            let copied = walk();
+            if self.unpin() {
+                return Some(copied);
+            }
+        }
+        None
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;

@@ -32,7 +32,7 @@ fn no_lost_wakeup() {
         });
         // SAFETY: this thread is the ring's only consumer.
         let c = unsafe { ring.consumer() };
-        let mut got = 0;
+        let (mut got, mut slept) = (0, false);
         while got < 2 {
             if let Some(v) = c.pop() {
                 assert_eq!(v, got);
@@ -41,9 +41,12 @@ fn no_lost_wakeup() {
             }
             // Without timeouts this returns once rung (or work seen); a
             // wake-up meant for an earlier post may find nothing new.
+            slept = true;
             let _: Wake = bell.sleep(|| c.has_work());
         }
         producer.join().unwrap();
+        // On the path: the consumer went to sleep at least once.
+        slept
     });
 }
 
@@ -68,11 +71,15 @@ fn two_ringers_and_a_sleeper_that_times_out() {
         // The first nap times out whatever happens: its announcement and
         // withdrawal race the ringers.
         let _ = bell.sleep_timing_out(done);
+        let mut slept = false;
         while !done() {
+            slept = true;
             let _: Wake = bell.sleep(done);
         }
         for r in ringers {
             r.join().unwrap();
         }
+        // On the path: the work was not all there after the first nap.
+        slept
     });
 }

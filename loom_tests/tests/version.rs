@@ -77,12 +77,15 @@ fn a_reader_never_keeps_a_torn_record() {
                 rec.write(0xdead);
             })
         };
-        if let Some(((a, b), v)) = rec.version.read(|| rec.copy()) {
+        let read = rec.version.read(|| rec.copy());
+        if let Some(((a, b), v)) = read {
             assert_eq!(a, b, "torn record kept");
             assert_eq!(v % 2, 0);
         }
         writer.join().unwrap();
         assert_eq!(rec.version.read(|| rec.copy()), Some(((0xdead, 0xdead), 4)));
+        // On the path: the copy raced a write and was refused.
+        read.is_none()
     });
 }
 
@@ -105,10 +108,13 @@ fn a_reader_notices_its_parent_changed() {
             let ((c, _), _) = child.version.read(|| child.copy())?;
             parent.version.still(vp).then_some((p, c))
         };
-        if let Some(pair) = walk() {
+        let walked = walk();
+        if let Some(pair) = walked {
             assert_ne!(pair, (1, 2), "(1, 2) is no state the tree was ever in");
         }
         writer.join().unwrap();
         assert_eq!(walk(), Some((2, 2)));
+        // On the path: the walk raced a write and was refused.
+        walked.is_none()
     });
 }

@@ -18,7 +18,7 @@ use radixd_ipc::{Doorbell, HeapRing, Wake};
 
 #[test]
 fn no_lost_wakeup() {
-    explore("no_lost_wakeup", 60, || {
+    explore("no_lost_wakeup", 90, || {
         let ring = Arc::new(HeapRing::<u32>::new(2).unwrap());
         let bell = Arc::new(Doorbell::new());
         let (r, b) = (ring.clone(), bell.clone());
@@ -52,7 +52,7 @@ fn no_lost_wakeup() {
 
 #[test]
 fn two_ringers_and_a_sleeper_that_times_out() {
-    explore("two_ringers_and_a_sleeper_that_times_out", 1000, || {
+    explore("two_ringers_and_a_sleeper_that_times_out", 800, || {
         let work = Arc::new(AtomicU32::new(0));
         let bell = Arc::new(Doorbell::new());
         let ringers: Vec<_> = (0..2)

@@ -89,7 +89,7 @@ impl Shared {
 /// writer reused it.
 #[test]
 fn no_reader_sees_a_reused_record() {
-    explore("no_reader_sees_a_reused_record", 10, || {
+    explore("no_reader_sees_a_reused_record", 8, || {
         let s = Shared::new();
         let w = {
             let s = s.clone();
@@ -108,7 +108,7 @@ fn no_reader_sees_a_reused_record() {
 /// the writer reused the record.
 #[test]
 fn an_expired_reader_distrusts_its_copy() {
-    explore("an_expired_reader_distrusts_its_copy", 5, move || {
+    explore("an_expired_reader_distrusts_its_copy", 30, move || {
         let s = Shared::new();
         let w = {
             let s = s.clone();
@@ -130,7 +130,7 @@ fn an_expired_reader_distrusts_its_copy() {
 /// back, and only clearing its slot let the record be reused.
 #[test]
 fn a_dead_readers_slot_is_cleared() {
-    explore("a_dead_readers_slot_is_cleared", 5, || {
+    explore("a_dead_readers_slot_is_cleared", 10, || {
         let s = Shared::new();
         let dead = {
             let s = s.clone();

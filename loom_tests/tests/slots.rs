@@ -233,12 +233,12 @@ fn dying_client(name: &str, floor: usize, stop: ClaimStep, release: bool) {
 
 #[test]
 fn dies_before_start() {
-    dying_client("dies_before_start", 8, ClaimStep::Start, false);
+    dying_client("dies_before_start", 10, ClaimStep::Start, false);
 }
 
 #[test]
 fn dies_after_lock() {
-    dying_client("dies_after_lock", 8, ClaimStep::Locked, false);
+    dying_client("dies_after_lock", 2, ClaimStep::Locked, false);
 }
 
 #[test]
@@ -253,17 +253,17 @@ fn dies_after_pid() {
 
 #[test]
 fn dies_after_publish() {
-    dying_client("dies_after_publish", 100, ClaimStep::Done, false);
+    dying_client("dies_after_publish", 150, ClaimStep::Done, false);
 }
 
 #[test]
 fn dies_after_release() {
-    dying_client("dies_after_release", 200, ClaimStep::Done, true);
+    dying_client("dies_after_release", 300, ClaimStep::Done, true);
 }
 
 #[test]
 fn live_client_is_adopted_and_never_reclaimed() {
-    explore("live_client_is_adopted_and_never_reclaimed", 250, || {
+    explore("live_client_is_adopted_and_never_reclaimed", 1000, || {
         let slots = one_slot();
         let kernel = Kernel::new(1);
         // A previous holder left its cursors and a stamp behind.
@@ -335,7 +335,7 @@ type Record = [u32; 2];
 
 #[test]
 fn handover_with_a_request_queued() {
-    explore("handover_with_a_request_queued", 700, || {
+    explore("handover_with_a_request_queued", 2000, || {
         let slots = one_slot();
         let kernel = Kernel::new(1);
         let ring = Arc::new(HeapRing::<Record>::new(2).unwrap());

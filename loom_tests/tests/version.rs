@@ -67,7 +67,7 @@ impl Record {
 /// the Acquire fence in `still`, the re-check in `read`.
 #[test]
 fn a_reader_never_keeps_a_torn_record() {
-    explore("a_reader_never_keeps_a_torn_record", 150, || {
+    explore("a_reader_never_keeps_a_torn_record", 200, || {
         let rec = Arc::new(Record::new(0));
         let writer = {
             let rec = rec.clone();
@@ -93,7 +93,7 @@ fn a_reader_never_keeps_a_torn_record() {
 /// skipping `parent.version.still(vp)`, and either fence of `Version`.
 #[test]
 fn a_reader_notices_its_parent_changed() {
-    explore("a_reader_notices_its_parent_changed", 200, || {
+    explore("a_reader_notices_its_parent_changed", 300, || {
         let parent = Arc::new(Record::new(1));
         let child = Arc::new(Record::new(1));
         let writer = {

@@ -14,12 +14,15 @@
 //!   old X finds Y under the new X: only the parent's re-check tells. The
 //!   answer must be [0, 1], [0] or [] (what [1, 2] mapped to at some
 //!   instant), never [0, 3].
-//! - `a_walk_survives_a_split_and_an_eviction_underfoot`: root → C [10, 11].
-//!   The writer inserts [10, 12] (C splits: M [10] takes its place, C [11]
-//!   and D [12] below), evicts C and reuses its page for [99]. The answer
-//!   for [10, 11] must be the longest prefix cached at an instant of the
-//!   walk: [0, 1] throughout, [0] only once the eviction began (a SeqCst
-//!   witness outside the protocol).
+//! - `a_walk_survives_a_split_underfoot`: root → C [10, 11]. The writer
+//!   inserts [10, 12]: C splits (M [10] takes its place, C [11] and D [12]
+//!   below it), filing M and re-filing C in one change of the table. [10,
+//!   11] maps to [0, 1] throughout: the longest prefix, never a shorter one.
+//! - `a_child_copy_counts_only_once_validated`: root → C [7, 7]. The
+//!   writer inserts [7, 8]: C splits, its lower half [7] (page 1) goes
+//!   under the upper one. A copy of C mixing its old parent with its new
+//!   first page reads [7] on page 1, which [7] never mapped to: only the
+//!   re-check of C's version after the copy tells (the walk ends there).
 //! - `a_miss_is_trusted_only_under_a_still_table`: root → A [1] with
 //!   children D [d] and E [e] filed from one home bucket (D first). The
 //!   writer evicts D: the backward shift moves E into D's bucket. A probe
@@ -35,7 +38,7 @@
 
 use std::sync::Arc as StdArc;
 
-use loom_tests::explore;
+use loom_tests::{explore, explore_bounded};
 use radixd::engine::{Engine, EngineLayout, Mirror, MirroredRegion, TreeReader};
 use radixd_ipc::sync::{Arc, AtomicU32, Ordering};
 
@@ -85,11 +88,18 @@ impl Stage {
     }
 }
 
+/// At most one preemption: the race needs one (the reader stopped after
+/// copying X, before looking up X's child; the writer then runs to its
+/// end), and every load still reads any store loom allows. At CI's bound of
+/// two the writer's three operations take 1.09 million executions (109 s on
+/// a 2-core VM); at one, 64 thousand, and removing the parent's re-check
+/// fails it.
 #[test]
 fn a_reader_notices_the_node_it_stands_on_was_reused() {
-    explore(
+    explore_bounded(
         "a_reader_notices_the_node_it_stands_on_was_reused",
-        200,
+        30_000,
+        Some(1),
         || {
             let (mut e, r) = engine(3);
             assert_eq!(put(&mut e, &[1], false), [0]);
@@ -126,7 +136,7 @@ fn a_reader_notices_the_node_it_stands_on_was_reused() {
 
 #[test]
 fn a_walk_survives_a_split_underfoot() {
-    explore("a_walk_survives_a_split_underfoot", 200, || {
+    explore("a_walk_survives_a_split_underfoot", 6_000, || {
         let (mut e, r) = engine(3);
         assert_eq!(put(&mut e, &[10, 11], false), [0, 1]);
         let stage = Stage::new();
@@ -152,6 +162,33 @@ fn a_walk_survives_a_split_underfoot() {
     });
 }
 
+#[test]
+fn a_child_copy_counts_only_once_validated() {
+    explore("a_child_copy_counts_only_once_validated", 3_000, || {
+        let (mut e, r) = engine(3);
+        assert_eq!(put(&mut e, &[7, 7], false), [0, 1]);
+        let stage = Stage::new();
+        let writer = {
+            let stage = stage.clone();
+            loom::thread::spawn(move || {
+                assert_eq!(put(&mut e, &[7, 8], false), [0, 2]);
+                stage.set(1);
+                e
+            })
+        };
+        let before = stage.get();
+        let got = peek(&r, &[7]);
+        let after = stage.get();
+        if let Some(pages) = &got {
+            assert_eq!(pages, &[0], "[7] was cached on page 0 throughout");
+        }
+        let e = writer.join().unwrap();
+        assert_eq!(peek(&r, &[7, 7]), Some(vec![0, 1]));
+        drop(e);
+        before == 0 && after == 1
+    });
+}
+
 /// Two first tokens whose child-table hashes under node 1 (A) share a
 /// home bucket of the 8 an engine of capacity 3 has (found by a search
 /// with `Peeked::next_hash`; the model checks it).
@@ -160,7 +197,7 @@ const E: u32 = 6;
 
 #[test]
 fn a_miss_is_trusted_only_under_a_still_table() {
-    explore("a_miss_is_trusted_only_under_a_still_table", 50, || {
+    explore("a_miss_is_trusted_only_under_a_still_table", 700, || {
         let (mut e, r) = engine(3);
         assert_eq!(put(&mut e, &[1], false), [0]);
         assert_eq!(home(&r, D), home(&r, E), "D and E share a home bucket");

@@ -426,7 +426,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
     if peer.tenancy.serves(word) {
         return true;
     }
-    let probe = peer.tenancy.owner().is_some() && word.1 != CLAIMED && {
+    let probe = peer.tenancy.owner().is_some() && {
         let now = Instant::now();
         let due = now >= peer.next_probe;
         if due {

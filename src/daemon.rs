@@ -37,16 +37,10 @@ pub const SLEEP: Duration = Duration::from_millis(50);
 /// How long a reader may hold reclamation back (a `peek` takes
 /// microseconds; one that takes this long is stopped, stuck or descheduled
 /// on a crowded host) before its announcement is expired: it then throws
-/// its copy away and reads again. Meanwhile an `alloc` that needs the pages
-/// it holds back fails, so this stays short.
+/// its copy away and reads again. Every reader in the way is expired this
+/// long after it was first found there, all together; meanwhile an `alloc`
+/// that needs the pages they hold waits, so this stays short.
 pub const READER_EXPIRY: Duration = Duration::from_millis(1);
-
-/// Records (freed nodes and evicted pages) that may wait for readers; with
-/// limbo full, eviction stops and `alloc` fails as with too few evictable
-/// pages (a clean error, never a page a reader may still return).
-fn limbo_capacity(pages: u32) -> usize {
-    (pages as usize / 4).max(1024)
-}
 
 /// Longest a busy daemon keeps its figures to itself.
 const PUBLISH: Duration = Duration::from_millis(1);
@@ -230,7 +224,7 @@ pub fn serve_reporting(
     // dropped before it.
     let grace = unsafe { ShmGrace::new(&segment, &layout, config.reader_expiry) }
         .map_err(ServeError::Region)?;
-    engine.set_grace(Box::new(grace), limbo_capacity(config.capacity));
+    engine.set_grace(Box::new(grace));
     let (_, readers) = layout.readers(&segment).map_err(ServeError::Region)?;
     let mut events = crate::events::Events::start(config.events.as_ref(), &mut engine, live)
         .map_err(ServeError::Events)?;
@@ -432,7 +426,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
     if peer.tenancy.serves(word) {
         return true;
     }
-    let probe = peer.tenancy.owner().is_some() && word.1 != CLAIMED && {
+    let probe = peer.tenancy.owner().is_some() && {
         let now = Instant::now();
         let due = now >= peer.next_probe;
         if due {
@@ -501,6 +495,8 @@ fn forget<R: crate::engine::Region>(
 struct Tally {
     requests: u64,
     rejected: u64,
+    /// `alloc`s refused while readers held what they evicted.
+    held_by_readers: u64,
     service_ns: [u64; HISTOGRAM_BUCKETS],
 }
 
@@ -509,6 +505,7 @@ impl Tally {
         Self {
             requests: 0,
             rejected: 0,
+            held_by_readers: 0,
             service_ns: [0; HISTOGRAM_BUCKETS],
         }
     }
@@ -519,6 +516,8 @@ impl Tally {
         // Relaxed, all: statistics, read as a best-effort snapshot.
         live.requests.store(self.requests, Ordering::Relaxed);
         live.rejected.store(self.rejected, Ordering::Relaxed);
+        live.held_by_readers
+            .store(self.held_by_readers, Ordering::Relaxed);
         for (slot, &n) in live.service_ns.iter().zip(&self.service_ns) {
             slot.store(n, Ordering::Relaxed);
         }
@@ -535,6 +534,14 @@ struct Service {
     allow_reset: bool,
     /// Longest an `alloc` waits for pages readers hold (see `drain`).
     reader_wait: Duration,
+}
+
+/// Whether an `alloc` of `want` pages falls short only because readers
+/// hold pages in limbo: free and held together would do.
+fn held_back<R: crate::engine::Region>(engine: &Engine<R>, want: u64) -> bool {
+    let free = engine.stats().free_pages;
+    let held = u64::from(engine.in_limbo().0);
+    free < want && free + held >= want
 }
 
 /// Answers up to [`BATCH`] requests of one active slot; returns how many.
@@ -562,8 +569,7 @@ fn drain<R: crate::engine::Region>(
         let (record, retry) = match peer.deferred.take() {
             Some((record, until)) => {
                 let want = wire::alloc_count(&record).unwrap_or(0);
-                let (free, held) = (engine.stats().free_pages, engine.in_limbo().0);
-                if free < want && held > 0 && Instant::now() < until {
+                if held_back(engine, want) && Instant::now() < until {
                     peer.deferred = Some((record, until));
                     break;
                 }
@@ -603,11 +609,13 @@ fn drain<R: crate::engine::Region>(
         // than fail as if the cache were locked full: other slots are
         // served meanwhile, and this one reads nothing more until then.
         let short = reply.status == ErrorKind::InsufficientPages as u32;
-        if short && !retry && wire::alloc_count(&record).is_some() && engine.in_limbo().0 > 0 {
+        let held = short && wire::alloc_count(&record).is_some_and(|want| held_back(engine, want));
+        if held && !retry {
             peer.deferred = Some((record, Instant::now() + service.reader_wait));
             break;
         }
         let tally = &mut service.tally;
+        tally.held_by_readers += u64::from(held);
         if let Some(start) = start {
             let ns = start.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
             tally.service_ns[bucket_of(ns)] += 1;

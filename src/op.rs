@@ -274,7 +274,10 @@ impl From<PageError> for Rejection {
             PageError::OutOfRange { .. } => ErrorKind::PageOutOfRange,
             PageError::NotOwned { .. } => ErrorKind::PageNotOwned,
             PageError::CountMismatch { .. } => ErrorKind::PageCountMismatch,
-            PageError::Insufficient { .. } => ErrorKind::InsufficientPages,
+            // Its own message, the same kind: a client retries either.
+            PageError::Insufficient { .. } | PageError::HeldByReaders { .. } => {
+                ErrorKind::InsufficientPages
+            }
         };
         Self::new(kind, e.to_string())
     }

@@ -19,7 +19,7 @@ use radixd_ipc::sync::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use radixd_ipc::{
-    Blocked, Collector, EpochClock, LayoutConfig, LayoutError, Offset, ReaderSlot, RegionError,
+    Collector, EpochClock, LayoutConfig, LayoutError, Offset, ReaderSlot, Reclaimer, RegionError,
     Segment, SegmentLayout, ShmSafe, INFO_BYTES,
 };
 
@@ -70,6 +70,9 @@ pub struct LiveStats {
     pub clients: AtomicU64,
     /// Dead clients cleaned up.
     pub reaped: AtomicU64,
+    /// `alloc`s refused because readers (stalled `peek`s) still held pages
+    /// it had evicted, after waiting for them to be expired.
+    pub held_by_readers: AtomicU64,
     /// Engine figures, as [`Stats`] plus sessions, refreshed as they change.
     pub engine: [AtomicU64; Stats::LEN + 1],
     /// 1 when the daemon publishes KV events (`--kv-events`).
@@ -256,20 +259,36 @@ fn readers_bytes(clients: u32) -> u64 {
 
 /// The readers' grace period over the segment's reader epochs (daemon
 /// side): what the engine asks before it reuses a freed node or an evicted
-/// page. A reader that holds the epoch back for longer than `expire_after`
-/// (stopped, or stuck) is expired: it learns so when it leaves and throws
-/// its copy away (`Client::peek` then reads again).
+/// page. The policy (the true epoch kept privately, every reader in the way
+/// for longer than `expire_after` expired in one pass) is
+/// [`radixd_ipc::Reclaimer`]'s; an expired reader learns so when it leaves
+/// and throws its copy away (`Client::peek` then reads again).
 pub struct ShmGrace {
+    table: ReaderTable,
+    policy: Reclaimer,
+}
+
+/// Where the segment's epoch clock and reader slots are.
+struct ReaderTable {
     clock: NonNull<EpochClock>,
     readers: NonNull<ReaderSlot>,
     count: usize,
-    expire_after: Duration,
-    /// The reader in the way, and since when.
-    stalled: Option<(Blocked, Instant)>,
-    /// The true epoch. The shared clock lies where clients can write, so
-    /// it is republished from here before every advance: a stray write to
-    /// it cannot hold reclamation back or make a record reusable early.
-    epoch: u64,
+}
+
+impl ReaderTable {
+    fn collector(&self) -> Collector<'_> {
+        // SAFETY: both point into a mapping that outlives the `ShmGrace`
+        // holding this (the contract of `ShmGrace::new`); the slots were a
+        // checked slice of `count` elements, and shared references to
+        // atomics are sound while other processes write them.
+        let (clock, readers) = unsafe {
+            (
+                self.clock.as_ref(),
+                std::slice::from_raw_parts(self.readers.as_ptr(), self.count),
+            )
+        };
+        Collector::new(clock, readers)
+    }
 }
 
 impl ShmGrace {
@@ -292,27 +311,13 @@ impl ShmGrace {
             reader.clear();
         }
         Ok(Self {
-            clock: NonNull::from(clock),
-            readers: NonNull::from(readers).cast(),
-            count: readers.len(),
-            expire_after,
-            stalled: None,
-            epoch: 1,
+            table: ReaderTable {
+                clock: NonNull::from(clock),
+                readers: NonNull::from(readers).cast(),
+                count: readers.len(),
+            },
+            policy: Reclaimer::new(readers.len(), expire_after),
         })
-    }
-
-    fn collector(&self) -> Collector<'_> {
-        // SAFETY: both point into a mapping that outlives `self` (the
-        // contract of `new`); the slots were a checked slice of `count`
-        // elements, and shared references to atomics are sound while other
-        // processes write them.
-        let (clock, readers) = unsafe {
-            (
-                self.clock.as_ref(),
-                std::slice::from_raw_parts(self.readers.as_ptr(), self.count),
-            )
-        };
-        Collector::new(clock, readers)
     }
 }
 
@@ -322,46 +327,16 @@ unsafe impl Send for ShmGrace {}
 
 impl Grace for ShmGrace {
     fn epoch(&self) -> u64 {
-        self.epoch
+        self.policy.epoch()
     }
 
     fn try_advance(&mut self) -> bool {
-        let c = self.collector();
-        c.clock().publish(self.epoch);
-        let blocked = match c.try_advance() {
-            Ok(e) => {
-                self.epoch = e;
-                self.stalled = None;
-                return true;
-            }
-            Err(blocked) => blocked,
-        };
-        let now = Instant::now();
-        match self.stalled {
-            Some((b, since)) if b == blocked => {
-                if now.duration_since(since) < self.expire_after {
-                    return false;
-                }
-                self.stalled = None;
-                let c = self.collector();
-                c.expire(blocked);
-                match c.try_advance() {
-                    Ok(e) => {
-                        self.epoch = e;
-                        true
-                    }
-                    Err(_) => false,
-                }
-            }
-            _ => {
-                self.stalled = Some((blocked, now));
-                false
-            }
-        }
+        self.policy
+            .try_advance(&self.table.collector(), Instant::now)
     }
 
     fn reusable(&self, tag: u64) -> bool {
-        self.epoch >= tag.saturating_add(2)
+        self.policy.reusable(tag)
     }
 }
 

@@ -35,6 +35,7 @@ pub struct Reading {
     pub rejected: u64,
     pub clients: u64,
     pub reaped: u64,
+    pub held_by_readers: u64,
     pub histogram: Vec<u64>,
     /// KV events: `(enabled, batches published, queue overflows)`.
     pub events: (bool, u64, u64),
@@ -48,6 +49,7 @@ fn read(live: &LiveStats) -> Reading {
         rejected: get(&live.rejected),
         clients: get(&live.clients),
         reaped: get(&live.reaped),
+        held_by_readers: get(&live.held_by_readers),
         histogram: live.service_ns.iter().map(get).collect(),
         events: (
             get(&live.events_enabled) != 0,
@@ -143,6 +145,10 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
         (after.requests - before.requests.min(after.requests)) as f64 / secs
     );
     println!(
+        "readers     {} allocs refused while stalled readers held evicted pages",
+        after.held_by_readers
+    );
+    println!(
         "service     p50 {}, p90 {}, p99 {}, p99.9 {} ({over})",
         p(0.5),
         p(0.9),
@@ -150,7 +156,7 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
         p(0.999)
     );
     println!(
-        "evictions   {} pages, {} LRU nodes scanned",
+        "evictions   {} pages, {} nodes visited",
         engine.evicted_pages, engine.evict_scanned
     );
     if let (true, batches, overflows) = after.events {

@@ -530,7 +530,7 @@ impl radixd::engine::Grace for FakeGrace {
 fn evicted_pages_come_back_only_after_the_grace_period() {
     let mut e = engine(2, 8);
     let g = FakeGrace::default();
-    e.set_grace(Box::new(g.clone()), 64);
+    e.set_grace(Box::new(g.clone()));
     let first = put(&mut e, A, &[1, 2, 3, 4, 5, 6, 7, 8]);
     put(&mut e, A, &[9, 9, 9, 9, 9, 9, 9, 9]);
     assert_eq!(e.stats().free_pages, 0);
@@ -542,19 +542,31 @@ fn evicted_pages_come_back_only_after_the_grace_period() {
     assert_eq!(e.stats().free_pages, 0, "limbo pages are not free");
     assert_eq!(e.stats().nodes, 1);
     assert_eq!(e.reclaim(), 0, "the reader still holds them");
-    // The pages are still held: an alloc that needs them fails cleanly.
+    // The pages are still held: an alloc that needs them fails cleanly,
+    // saying so, and evicts nothing more (what waits in limbo is on its
+    // way back).
     let before = snapshot(&e);
     assert!(matches!(
         e.alloc(B, 2),
-        Err(PageError::Insufficient { requested: 2, .. })
+        Err(PageError::HeldByReaders {
+            requested: 2,
+            free: 0,
+            held: 4
+        })
     ));
     ok(&e);
-    // That alloc handed out nothing; it evicted its shortfall (two pages of
-    // the other prompt) into limbo, where they wait like the rest.
-    assert_eq!(e.stats().owned_pages, before.0.owned_pages);
+    assert_eq!(snapshot(&e), before);
+    assert_eq!(e.in_limbo(), (4, 1));
+    // Needing more than limbo holds evicts only the rest (two pages of the
+    // other prompt), which wait like the others.
+    assert!(matches!(
+        e.alloc(B, 6),
+        Err(PageError::HeldByReaders { .. })
+    ));
     assert_eq!(e.in_limbo(), (6, 1));
     g.unpin();
     assert_eq!(e.reclaim(), 6 + 1);
+    assert_eq!(e.stats().evicted_pages, 6);
     assert_eq!(e.in_limbo(), (0, 0));
     assert_eq!(e.stats().free_pages, 6);
     ok(&e);
@@ -568,31 +580,42 @@ fn evicted_pages_come_back_only_after_the_grace_period() {
 }
 
 #[test]
-fn a_full_limbo_makes_alloc_fail_and_change_nothing() {
+fn limbo_has_no_capacity_and_a_held_alloc_evicts_its_shortfall_once() {
     let mut e = engine(2, 8);
     let g = FakeGrace::default();
-    e.set_grace(Box::new(g.clone()), 3);
+    e.set_grace(Box::new(g.clone()));
     put(&mut e, A, &[1, 2, 3, 4, 5, 6, 7, 8]);
     put(&mut e, A, &[9, 9, 9, 9, 9, 9, 9, 9]);
     g.pin();
-    let before = snapshot(&e);
-    let (len, pages) = matched(&e, &[1, 2, 3, 4, 5, 6, 7, 8]);
-    // Two pages to evict, room for one (each may free a node too).
+    // Two pages of the older prompt go to limbo; the reader holds them.
     assert!(matches!(
         e.alloc(B, 2),
-        Err(PageError::Insufficient {
+        Err(PageError::HeldByReaders {
             requested: 2,
-            available: 0
+            free: 0,
+            held: 2
         })
     ));
-    assert_eq!(snapshot(&e), before);
-    assert_eq!(matched(&e, &[1, 2, 3, 4, 5, 6, 7, 8]), (len, pages));
     ok(&e);
-    // One page fits: evicted into limbo, still held, so the alloc fails.
-    assert!(e.alloc(B, 1).is_err());
+    assert_eq!((e.in_limbo(), e.stats().evicted_pages), ((2, 0), 2));
+    // Retries (as the daemon's, while it waits for the reader) evict
+    // nothing more.
+    for _ in 0..3 {
+        assert!(e.alloc(B, 2).is_err());
+        assert_eq!((e.in_limbo(), e.stats().evicted_pages), ((2, 0), 2));
+    }
+    g.unpin();
+    assert_eq!(e.alloc(B, 2).unwrap().len(), 2);
+    assert_eq!(e.stats().evicted_pages, 2);
+    ok(&e);
+    // With a reader in the way, everything evictable can wait in limbo.
+    g.pin();
+    assert_eq!(e.evict(100), 12);
+    assert_eq!(e.in_limbo(), (6, 2));
     ok(&e);
     g.unpin();
-    assert_eq!(e.alloc(B, 1).unwrap().len(), 1);
+    e.reclaim();
+    assert_eq!(e.stats().free_pages, 6);
     ok(&e);
 }
 
@@ -602,7 +625,7 @@ fn with_no_readers_a_grace_changes_no_answer() {
     // grace no reader holds: every answer and figure is identical.
     let mut plain = engine(2, 24);
     let mut graced = engine(2, 24);
-    graced.set_grace(Box::new(FakeGrace::default()), 1024);
+    graced.set_grace(Box::new(FakeGrace::default()));
     let mut seed = 0x9e37_79b9_u64;
     let mut next = move |n: u64| {
         seed ^= seed << 13;

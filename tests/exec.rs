@@ -60,6 +60,65 @@ both!(sessions_over_exec, 2, 16);
 both!(errors_are_typed_and_change_nothing, 1, 4);
 both!(session_ids_follow_one_rule, 2, 8);
 both!(shared_prefixes_split_dedupe_and_extend, 2, 16);
+both!(evictions_of_any_size_answer_alike, 1, 4500);
+
+/// An `evict` and an `alloc` much larger than a quarter of the pool, past
+/// thousands of locked nodes: a daemon answers them exactly as the
+/// in-process engine does (its limbo has no capacity of its own).
+fn evictions_of_any_size_answer_alike(x: &mut Exec) {
+    let pages = x.call(json!({"op":"alloc","n":4500}))["pages"].clone();
+    let pages: Vec<u64> = serde_json::from_value(pages).expect("pages");
+    assert_eq!(pages.len(), 4500);
+    // 3,000 locked one-token prompts, then 1,500 unlocked ones after them.
+    for (i, &page) in pages.iter().enumerate() {
+        let lock = i < 3000;
+        let answer = x.call(json!({"op":"insert","tokens":[i],"pages":[page],"lock":lock}));
+        assert_eq!(answer["ok"], json!(true), "{answer}");
+    }
+    assert_eq!(
+        x.call(json!({"op":"evict","tokens":15000})),
+        json!({"ok":true,"evicted":1500})
+    );
+    let stats = x.call(json!({"op":"stats"}));
+    assert_eq!(
+        (
+            &stats["free_pages"],
+            &stats["protected_tokens"],
+            &stats["evict_scanned"]
+        ),
+        (&json!(1500), &json!(3000), &json!(1500)),
+        "{stats}"
+    );
+    // Fill the pool again, unlocked, and ask for nearly all of it: the
+    // alloc evicts 2,999 pages in one request.
+    x.call(json!({"op":"reset"}));
+    let pages = x.call(json!({"op":"alloc","n":4500}))["pages"].clone();
+    let tokens: Vec<u64> = (0..4500).collect();
+    let answer = x.call(json!({"op":"insert","tokens":tokens,"pages":pages}));
+    assert_eq!(answer, json!({"ok":true,"cached":0,"len":4500}));
+    assert_eq!(
+        x.call(json!({"op":"alloc","n":1501}))["pages"]
+            .as_array()
+            .map(Vec::len),
+        Some(1501)
+    );
+    let answer = x.call(json!({"op":"alloc","n":2999}));
+    assert_eq!(
+        answer["pages"].as_array().map(Vec::len),
+        Some(2999),
+        "{answer}"
+    );
+    let stats = x.call(json!({"op":"stats"}));
+    assert_eq!(
+        (
+            &stats["free_pages"],
+            &stats["total_tokens"],
+            &stats["evict_scanned"]
+        ),
+        (&json!(0), &json!(0), &json!(2)),
+        "{stats}"
+    );
+}
 
 /// Prompts that share prefixes: matches and inserts that end inside an
 /// edge, at its end, past it, with duplicates and with pages the client

@@ -12,7 +12,7 @@ use radixd::engine::Stats;
 use radixd::op::{Reply, Request};
 use radixd::shared::RING_CAPACITY;
 use radixd::{Client, ClientError};
-use radixd_ipc::slots::FREE;
+use radixd_ipc::slots::{CLAIMED, FREE};
 
 fn connect(d: &Daemon) -> Client {
     Client::connect(&d.name).expect("connect")
@@ -97,6 +97,54 @@ fn a_stray_free_over_a_live_client_releases_nothing() {
         std::thread::sleep(Duration::from_millis(5));
     }
     drop(kept);
+    other.validate().unwrap();
+}
+
+/// A forged claim (CLAIMED written over a live client's slot word, with the
+/// generation an honest next claim would have) releases nothing either: an
+/// honest claim over a served slot comes only after its holder released it,
+/// which the release records. Once the victim really leaves, what it held
+/// comes back and the slot serves again.
+#[test]
+fn a_forged_claim_over_a_live_client_releases_nothing() {
+    let daemon = Daemon::start(&["--page-size", "1", "--capacity", "16"]);
+    let mut victim = connect(&daemon);
+    let pages = victim.alloc(3).unwrap();
+    let kept = victim.alloc(2).unwrap();
+    victim.insert(&[1, 2, 3], &pages, true).unwrap();
+    let mut other = connect(&daemon);
+    let raw = Raw::new(&daemon.name, &victim);
+    for generation in [victim.generation() + 2, victim.generation() + 7] {
+        raw.poke_word(generation, CLAIMED);
+        std::thread::sleep(Duration::from_millis(150));
+        let (after, _) = other.stats().unwrap();
+        assert_eq!(
+            (after.owned_pages, after.protected_tokens),
+            (2, 3),
+            "a forged claim released a live client: {after:?}"
+        );
+        // Nobody else can take the slot meanwhile.
+        let third = connect(&daemon);
+        assert_ne!(third.slot(), victim.slot());
+    }
+    drop(victim);
+    let left = Instant::now();
+    loop {
+        let (s, _) = other.stats().unwrap();
+        if (s.owned_pages, s.protected_tokens) == (0, 0) {
+            break;
+        }
+        assert!(left.elapsed() < Duration::from_secs(1), "{s:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(kept);
+    // The slot is reclaimed and serves a new client.
+    let left = Instant::now();
+    let mut clients = Vec::new();
+    while clients.len() < 2 {
+        clients.push(connect(&daemon));
+        assert!(left.elapsed() < Duration::from_secs(2));
+    }
     other.validate().unwrap();
 }
 

@@ -119,6 +119,51 @@ fn a_stalled_reader_holds_evicted_pages_until_it_is_expired() {
     c.validate().unwrap();
 }
 
+/// Any number of stalled readers cost one expiry: each one's clock starts
+/// when the daemon first finds it in the way, so they are expired together
+/// and the `alloc` that waits for the pages they hold is served, having
+/// evicted its shortfall once.
+#[test]
+fn stalled_readers_are_expired_together() {
+    for k in 1..=6u32 {
+        let daemon = Daemon::start(&[
+            "--page-size",
+            "4",
+            "--capacity",
+            "64",
+            "--max-clients",
+            "8",
+            "--reader-expiry-ms",
+            "150",
+        ]);
+        let mut c = Client::connect(&daemon.name).unwrap();
+        for prompt in 0..16u32 {
+            let tokens: Vec<u32> = (0..16).map(|t| prompt * 100 + t).collect();
+            let pages = c.alloc(4).unwrap();
+            c.insert(&tokens, &pages, false).unwrap();
+        }
+        let table = Table::open(&daemon.name);
+        // k other clients stopped in the middle of a `peek`: their slots
+        // announce the current epoch.
+        let epoch = table.clock().load(Ordering::SeqCst);
+        let stalled: Vec<u32> = (0..8).filter(|&i| i != c.slot()).take(k as usize).collect();
+        for &i in &stalled {
+            table.word(i).store(epoch, Ordering::SeqCst);
+        }
+        let pages = c
+            .alloc(4)
+            .unwrap_or_else(|e| panic!("{k} stalled readers: {e}"));
+        assert_eq!(pages.len(), 4);
+        let (stats, _) = c.stats().unwrap();
+        assert_eq!(stats.evicted_pages, 4, "{k} stalled readers: evicted once");
+        for &i in &stalled {
+            let word = table.word(i).load(Ordering::SeqCst);
+            assert_ne!(word & EXPIRED, 0, "reader {i} of {k} expired: {word:#x}");
+        }
+        c.validate().unwrap();
+    }
+}
+
 #[test]
 fn a_dead_readers_announcement_is_cleared_with_its_slot() {
     let daemon = Daemon::start(&["--page-size", "1", "--capacity", "16"]);

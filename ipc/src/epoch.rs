@@ -19,8 +19,10 @@
 //!
 //! crossbeam-epoch and seize themselves are process-local (thread-locals,
 //! heap pointers); here every shared word is a plain atomic in a
-//! `#[repr(C)]` slot, and the collector's bookkeeping ([`Limbo`]) is the
-//! writer's private memory.
+//! `#[repr(C)]` slot, and the writer's policy ([`Reclaimer`]: the true
+//! epoch, which readers are in the way and since when) is its private
+//! memory. What waits for a grace period is the writer's business: radixd's
+//! engine threads it through the retired records themselves.
 //!
 //! Protocol, `g` the global epoch:
 //! - reader `pin`: `e = g`; `slot = e`; `fence(SeqCst)`; then walk.
@@ -40,6 +42,8 @@
 //! `t + 1` (a new walk, pinned after the first scan: as before), or expired
 //! (it learns so in `unpin`: the writer's compare-exchange and the reader's
 //! swap are read-modify-writes of one word, so exactly one comes first).
+
+use std::time::{Duration, Instant};
 
 use crate::sync::{fence, AtomicU64, Ordering};
 
@@ -199,17 +203,30 @@ impl<'a> Collector<'a> {
     /// already at the current epoch; returns the new epoch, or the first
     /// reader in the way.
     pub fn try_advance(&self) -> Result<u64, Blocked> {
+        self.advance_or_report(|_| {})
+    }
+
+    /// [`Self::try_advance`] that also reports every reader in the way to
+    /// `in_way`, all of them in one scan (so a writer can expire every
+    /// stalled reader at once, not one per call).
+    pub fn advance_or_report(&self, mut in_way: impl FnMut(Blocked)) -> Result<u64, Blocked> {
         let g = self.epoch();
         // SeqCst fence: orders every unlink made so far before the scan;
         // pairs with the SeqCst fence in `ReaderSlot::pin`.
         fence(Ordering::SeqCst);
+        let mut first = None;
         for (slot, reader) in self.readers.iter().enumerate() {
             // Acquire: pairs with the Release half of `unpin`'s swap, so a
             // reader seen idle has finished every read of its walk.
             let e = reader.epoch.load(Ordering::Acquire);
             if e != IDLE && e & EXPIRED == 0 && e != g {
-                return Err(Blocked { slot, epoch: e });
+                let blocked = Blocked { slot, epoch: e };
+                first.get_or_insert(blocked);
+                in_way(blocked);
             }
+        }
+        if let Some(blocked) = first {
+            return Err(blocked);
         }
         // Release: a reader that pins the new epoch and then reads what was
         // written before this advance sees it (belt and braces: the fences
@@ -248,66 +265,100 @@ impl<'a> Collector<'a> {
 
     /// Whether a record retired at epoch `tag` may be reused now.
     pub fn reusable(&self, tag: u64) -> bool {
-        self.epoch() >= tag.saturating_add(2)
+        reusable(self.epoch(), tag)
     }
 }
 
-/// Retired records waiting for their grace period, oldest first: the
-/// writer's private memory. Bounded, so a stalled reader costs at most
-/// `capacity` records before the writer must expire it.
+/// The grace rule, in its one home: a record retired at epoch `tag` may be
+/// reused once the global epoch is `tag + 2` (see the module docs for why
+/// one advance is not enough).
+pub fn reusable(epoch: u64, tag: u64) -> bool {
+    epoch >= tag.saturating_add(2)
+}
+
+/// The writer's reclamation policy over a [`Collector`]: it keeps the true
+/// epoch in its own memory and republishes it before every advance (the
+/// shared clock lies where any reader can write, so a stray write to it
+/// neither holds reclamation back nor makes a record reusable early), and
+/// it expires every reader that has been in the way for `expire_after`,
+/// all in one pass: each reader's clock starts when the writer first finds
+/// it in the way, so k stalled readers cost one `expire_after`, not k.
 #[derive(Debug)]
-pub struct Limbo<T> {
-    queue: std::collections::VecDeque<(u64, T)>,
-    capacity: usize,
+pub struct Reclaimer {
+    epoch: u64,
+    expire_after: Duration,
+    /// Per reader slot: the announcement last found in the way, since
+    /// when, and in which scan (an entry of an older scan is stale: the
+    /// reader was not in the way since).
+    in_way: Vec<(u64, Instant, u64)>,
+    scans: u64,
+    expired: u64,
 }
 
-impl<T> Limbo<T> {
-    /// An empty limbo holding at most `capacity` records.
-    pub fn new(capacity: usize) -> Self {
+impl Reclaimer {
+    /// The policy for a clock at epoch 1 with `readers` slots, expiring a
+    /// reader in the way for `expire_after`.
+    pub fn new(readers: usize, expire_after: Duration) -> Self {
+        let never = Instant::now();
         Self {
-            queue: std::collections::VecDeque::new(),
-            capacity,
+            epoch: 1,
+            expire_after,
+            in_way: vec![(IDLE, never, 0); readers],
+            scans: 0,
+            expired: 0,
         }
     }
 
-    /// Retires `item`, unlinked at epoch `tag` (tags never decrease);
-    /// hands it back when the limbo is full.
-    pub fn retire(&mut self, tag: u64, item: T) -> Result<(), T> {
-        if self.queue.len() >= self.capacity {
-            return Err(item);
-        }
-        self.queue.push_back((tag, item));
-        Ok(())
+    /// The current epoch: the tag of a record retired now.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
-    /// Takes out, oldest first, every record the collector says may be
-    /// reused.
-    pub fn reclaim(&mut self, collector: &Collector<'_>, reuse: impl FnMut(T)) {
-        self.reclaim_when(|tag| collector.reusable(tag), reuse);
+    /// Readers expired so far.
+    pub fn expired(&self) -> u64 {
+        self.expired
     }
 
-    /// Takes out, oldest first, every record whose tag `reusable` accepts
-    /// (for a writer that judges grace periods through its own interface);
-    /// stops at the first it refuses, since tags never decrease.
-    pub fn reclaim_when(&mut self, reusable: impl Fn(u64) -> bool, mut reuse: impl FnMut(T)) {
-        while let Some(&(tag, _)) = self.queue.front() {
-            if !reusable(tag) {
-                break;
+    /// Whether a record retired at epoch `tag` may be reused now.
+    pub fn reusable(&self, tag: u64) -> bool {
+        reusable(self.epoch, tag)
+    }
+
+    /// Advances the epoch once if the readers allow it, after expiring
+    /// every reader that has been in the way for `expire_after` (the clock
+    /// `now` is read only when one is in the way); whether it moved.
+    pub fn try_advance(&mut self, c: &Collector<'_>, now: impl Fn() -> Instant) -> bool {
+        c.clock().publish(self.epoch);
+        for attempt in 0..2 {
+            self.scans += 1;
+            let (scan, expire_after) = (self.scans, self.expire_after);
+            let (in_way, expired) = (&mut self.in_way, &mut self.expired);
+            let (mut waiting, mut at) = (false, None);
+            let advanced = c.advance_or_report(|b| {
+                let t = *at.get_or_insert_with(&now);
+                let Some(entry) = in_way.get_mut(b.slot) else {
+                    return;
+                };
+                let seen_before = entry.0 == b.epoch && entry.2 + 1 == scan;
+                let since = if seen_before { entry.1 } else { t };
+                *entry = (b.epoch, since, scan);
+                if t.duration_since(since) < expire_after {
+                    waiting = true;
+                } else if c.expire(b) {
+                    *expired += 1;
+                }
+            });
+            if let Ok(e) = advanced {
+                self.epoch = e;
+                return true;
             }
-            if let Some((_, item)) = self.queue.pop_front() {
-                reuse(item);
+            // Everyone in the way is expired now (or a reader still counts
+            // down): one more scan may advance.
+            if waiting || attempt == 1 {
+                return false;
             }
         }
-    }
-
-    /// Records waiting.
-    pub fn len(&self) -> usize {
-        self.queue.len()
-    }
-
-    /// Whether nothing waits.
-    pub fn is_empty(&self) -> bool {
-        self.queue.is_empty()
+        false
     }
 }
 
@@ -407,23 +458,58 @@ mod tests {
     }
 
     #[test]
-    fn limbo_hands_records_back_after_two_advances_and_when_full() {
+    fn every_reader_in_the_way_is_expired_in_one_pass() {
+        let clock = EpochClock::new();
+        let readers = slots(6);
+        let c = Collector::new(&clock, &readers);
+        let mut r = Reclaimer::new(readers.len(), Duration::from_millis(1));
+        for reader in &readers {
+            reader.pin(&clock);
+        }
+        let t0 = Instant::now();
+        assert!(r.try_advance(&c, || t0), "pinned at the current epoch");
+        // All six are found in the way in one scan; their clocks start now.
+        assert!(!r.try_advance(&c, || t0));
+        let later = t0 + Duration::from_micros(999);
+        assert!(!r.try_advance(&c, || later), "not yet past the deadline");
+        assert_eq!(r.expired(), 0);
+        let past = t0 + Duration::from_millis(1);
+        assert!(r.try_advance(&c, || past), "all expired in one call");
+        assert_eq!(r.expired(), 6);
+        assert!(readers.iter().all(|reader| !reader.unpin()));
+        assert!(r.reusable(1) && !r.reusable(2));
+    }
+
+    #[test]
+    fn a_reader_that_left_the_way_starts_a_new_clock() {
         let clock = EpochClock::new();
         let readers = slots(1);
         let c = Collector::new(&clock, &readers);
-        let mut limbo = Limbo::new(2);
-        limbo.retire(c.epoch(), 'a').unwrap();
-        limbo.retire(c.epoch(), 'b').unwrap();
-        assert_eq!(limbo.retire(c.epoch(), 'c'), Err('c'));
-        let mut out = Vec::new();
-        limbo.reclaim(&c, |x| out.push(x));
-        assert!(out.is_empty());
-        c.try_advance().unwrap();
-        limbo.reclaim(&c, |x| out.push(x));
-        assert!(out.is_empty());
-        c.try_advance().unwrap();
-        limbo.reclaim(&c, |x| out.push(x));
-        assert_eq!(out, ['a', 'b']);
-        assert!(limbo.is_empty());
+        let mut r = Reclaimer::new(1, Duration::from_millis(1));
+        readers[0].pin(&clock);
+        let t0 = Instant::now();
+        assert!(r.try_advance(&c, || t0));
+        assert!(!r.try_advance(&c, || t0));
+        // It leaves, the epoch moves on, and it pins again (now in the way
+        // at a later epoch): the old sighting does not count.
+        assert!(readers[0].unpin());
+        assert!(r.try_advance(&c, || t0));
+        readers[0].pin(&clock);
+        assert!(r.try_advance(&c, || t0));
+        let late = t0 + Duration::from_millis(5);
+        assert!(!r.try_advance(&c, || late), "first seen only now");
+        assert_eq!(r.expired(), 0);
+    }
+
+    #[test]
+    fn a_stray_write_to_the_clock_is_overwritten() {
+        let clock = EpochClock::new();
+        let readers = slots(1);
+        let c = Collector::new(&clock, &readers);
+        let mut r = Reclaimer::new(1, Duration::from_millis(1));
+        clock.publish(1_000);
+        assert!(r.try_advance(&c, Instant::now));
+        assert_eq!(r.epoch(), 2);
+        assert!(!r.reusable(1) && r.reusable(0));
     }
 }

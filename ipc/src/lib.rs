@@ -28,7 +28,7 @@ pub mod sync;
 pub mod version;
 
 pub use doorbell::{Doorbell, Spin, Wake};
-pub use epoch::{Blocked, Collector, EpochClock, Limbo, ReaderSlot};
+pub use epoch::{Blocked, Collector, EpochClock, ReaderSlot, Reclaimer};
 pub use layout::{
     ClientRegions, LayoutBuilder, LayoutConfig, LayoutError, SegmentLayout, INFO_BYTES, INFO_OFFSET,
 };

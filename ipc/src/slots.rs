@@ -27,12 +27,16 @@
 //!   fails if anything happened since `w` was read (no ABA).
 //!
 //! A live owner always holds the lock from before (2) until its release, so
-//! the daemon never reclaims a live client's slot. The lock is exclusive,
-//! so a claimant that reached CLAIMED took it after the previous holder let
-//! go of it (or died): `CLAIMED` with a new generation proves the previous
-//! holder gone. Any other unexpected word (a stray write of FREE over a live
-//! client's slot, say) proves nothing, and the daemon releases nothing
-//! until a probe of the lock finds it free.
+//! the daemon never reclaims a live client's slot. A claim can only start
+//! from FREE, and a slot the daemon serves becomes FREE only by its
+//! holder's release (a dead holder's slot is reclaimed by the daemon, which
+//! forgets it first), so `CLAIMED` over a served slot is honest only after
+//! that release. The release records the generation it ends in the slot
+//! (`released`) before it frees the word; the daemon adopts a claim over a
+//! served slot only when `released` shows the served claim ended. Any other
+//! unexpected word (a stray write of FREE or CLAIMED over a live client's
+//! slot, say) proves nothing, and the daemon releases nothing until a probe
+//! of the lock finds it free.
 
 use core::fmt;
 
@@ -68,7 +72,10 @@ pub struct ClientSlot {
     word: AtomicU64,
     /// Pid of the claimant (informational: liveness uses the lock).
     pid: AtomicU64,
-    _reserved: [u64; 6],
+    /// Generation of the last claim its holder released (see the module
+    /// docs: the proof that a claim over a served slot is honest).
+    released: AtomicU64,
+    _reserved: [u64; 5],
 }
 
 #[cfg(not(loom))]
@@ -408,6 +415,11 @@ impl<'a, L: SlotLocks> SlotTable<'a, L> {
     pub fn release(&self, claim: Claim) -> Result<(), SlotError> {
         let slot = self.slot(claim.index)?;
         self.locks.unlock(claim.index)?;
+        // Relaxed: published by the Release CAS below, and on to the daemon
+        // by the next claimant's CASes (read-modify-writes that continue its
+        // release sequence) up to the Acquire load in `word`.
+        slot.released
+            .store(u64::from(claim.generation), Ordering::Relaxed);
         let free = pack(claim.generation.wrapping_add(1), FREE);
         // Two tries: the daemon may adopt (CLAIMED -> ACTIVE) between them,
         // and nothing else moves a word whose lock we held.
@@ -426,6 +438,22 @@ impl<'a, L: SlotLocks> SlotTable<'a, L> {
             }
         }
         Err(SlotError::Stale)
+    }
+
+    /// Daemon side: whether the holder of claim `generation` of slot
+    /// `index` released it (that claim or a later one was released). Read
+    /// after [`Self::word`] found a newer claim: its Acquire load makes the
+    /// release's store visible.
+    pub fn released(&self, index: u32, generation: u32) -> bool {
+        let Ok(slot) = self.slot(index) else {
+            return false;
+        };
+        // Relaxed: ordered by the Acquire load of the word that showed the
+        // newer claim (see `release`).
+        let released = slot.released.load(Ordering::Relaxed) as u32;
+        // Claims of one slot are sequential: any release at or after
+        // `generation` ended it (wrapping comparison of generations).
+        released.wrapping_sub(generation) < 1 << 31
     }
 
     /// Daemon side: adopts `(generation, CLAIMED)` of slot `index` as
@@ -591,9 +619,10 @@ impl Tenancy {
     /// Brings the tenancy in step with `word` (just read with
     /// [`SlotTable::word`]); returns whether the slot is served.
     ///
-    /// * `(g, CLAIMED)`: a new claimant, which took the exclusive lock, so
-    ///   the previous holder is gone: `forget` what it held, `reset` the
-    ///   rings, then publish `(g, ACTIVE)` ([`SlotTable::activate`]).
+    /// * `(g, CLAIMED)` after the served claim's holder released it (or on
+    ///   a slot that holds nothing): a new claimant, so the previous holder
+    ///   is gone: `forget` what it held, `reset` the rings, then publish
+    ///   `(g, ACTIVE)` ([`SlotTable::activate`]).
     /// * any other word but the served one while the slot holds something:
     ///   release it only if `probe` is allowed and the liveness lock is
     ///   free (a stray write of FREE over a live client's word releases
@@ -613,7 +642,11 @@ impl Tenancy {
         if self.serves(word) {
             return true;
         }
-        if word.1 == CLAIMED {
+        // A claim over a served slot is honest only if the served claim was
+        // released (see the module docs); a forged one is handled below as
+        // any other unexpected word.
+        let honest = self.owner.is_none_or(|g| table.released(index, g));
+        if word.1 == CLAIMED && honest {
             if self.owner.take().is_some() {
                 forget();
             }

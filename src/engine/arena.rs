@@ -8,6 +8,7 @@ use super::layout::{
     Bucket, EngineLayout, Header, Node, Page, ENGINE_VERSION, NIL, NODE_FREE, NODE_LIVE, PAGE_FREE,
     ROOT,
 };
+use super::lru::Lru;
 use super::record::CacheEvent;
 use super::region::{Region, REGION_ALIGN};
 use radixd_ipc::Version;
@@ -38,16 +39,18 @@ pub(crate) struct Arena<R> {
     pub(crate) spares: Vec<Vec<u32>>,
     /// The readers' grace period and limbo; `None`: free at once.
     pub(crate) retire: Option<Retirement>,
+    /// Last uses and the unlocked leaves eviction may take (`lru`).
+    pub(crate) lru: Lru,
 }
 
 impl<R: Region> Arena<R> {
-    /// Counts one step along a chain of shared links (parents, LRU
-    /// neighbours): a sound chain visits each node at most once, so a longer
+    /// Counts one step along a chain of shared links (parents, limbo or
+    /// free lists): a sound chain visits each node at most once, so a longer
     /// one loops and the region is corrupt.
     #[inline]
     pub fn hop(&self, hops: u64) -> u64 {
         if hops > u64::from(self.layout.node_cap) {
-            corrupt("a parent chain or LRU list loops");
+            corrupt("a parent chain or a list loops");
         }
         hops + 1
     }
@@ -67,6 +70,7 @@ impl<R: Region> Arena<R> {
             events: None,
             spares: Vec::new(),
             retire: None,
+            lru: Lru::new(layout.node_cap),
         };
         arena.format();
         Ok(arena)
@@ -85,6 +89,7 @@ impl<R: Region> Arena<R> {
         }
         self.format_inner();
         self.forget_limbo();
+        self.lru.clear();
         for i in 0..nodes {
             self.version(i).end();
         }
@@ -102,8 +107,7 @@ impl<R: Region> Arena<R> {
             free_len: l.capacity,
             node_free: if l.node_cap > 1 { 1 } else { NIL },
             nodes_live: 1,
-            lru_newest: NIL,
-            lru_oldest: NIL,
+            _unused: [0; 2],
             owned_pages: 0,
             _pad: 0,
             total_tokens: 0,
@@ -116,13 +120,13 @@ impl<R: Region> Arena<R> {
         let node_cap = l.node_cap;
         for (i, node) in self.nodes_mut().iter_mut().enumerate() {
             let next = i as u32 + 1;
-            let older = if next < node_cap { next } else { NIL };
-            *node = Node::empty(node.generation, NODE_FREE, older);
+            let link = if next < node_cap { next } else { NIL };
+            *node = Node::empty(node.generation, NODE_FREE, link);
         }
         let root = &mut self.nodes_mut()[ROOT as usize];
         root.state = NODE_LIVE;
         root.generation = root.generation.wrapping_add(1);
-        root.older = NIL;
+        root.link = NIL;
         for page in self.pages_mut() {
             *page = Page {
                 state: PAGE_FREE,

@@ -55,8 +55,18 @@ pub enum PageError {
     NotOwned { page: u32 },
     /// `insert` needs exactly one page per whole page of tokens.
     CountMismatch { expected: usize, got: usize },
-    /// Free plus evictable pages fall short of the request.
+    /// Free plus evictable pages (plus evicted ones still waiting for
+    /// readers) fall short of the request.
     Insufficient { requested: u64, available: u64 },
+    /// Enough pages were evicted, but readers (a `peek` in another
+    /// process, stalled) still hold `held` of them: they come back when the
+    /// readers move on or are expired, and a retry then succeeds without
+    /// evicting again.
+    HeldByReaders {
+        requested: u64,
+        free: u64,
+        held: u64,
+    },
 }
 
 impl fmt::Display for PageError {
@@ -78,6 +88,16 @@ impl fmt::Display for PageError {
             } => write!(
                 f,
                 "cannot allocate {requested} pages: only {available} are free or evictable"
+            ),
+            Self::HeldByReaders {
+                requested,
+                free,
+                held,
+            } => write!(
+                f,
+                "cannot allocate {requested} pages yet: {free} are free and {held} evicted pages \
+                 are still held by readers (they come back when the readers move on or are \
+                 expired)"
             ),
         }
     }

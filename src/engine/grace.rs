@@ -1,21 +1,31 @@
 //! Grace periods for records readers may still be copying: freed nodes and
-//! evicted pages wait in a bounded limbo until the readers that could have
-//! seen them have moved on.
+//! evicted pages wait in limbo until the readers that could have seen them
+//! have moved on.
 //!
 //! The engine knows nothing of how readers announce themselves: it asks a
 //! [`Grace`] (the daemon implements it over the segment's reader epochs,
-//! `radixd_ipc::Collector`) for the current epoch, to advance it, and
+//! `radixd_ipc::Reclaimer`) for the current epoch, to advance it, and
 //! whether a record retired at some epoch may be reused. Without a grace the
 //! engine frees at once, exactly as it always did: readers never act on a
 //! reused record anyway (its version moved, see
 //! [`TreeReader`](super::TreeReader)); what the grace period adds is that a
 //! page's KV data is not handed to a new owner while a reader may still be
 //! returning that page to its caller.
+//!
+//! Limbo has no capacity of its own: records retired at one epoch form a
+//! batch, linked through the records themselves (a retired page's
+//! `Page::next`, a freed node's `Node::link`), with one tag per batch in
+//! the writer's memory. Anything the pool and the node table can hold can
+//! wait, so a daemon never evicts less than the in-process engine would
+//! because a side table filled up. The epoch moves only in `reclaim`, so at
+//! most three batches wait at once (tags `g - 2` and older are reusable at
+//! the next reclaim, `g - 1` and `g` wait).
+
+use std::collections::VecDeque;
 
 use radixd_ipc::sync::spin_loop;
-use radixd_ipc::Limbo;
 
-use super::arena::Arena;
+use super::arena::{corrupt, Arena};
 use super::layout::{NIL, PAGE_RETIRED};
 use super::region::Region;
 
@@ -29,22 +39,76 @@ pub trait Grace {
     fn reusable(&self, tag: u64) -> bool;
 }
 
-/// A record waiting in limbo.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Retired {
-    Page(u32),
-    Node(u32),
+/// Records of one kind retired at one epoch, linked through themselves,
+/// oldest first.
+#[derive(Clone, Copy, Debug)]
+struct Chain {
+    first: u32,
+    last: u32,
+    len: u32,
+}
+
+impl Chain {
+    const EMPTY: Self = Self {
+        first: NIL,
+        last: NIL,
+        len: 0,
+    };
+
+    /// Appends `x`; returns the record to link to it (`NIL`: none).
+    fn append(&mut self, x: u32) -> u32 {
+        let last = self.last;
+        if self.len == 0 {
+            self.first = x;
+        }
+        self.last = x;
+        self.len += 1;
+        last
+    }
+}
+
+/// What was retired at one epoch.
+#[derive(Clone, Copy, Debug)]
+struct Batch {
+    tag: u64,
+    pages: Chain,
+    nodes: Chain,
 }
 
 /// The grace period and what waits for it: the writer's private memory.
 pub(crate) struct Retirement {
     pub grace: Box<dyn Grace + Send>,
-    pub limbo: Limbo<Retired>,
-    pub capacity: usize,
-    /// Pages in `limbo`.
-    pub pages: u32,
-    /// Nodes in `limbo`.
-    pub nodes: u32,
+    /// Oldest first; tags strictly increase.
+    batches: VecDeque<Batch>,
+    /// Pages waiting, in all batches.
+    pages: u32,
+    /// Nodes waiting, in all batches.
+    nodes: u32,
+}
+
+impl Retirement {
+    pub fn new(grace: Box<dyn Grace + Send>) -> Self {
+        Self {
+            grace,
+            batches: VecDeque::with_capacity(4),
+            pages: 0,
+            nodes: 0,
+        }
+    }
+
+    /// The batch of the current epoch (made if there is none yet).
+    fn current(&mut self) -> &mut Batch {
+        let tag = self.grace.epoch();
+        if self.batches.back().is_none_or(|b| b.tag != tag) {
+            self.batches.push_back(Batch {
+                tag,
+                pages: Chain::EMPTY,
+                nodes: Chain::EMPTY,
+            });
+        }
+        let last = self.batches.len() - 1;
+        &mut self.batches[last]
+    }
 }
 
 /// Rounds of advance-and-reclaim an `alloc` waits for readers to move on,
@@ -57,21 +121,18 @@ impl<R: Region> Arena<R> {
     /// An evicted page (already unlinked, inside its node's version) goes
     /// back to the free ring, or to limbo when a grace is set.
     pub(crate) fn release_evicted_page(&mut self, page: u32) {
-        if let Some(r) = self.retire.as_mut() {
-            let tag = r.grace.epoch();
-            if r.limbo.retire(tag, Retired::Page(page)).is_ok() {
-                r.pages += 1;
-                let p = &mut self.pages_mut()[page as usize];
-                p.state = PAGE_RETIRED;
-                p.next = NIL;
-                p.prev = NIL;
-                return;
-            }
-            // Full: callers check `limbo_room` first, so this is a bug; a
-            // page freed early is still never misread (versions), so free it.
-            debug_assert!(false, "limbo overflow");
+        let Some(r) = self.retire.as_mut() else {
+            return self.pool_put(page);
+        };
+        r.pages += 1;
+        let last = r.current().pages.append(page);
+        if last != NIL {
+            self.pages_mut()[last as usize].next = page;
         }
-        self.pool_put(page);
+        let p = &mut self.pages_mut()[page as usize];
+        p.state = PAGE_RETIRED;
+        p.next = NIL;
+        p.prev = NIL;
     }
 
     /// Retires the unlinked `node` to limbo when a grace is set; `false`
@@ -80,21 +141,13 @@ impl<R: Region> Arena<R> {
         let Some(r) = self.retire.as_mut() else {
             return false;
         };
-        let tag = r.grace.epoch();
-        if r.limbo.retire(tag, Retired::Node(node)).is_ok() {
-            r.nodes += 1;
-            return true;
+        r.nodes += 1;
+        let last = r.current().nodes.append(node);
+        if last != NIL {
+            self.nodes_mut()[last as usize].link = node;
         }
-        debug_assert!(false, "limbo overflow");
-        false
-    }
-
-    /// Records limbo can still take (unbounded without a grace).
-    pub(crate) fn limbo_room(&self) -> u64 {
-        match &self.retire {
-            None => u64::MAX,
-            Some(r) => r.capacity.saturating_sub(r.limbo.len()) as u64,
-        }
+        self.nodes_mut()[node as usize].link = NIL;
+        true
     }
 
     /// Advances the grace period as far as readers allow (at most the two
@@ -111,25 +164,40 @@ impl<R: Region> Arena<R> {
             }
         }
         let mut back = 0;
-        let grace = &r.grace;
-        r.limbo.reclaim_when(
-            |tag| grace.reusable(tag),
-            |item| {
-                back += 1;
-                match item {
-                    Retired::Page(page) => {
-                        r.pages -= 1;
-                        self.pool_put(page);
-                    }
-                    Retired::Node(node) => {
-                        r.nodes -= 1;
-                        self.node_push_free(node);
-                    }
-                }
-            },
-        );
+        while let Some(b) = r.batches.front().copied() {
+            if !r.grace.reusable(b.tag) {
+                break;
+            }
+            r.batches.pop_front();
+            self.walk_chain(b.pages, |a, page| {
+                let next = a.pages()[page as usize].next;
+                a.pool_put(page);
+                next
+            });
+            self.walk_chain(b.nodes, |a, node| {
+                let next = a.nodes()[node as usize].link;
+                a.node_push_free(node);
+                next
+            });
+            r.pages -= b.pages.len;
+            r.nodes -= b.nodes.len;
+            back += (b.pages.len + b.nodes.len) as usize;
+        }
         self.retire = Some(r);
         back
+    }
+
+    /// Hands each record of `chain` to `free`, which returns the link to
+    /// the next (read before it frees). Exactly `chain.len` steps: a link
+    /// that ends early or leads out of range is damage to the region.
+    fn walk_chain(&mut self, chain: Chain, mut free: impl FnMut(&mut Self, u32) -> u32) {
+        let mut at = chain.first;
+        for _ in 0..chain.len {
+            if at == NIL {
+                corrupt("a limbo batch is shorter than its count");
+            }
+            at = free(self, at);
+        }
     }
 
     /// [`Self::reclaim`] until at least `free` pages are free or a bounded
@@ -137,7 +205,7 @@ impl<R: Region> Arena<R> {
     pub(crate) fn reclaim_until_free(&mut self, free: u32) {
         for round in 0..WAIT_ROUNDS {
             self.reclaim();
-            if self.hdr().free_len >= free || self.retire.is_none() {
+            if self.hdr().free_len >= free || self.in_limbo().0 == 0 {
                 return;
             }
             if round + 1 < WAIT_ROUNDS {
@@ -148,17 +216,48 @@ impl<R: Region> Arena<R> {
         }
     }
 
-    /// Puts a record taken from a previous limbo into the current one, at
-    /// the current epoch (the limbo was sized for it).
-    pub(crate) fn retire_again(&mut self, item: Retired) {
-        let Some(r) = self.retire.as_mut() else {
+    /// Sets a new grace period; what waits under the old one waits on as
+    /// one batch at the new one's current epoch.
+    pub(crate) fn set_grace(&mut self, grace: Box<dyn Grace + Send>) {
+        let mut next = Retirement::new(grace);
+        let Some(old) = self.retire.take() else {
+            self.retire = Some(next);
             return;
         };
-        let tag = r.grace.epoch();
-        if r.limbo.retire(tag, item).is_ok() {
-            match item {
-                Retired::Page(_) => r.pages += 1,
-                Retired::Node(_) => r.nodes += 1,
+        let (pages, nodes) = (old.pages, old.nodes);
+        let mut merged = Batch {
+            tag: next.grace.epoch(),
+            pages: Chain::EMPTY,
+            nodes: Chain::EMPTY,
+        };
+        for b in old.batches {
+            merged.pages = self.join(merged.pages, b.pages, |a, last, first| {
+                a.pages_mut()[last as usize].next = first;
+            });
+            merged.nodes = self.join(merged.nodes, b.nodes, |a, last, first| {
+                a.nodes_mut()[last as usize].link = first;
+            });
+        }
+        if pages + nodes > 0 {
+            next.batches.push_back(merged);
+        }
+        next.pages = pages;
+        next.nodes = nodes;
+        self.retire = Some(next);
+    }
+
+    /// `a` followed by `b`, linked with `link(last of a, first of b)`.
+    fn join(&mut self, a: Chain, b: Chain, link: impl FnOnce(&mut Self, u32, u32)) -> Chain {
+        match (a.len, b.len) {
+            (_, 0) => a,
+            (0, _) => b,
+            _ => {
+                link(self, a.last, b.first);
+                Chain {
+                    first: a.first,
+                    last: b.last,
+                    len: a.len + b.len,
+                }
             }
         }
     }
@@ -171,7 +270,7 @@ impl<R: Region> Arena<R> {
     /// Forgets limbo (`format` just freed everything).
     pub(crate) fn forget_limbo(&mut self) {
         if let Some(r) = self.retire.as_mut() {
-            r.limbo = Limbo::new(r.capacity);
+            r.batches.clear();
             r.pages = 0;
             r.nodes = 0;
         }

@@ -34,7 +34,7 @@ pub const MAX_PAGE_SIZE: u32 = 1024;
 pub const MAX_CAPACITY: u32 = 1 << 30;
 
 /// Identifies this layout; bumped whenever a record changes shape.
-pub const ENGINE_VERSION: u32 = 4;
+pub const ENGINE_VERSION: u32 = 5;
 
 /// Engine-wide scalars at the start of the region.
 #[repr(C)]
@@ -49,14 +49,12 @@ pub(crate) struct Header {
     pub free_head: u32,
     /// Pages in the free ring.
     pub free_len: u32,
-    /// Head of the free-node stack (linked through `Node::older`).
+    /// Head of the free-node stack (linked through `Node::link`).
     pub node_free: u32,
     /// Live nodes, root included.
     pub nodes_live: u32,
-    /// Most recently used end of the LRU list.
-    pub lru_newest: u32,
-    /// Least recently used end, where eviction scans start.
-    pub lru_oldest: u32,
+    /// Unused (the LRU order is the writer's private memory, see `lru`).
+    pub _unused: [u32; 2],
     /// Pages owned by clients (allocated, not yet inserted or freed).
     pub owned_pages: u32,
     pub _pad: u32,
@@ -66,7 +64,7 @@ pub(crate) struct Header {
     pub evictable_tokens: u64,
     /// Cached tokens on nodes with `lock_ref > 0`.
     pub protected_tokens: u64,
-    /// LRU list nodes visited by eviction scans since start (or reset).
+    /// Nodes eviction visited since start (or reset): each victim once.
     pub evict_scanned: u64,
     /// Pages evicted since start (or reset).
     pub evicted_pages: u64,
@@ -96,18 +94,18 @@ pub(crate) struct Node {
     pub children: u32,
     /// Locks held on this node or any descendant (SGLang's `lock_ref`).
     pub lock_ref: u32,
-    /// Neighbour towards the MRU end of the LRU list.
-    pub newer: u32,
-    /// Neighbour towards the LRU end; also links the free-node stack.
-    pub older: u32,
+    pub _unused: u32,
+    /// While free: the next node of the free-node stack, or of its limbo
+    /// batch while it waits for readers (see `grace`). `NIL` while live.
+    pub link: u32,
     /// Child-table hash of `(parent, first page's tokens)`.
     pub hash: u32,
     pub _pad: u32,
 }
 
 impl Node {
-    /// A node with no parent, pages, children, locks or LRU neighbours.
-    pub fn empty(generation: u32, state: u32, older: u32) -> Self {
+    /// A node with no parent, pages, children or locks.
+    pub fn empty(generation: u32, state: u32, link: u32) -> Self {
         Self {
             parent: NIL,
             generation,
@@ -117,8 +115,8 @@ impl Node {
             num_pages: 0,
             children: 0,
             lock_ref: 0,
-            newer: NIL,
-            older,
+            _unused: 0,
+            link,
             hash: 0,
             _pad: 0,
         }
@@ -147,7 +145,8 @@ pub(crate) struct Page {
     /// so a run read as `min(run, pages left in the node)` stays exact. A
     /// walk compares a run's tokens as one contiguous slice.
     pub owner_or_run: u32,
-    /// Next page of the same node while `PAGE_CACHED`.
+    /// Next page of the same node while `PAGE_CACHED`; the next page of
+    /// its limbo batch while `PAGE_RETIRED` (see `grace`).
     pub next: u32,
     /// Previous page of the same node while `PAGE_CACHED`.
     pub prev: u32,

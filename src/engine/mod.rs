@@ -238,13 +238,13 @@ impl<R: Region> Engine<R> {
     /// pages are fewer than `n`.
     ///
     /// With a [`Grace`] set ([`Engine::set_grace`]), evicted pages pass
-    /// through limbo: `alloc` first reclaims what readers have released,
-    /// and fails, changing nothing, when limbo has no room for the
-    /// shortfall. After evicting it waits a bounded few microseconds for
-    /// readers to move on; if the evicted pages are still held then, it
-    /// fails with the same error and hands out nothing (the evicted pages
-    /// stay in limbo, counted in [`Engine::in_limbo`], and come back at a
-    /// later reclaim).
+    /// through limbo: `alloc` first reclaims what readers have released
+    /// (with no reader announced, what it evicts is reusable at once). Pages
+    /// still in limbo count as on their way back, so the shortfall is
+    /// evicted once, however often the caller retries. If readers still
+    /// hold what it needs after a bounded few microseconds, it fails with
+    /// [`PageError::HeldByReaders`] and hands out nothing (what it evicted
+    /// waits in limbo, counted in [`Engine::in_limbo`]).
     pub fn alloc(&mut self, client: ClientId, n: u64) -> Result<Vec<u32>, PageError> {
         let mut pages = Vec::new();
         self.alloc_into(client, n, &mut pages).map(|()| pages)
@@ -262,33 +262,25 @@ impl<R: Region> Engine<R> {
         self.arena.reclaim();
         let h = self.arena.hdr();
         let free = u64::from(h.free_len);
-        let available = free + h.evictable_tokens / u64::from(self.page_size());
-        if n > available {
+        let held = u64::from(self.arena.in_limbo().0);
+        let evictable = h.evictable_tokens / u64::from(self.page_size());
+        if n > free + held + evictable {
             return Err(PageError::Insufficient {
                 requested: n,
-                available,
+                available: free + held + evictable,
             });
         }
         if n > free {
-            let short = n - free;
-            // Each evicted page may also free its node.
-            if self.arena.limbo_room() / 2 < short {
-                return Err(PageError::Insufficient {
+            self.arena.evict_pages(n - free - held.min(n - free));
+            // n <= free + held + evictable <= capacity, so it fits in u32.
+            self.arena.reclaim_until_free(n as u32);
+            let free = u64::from(self.arena.hdr().free_len);
+            if free < n {
+                return Err(PageError::HeldByReaders {
                     requested: n,
-                    available: free,
+                    free,
+                    held: u64::from(self.arena.in_limbo().0),
                 });
-            }
-            self.arena.evict_pages(short);
-            if self.arena.retire.is_some() {
-                // n <= free + short <= capacity, so it fits in u32.
-                self.arena.reclaim_until_free(n as u32);
-                let free = u64::from(self.arena.hdr().free_len);
-                if free < n {
-                    return Err(PageError::Insufficient {
-                        requested: n,
-                        available: free,
-                    });
-                }
             }
         }
         pages.extend((0..n).map(|_| self.arena.pool_take(client)));
@@ -296,25 +288,11 @@ impl<R: Region> Engine<R> {
     }
 
     /// Gives readers of the region a grace period: from now on freed nodes
-    /// and evicted pages wait in a limbo of at most `limbo` records until
-    /// `grace` says no reader can still hold them. Without one (the
-    /// default) they are reusable at once. Records already in a previous
-    /// limbo are reclaimed under the new grace.
-    pub fn set_grace(&mut self, grace: Box<dyn Grace + Send>, limbo: usize) {
-        let mut waiting = Vec::new();
-        if let Some(mut old) = self.arena.retire.take() {
-            old.limbo.reclaim_when(|_| true, |item| waiting.push(item));
-        }
-        self.arena.retire = Some(grace::Retirement {
-            grace,
-            limbo: radixd_ipc::Limbo::new(limbo.max(waiting.len())),
-            capacity: limbo.max(waiting.len()),
-            pages: 0,
-            nodes: 0,
-        });
-        for item in waiting {
-            self.arena.retire_again(item);
-        }
+    /// and evicted pages wait in limbo until `grace` says no reader can
+    /// still hold them. Without one (the default) they are reusable at
+    /// once. Records already in limbo wait on under the new grace.
+    pub fn set_grace(&mut self, grace: Box<dyn Grace + Send>) {
+        self.arena.set_grace(grace);
     }
 
     /// Advances the readers' grace period as far as they allow and returns
@@ -790,13 +768,12 @@ impl<R: Region> Engine<R> {
     /// Evicts `ceil(tokens / page_size)` pages (fewer only when fewer are
     /// evictable); returns the tokens evicted.
     ///
-    /// With a [`Grace`] set, at most what limbo has room for is evicted,
-    /// and what readers have released is reclaimed first and after.
+    /// With a [`Grace`] set, what readers have released is reclaimed first
+    /// and after (with no reader announced, all of what was just evicted).
     pub fn evict(&mut self, tokens: u64) -> u64 {
         let p = u64::from(self.page_size());
         self.arena.reclaim();
-        let want = tokens.div_ceil(p).min(self.arena.limbo_room() / 2);
-        let evicted = self.arena.evict_pages(want) * p;
+        let evicted = self.arena.evict_pages(tokens.div_ceil(p)) * p;
         self.arena.reclaim();
         evicted
     }

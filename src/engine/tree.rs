@@ -182,7 +182,9 @@ impl<R: Region> Arena<R> {
             }
             a.table_insert_unversioned(child);
         });
-        self.lru_insert_newer_than(m, child);
+        // Directly newer than the lower half, older than all else: its
+        // stamp, the ancestor counting as newer (see `lru`).
+        self.lru.copy_stamp(m, child);
         m
     }
 
@@ -243,7 +245,9 @@ impl<R: Region> Arena<R> {
         self.version(leaf).end();
         self.table_insert(leaf);
         self.nodes_mut()[parent as usize].children += 1;
-        self.lru_push_newest(leaf);
+        self.lru.stamp(leaf);
+        self.refile(leaf);
+        self.refile(parent);
         let tokens = (pages.len() * p) as u64;
         let h = self.hdr_mut();
         h.owned_pages -= pages.len() as u32;
@@ -254,7 +258,13 @@ impl<R: Region> Arena<R> {
 
     /// Takes a lock on `node` and every ancestor (the root excluded), moving
     /// tokens from evictable to protected on each 0 → 1 transition.
-    pub fn lock_path(&mut self, mut node: u32) {
+    pub fn lock_path(&mut self, node: u32) {
+        self.lock_path_inner(node);
+        // Only `node` can be a leaf: its ancestors have children.
+        self.refile(node);
+    }
+
+    fn lock_path_inner(&mut self, mut node: u32) {
         let p = self.page_size() as u64;
         let mut hops = 0;
         while node != ROOT {
@@ -272,7 +282,12 @@ impl<R: Region> Arena<R> {
     }
 
     /// The mirror of [`Self::lock_path`].
-    pub fn unlock_path(&mut self, mut node: u32) {
+    pub fn unlock_path(&mut self, node: u32) {
+        self.unlock_path_inner(node);
+        self.refile(node);
+    }
+
+    fn unlock_path_inner(&mut self, mut node: u32) {
         let p = self.page_size() as u64;
         let mut hops = 0;
         while node != ROOT {
@@ -292,52 +307,50 @@ impl<R: Region> Arena<R> {
     /// Frees up to `want` pages, least recently used unlocked leaf first,
     /// each trimmed from its end page by page. Returns the pages freed.
     ///
-    /// The scan walks from the oldest end towards the newest and never
-    /// restarts: after a leaf goes, its parent (if now an unlocked leaf) is
-    /// still ahead (see the LRU invariant in `lru`), so evicting M leaves past
-    /// K locked or inner nodes visits O(M + K) list nodes.
+    /// The victims come from the heap of unlocked leaves (`lru`), so no
+    /// locked or inner node is ever visited; a parent that a victim leaves
+    /// an unlocked leaf joins the heap at its place (under root-MRU chains
+    /// usually as the next victim, at no cost).
     pub fn evict_pages(&mut self, want: u64) -> u64 {
-        if want == 0 {
-            return 0;
-        }
-        self.evict_pages_inner(want)
-    }
-
-    fn evict_pages_inner(&mut self, want: u64) -> u64 {
-        let mut freed = 0;
-        let mut scanned = 0;
-        let mut cursor = self.hdr().lru_oldest;
-        while freed < want && cursor != NIL {
-            scanned = self.hop(scanned);
-            let n = self.nodes()[cursor as usize];
-            let next = n.newer;
-            if n.children == 0 && n.lock_ref == 0 {
-                let take = (want - freed).min(u64::from(n.num_pages));
-                let mut gone = if self.recording() {
-                    Vec::with_capacity(take as usize)
-                } else {
-                    Vec::new()
-                };
-                // One change of the leaf: readers standing on it retry.
-                self.version(cursor).begin();
-                for _ in 0..take {
-                    let page = self.trim_last_page(cursor);
-                    if self.recording() {
-                        gone.push(page);
-                    }
+        let (mut freed, mut visited) = (0, 0);
+        while freed < want {
+            let Some(victim) = self.lru.oldest() else {
+                break;
+            };
+            visited += 1;
+            let n = self.nodes()[victim as usize];
+            let take = (want - freed).min(u64::from(n.num_pages));
+            let mut gone = if self.recording() {
+                Vec::with_capacity(take as usize)
+            } else {
+                Vec::new()
+            };
+            // One change of the leaf: readers standing on it retry.
+            self.version(victim).begin();
+            for _ in 0..take {
+                let page = self.trim_last_page(victim);
+                if self.recording() {
+                    gone.push(page);
                 }
-                if take == u64::from(n.num_pages) {
-                    self.node_remove(cursor);
-                }
-                self.version(cursor).end();
-                // Exactly the pages trimmed from this leaf's end.
-                self.record(|_| CacheEvent::Removed { pages: gone });
-                freed += take;
             }
-            cursor = next;
+            let whole = take == u64::from(n.num_pages);
+            if whole {
+                self.node_remove(victim);
+            }
+            self.version(victim).end();
+            // Exactly the pages trimmed from this leaf's end.
+            self.record(|_| CacheEvent::Removed { pages: gone });
+            freed += take;
+            if whole {
+                if self.evictable(n.parent) {
+                    self.lru.replace_oldest(n.parent);
+                } else {
+                    self.lru.pop_oldest();
+                }
+            }
         }
         let h = self.hdr_mut();
-        h.evict_scanned += scanned;
+        h.evict_scanned += visited;
         h.evicted_pages += freed;
         freed
     }
@@ -368,10 +381,10 @@ impl<R: Region> Arena<R> {
     }
 
     /// Unhooks a node that has lost all its pages and children (inside the
-    /// node's version), and frees it or retires it to limbo.
+    /// node's version), and frees it or retires it to limbo. The caller
+    /// takes it out of the LRU heap.
     fn node_remove(&mut self, node: u32) {
         self.table_remove(node);
-        self.lru_unlink(node);
         let parent = self.nodes()[node as usize].parent;
         self.nodes_mut()[parent as usize].children -= 1;
         self.node_unlink(node);
@@ -388,7 +401,7 @@ impl<R: Region> Arena<R> {
         // Cannot run dry: each non-root node holds a page of its own, and
         // there are `capacity + 1` slots.
         debug_assert_ne!(node, NIL);
-        let next = self.nodes()[node as usize].older;
+        let next = self.nodes()[node as usize].link;
         let h = self.hdr_mut();
         h.node_free = next;
         h.nodes_live += 1;
@@ -405,15 +418,14 @@ impl<R: Region> Arena<R> {
         n.state = NODE_FREE;
         n.generation = n.generation.wrapping_add(1);
         n.parent = NIL;
-        n.older = NIL;
-        n.newer = NIL;
+        n.link = NIL;
         self.hdr_mut().nodes_live -= 1;
     }
 
     /// Makes the free `node` reusable: pushes it on the free-node stack.
     pub(crate) fn node_push_free(&mut self, node: u32) {
         let head = self.hdr().node_free;
-        self.nodes_mut()[node as usize].older = head;
+        self.nodes_mut()[node as usize].link = head;
         self.hdr_mut().node_free = node;
     }
 }

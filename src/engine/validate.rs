@@ -202,7 +202,7 @@ impl<R: Region> Engine<R> {
             );
             free_nodes += 1;
             ensure!(free_nodes as usize <= nodes.len(), "free-node stack loops");
-            at = nodes[at as usize].older;
+            at = nodes[at as usize].link;
         }
         ensure!(
             free_nodes + live + limbo_nodes == nodes.len() as u32,
@@ -241,38 +241,40 @@ impl<R: Region> Engine<R> {
             }
         }
 
-        // LRU: exactly the live non-root nodes, each newer than its children.
-        let mut rank = vec![u32::MAX; nodes.len()];
-        let (mut at, mut prev, mut k) = (h.lru_newest, NIL, 0u32);
-        while at != NIL {
-            ensure!(
-                (at as usize) < nodes.len() && at != ROOT,
-                "LRU links node {at}"
-            );
-            let n = &nodes[at as usize];
-            ensure!(n.state == NODE_LIVE, "LRU holds free node {at}");
-            ensure!(rank[at as usize] == u32::MAX, "LRU loops at node {at}");
-            ensure!(n.newer == prev, "LRU back link of node {at} broken");
-            rank[at as usize] = k;
-            k += 1;
-            prev = at;
-            at = n.older;
-        }
-        ensure!(prev == h.lru_oldest, "LRU tail is not the oldest node");
-        ensure!(
-            k + 1 == live,
-            "LRU holds {k} nodes, {} live besides the root",
-            live - 1
-        );
+        // LRU: every node used no later than its parent (root-MRU chains);
+        // the heap holds exactly the unlocked leaves, in heap order.
+        let lru = &a.lru;
         for (i, n) in nodes.iter().enumerate() {
             if n.state == NODE_LIVE && i as u32 != ROOT && n.parent != ROOT {
                 ensure!(
-                    rank[n.parent as usize] < rank[i],
+                    lru.stamp_of(n.parent) >= lru.stamp_of(i as u32),
                     "node {i} is newer than its parent {}",
                     n.parent
                 );
             }
         }
+        let heap = lru.candidates();
+        for (at, &node) in heap.iter().enumerate() {
+            ensure!((node as usize) < nodes.len(), "LRU heap holds node {node}");
+            ensure!(
+                a.evictable(node),
+                "LRU heap holds node {node}, not an unlocked leaf"
+            );
+            ensure!(lru.contains(node), "LRU heap position of {node} lost");
+            if at > 0 {
+                let up = heap[(at - 1) / 2];
+                ensure!(
+                    lru.stamp_of(up) < lru.stamp_of(node),
+                    "LRU heap order broken at node {node}"
+                );
+            }
+        }
+        let leaves = (0..nodes.len() as u32).filter(|&i| a.evictable(i)).count();
+        ensure!(
+            leaves == heap.len(),
+            "{leaves} unlocked leaves, {} in the LRU heap",
+            heap.len()
+        );
         Ok(())
     }
 }

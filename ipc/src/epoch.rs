@@ -140,6 +140,14 @@ impl ReaderSlot {
         // Acquire load of IDLE in `try_advance` (so nothing it writes after
         // is seen by them); Acquire pairs with the writer's expiring
         // compare-exchange, so an expiry is never missed.
+        //
+        // Outside loom: a Relaxed swap here passes every model, yet is a
+        // real bug on ARM and POWER (load buffering: the walk's loads may
+        // be satisfied after the swap is visible, so the writer sees IDLE,
+        // reuses a record, and a load of the walk reads the reuse). loom
+        // runs each load when its thread reaches it and reads only stores
+        // already made, so it never shows load buffering; the Release half
+        // is chosen on the argument above, not on a model.
         let prev = self.epoch.swap(IDLE, Ordering::AcqRel);
         prev & EXPIRED == 0
     }
@@ -147,7 +155,9 @@ impl ReaderSlot {
     /// Clears the slot of a reader that is gone (the writer, once the
     /// reader's process is provably dead or has left its client slot).
     pub fn clear(&self) {
-        // Release: like `unpin`; the gone reader reads nothing more.
+        // Release: like `unpin` (and, like it, needed on the argument, not
+        // on a model: see load buffering there); the gone reader reads
+        // nothing more.
         self.epoch.store(IDLE, Ordering::Release);
     }
 

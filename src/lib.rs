@@ -7,6 +7,7 @@
 //! - [`exec`]: the JSON-lines front end (`radixd exec`).
 //! - [`wire`]: how requests and answers travel over shared memory.
 //! - [`segment`]: what the daemon keeps in shared memory.
+//! - [`readers`]: the daemon's grace period over the readers' epochs.
 //! - [`daemon`]: `radixd serve`, the engine behind the rings.
 //! - [`events`]: KV events in vLLM's wire format for cluster routers.
 //! - [`client`]: [`Client`], a scheduler's connection to the daemon.
@@ -18,8 +19,9 @@
 //! - [`chart`]: the SVG line charts of `replay --plot` and `bench --plot`.
 
 pub mod engine;
-// Under loom (`--cfg loom`, for `loom_tests`) only the engine, whose tree
-// reader the models drive: the rest needs real shared memory.
+// Under loom (`--cfg loom`, for `loom_tests`) only the engine and the
+// readers' grace period, which the models drive: the rest needs real
+// shared memory.
 #[cfg(not(loom))]
 pub mod client;
 #[cfg(not(loom))]
@@ -30,6 +32,7 @@ pub mod events;
 pub mod op;
 #[cfg(not(loom))]
 pub mod order;
+pub mod readers;
 #[cfg(not(loom))]
 pub mod shared;
 #[cfg(not(loom))]

@@ -1,7 +1,8 @@
 //! loom models of the cross-process protocols of `radixd-ipc` (SPSC ring,
 //! futex doorbell, client slot claim/release/reclaim, reader epochs and
-//! the peek retry loop, per-record versions) and of the engine's tree
-//! reader racing the real engine writer; see `tests/`.
+//! the daemon's grace policy, the peek retry loop, per-record versions),
+//! of the engine's tree reader racing the real engine writer, and of the
+//! grace period end to end; see `tests/` and docs/modelcheck.md.
 //!
 //! Run with `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p loom_tests --release`.
 //! loom is 0.7.2 patched for its load-load blind spot (tokio-rs/loom#392,

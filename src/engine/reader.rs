@@ -59,6 +59,10 @@
 //! reader and every byte of it is a valid record, so torn copies are only
 //! thrown away. Pages a reader returns are kept from reuse for a grace
 //! period by the engine's [`Grace`](super::Grace), when the daemon sets one.
+//!
+//! Every load goes through a [`TreeMem`]: volatile loads of the mapping in
+//! production, a loom-visible mirror of the engine's stores under loom, so
+//! `loom_tests/tests/walk.rs` runs this very walk against the real writer.
 
 use std::mem::{offset_of, size_of};
 use std::ptr::NonNull;

@@ -307,10 +307,10 @@ impl<R: Region> Arena<R> {
     /// Frees up to `want` pages, least recently used unlocked leaf first,
     /// each trimmed from its end page by page. Returns the pages freed.
     ///
-    /// The victims come from the heap of unlocked leaves (`lru`), so no
-    /// locked or inner node is ever visited; a parent that a victim leaves
-    /// an unlocked leaf joins the heap at its place (under root-MRU chains
-    /// usually as the next victim, at no cost).
+    /// The victims are the oldest candidates of `lru` (unlocked leaves), so
+    /// no locked or inner node is ever visited; a parent that a victim
+    /// leaves an unlocked leaf joins them at its place (under root-MRU
+    /// chains, as the next victim).
     pub fn evict_pages(&mut self, want: u64) -> u64 {
         let (mut freed, mut visited) = (0, 0);
         while freed < want {
@@ -342,11 +342,10 @@ impl<R: Region> Arena<R> {
             self.record(|_| CacheEvent::Removed { pages: gone });
             freed += take;
             if whole {
-                if self.evictable(n.parent) {
-                    self.lru.replace_oldest(n.parent);
-                } else {
-                    self.lru.pop_oldest();
-                }
+                self.lru.remove(victim);
+                // Usually the next victim: its stamp is the next after its
+                // last child's under root-MRU chains.
+                self.refile(n.parent);
             }
         }
         let h = self.hdr_mut();

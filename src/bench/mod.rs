@@ -310,9 +310,10 @@ pub fn run_once(
                 socket.display().to_string()
             }
         };
-        let held = hold_locked(args, transport, &target, config)?;
-        let mut result = run_workers(args, transport, clients, &target, exe);
-        drop(held);
+        // The holder (if any) lets go before the daemon is stopped, and a
+        // refused hold stops the daemon like any other failure.
+        let mut result = hold_locked(args, transport, &target, config)
+            .and_then(|_held| run_workers(args, transport, clients, &target, exe));
         if let Ok(report) = result.as_mut() {
             report.kv_events_on = args.kv_events;
         }

@@ -8,14 +8,14 @@
 //! puts it. So eviction costs what it evicts, however many nodes are locked
 //! or inner.
 //!
-//! Last use is a stamp from a counter. A touch stamps the path from the node
-//! up to the root, the node first, so the root side is newest (seed 000's
-//! root-MRU chains): within a chain the leaf is the oldest, and when its
-//! eviction leaves the parent a leaf, the parent is the next victim. A
-//! split's upper half takes the stamp of the node it is cut from; equal
-//! stamps therefore only ever lie along one path (the ancestor counts as
-//! newer), and at most one node of a path is a leaf, so no two candidates
-//! tie.
+//! Last use is a stamp from a counter, so no two nodes tie. A touch stamps
+//! the path from the node up to the root, the node first, so the root side
+//! is newest (seed 000's root-MRU chains): within a chain the leaf is the
+//! oldest, and when its eviction leaves the parent a leaf, the parent is the
+//! next victim. Only leaves compete, so among the nodes of one path only
+//! the order against other paths matters, and that is SGLang's: a node is
+//! as new as the last match or insert that went through it, and a split
+//! uses both halves (see `Arena::settle`).
 //!
 //! Candidates live in two places. Most arrive newest of all (a new leaf, a
 //! touched one): they join the end of a list, which stays in stamp order at
@@ -107,13 +107,6 @@ impl Lru {
         if candidate {
             self.insert(node);
         }
-    }
-
-    /// Gives `node` the stamp of `from` (a split's upper half, which is
-    /// not a leaf and so not a candidate).
-    pub fn copy_stamp(&mut self, node: u32, from: u32) {
-        debug_assert!(!self.contains(node));
-        self.stamps[node as usize] = self.stamps[from as usize];
     }
 
     /// `node`'s last use.

@@ -134,10 +134,19 @@ impl<R: Region> Arena<R> {
 
     /// The node whose path from the root is exactly what `walk` matched,
     /// splitting the partially matched child if there is one.
+    ///
+    /// A split counts as a use of both halves, the lower one older: SGLang
+    /// touches the node it is about to split, and the upper node it makes
+    /// is newer still. The caller then touches the path as usual.
     pub fn settle(&mut self, walk: Walk) -> u32 {
         match walk.partial {
             None => walk.node,
-            Some((child, at, upper)) => self.split(child, at, upper),
+            Some((child, at, upper)) => {
+                let m = self.split(child, at, upper);
+                self.lru.stamp(child);
+                self.lru.stamp(m);
+                m
+            }
         }
     }
 
@@ -182,9 +191,6 @@ impl<R: Region> Arena<R> {
             }
             a.table_insert_unversioned(child);
         });
-        // Directly newer than the lower half, older than all else: its
-        // stamp, the ancestor counting as newer (see `lru`).
-        self.lru.copy_stamp(m, child);
         m
     }
 

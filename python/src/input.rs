@@ -1,6 +1,7 @@
 //! Token and page arrays in and out of Python, without a Python-level loop.
 //!
-//! In: a `list` or `tuple` of ints (read item by item in Rust), any object
+//! In: a `list` or `tuple` of ints (exact ints read by two C calls each, no
+//! reference counting; anything else item by item in Rust), any object
 //! with the buffer protocol holding integers (`array.array`, numpy arrays of
 //! any integer dtype, `bytes`), or any other iterable of ints. Every value
 //! must fit a `u32`, else `ValueError`.
@@ -77,9 +78,15 @@ pub fn u32s(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
         items.enumerate().map(|(i, v)| one(&v, what, i)).collect()
     };
     if let Ok(list) = obj.downcast::<PyList>() {
+        if let Some(values) = exact_ints(obj, list.len(), ffi::PyList_GetItem) {
+            return Ok(values);
+        }
         return each(&mut list.iter());
     }
     if let Ok(tuple) = obj.downcast::<PyTuple>() {
+        if let Some(values) = exact_ints(obj, tuple.len(), ffi::PyTuple_GetItem) {
+            return Ok(values);
+        }
         return each(&mut tuple.iter());
     }
     if obj.is_instance_of::<PyInt>() {
@@ -105,6 +112,51 @@ pub fn u32s(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
     iter.enumerate()
         .map(|(i, v)| v.and_then(|v| one(&v, what, i)))
         .collect()
+}
+
+/// The fast path for a list or tuple whose items are all exact `int`s that
+/// fit a `u32` (a prompt's token ids): each item is read with two C calls
+/// and no reference counting, no per-item error check (the out-of-range
+/// flag is folded without a branch). `None` when any item is not an exact
+/// `int` (a bool, a subclass, anything else) or does not fit; the caller
+/// then reads item by item, which names the culprit.
+fn exact_ints(
+    obj: &Bound<'_, PyAny>,
+    len: usize,
+    get: unsafe extern "C" fn(*mut ffi::PyObject, ffi::Py_ssize_t) -> *mut ffi::PyObject,
+) -> Option<Vec<u32>> {
+    let n = ffi::Py_ssize_t::try_from(len).ok()?;
+    // Only the address of CPython's `int` type object is taken.
+    let int_type = std::ptr::addr_of_mut!(ffi::PyLong_Type);
+    let mut out = Vec::with_capacity(len);
+    let mut bad = false;
+    for i in 0..n {
+        // SAFETY: we hold the GIL and a reference to `obj`, a list or tuple
+        // (checked by the caller) of at least `n` items: reading exact ints
+        // runs no Python code, so nothing can shrink it under us, and
+        // PyList_GetItem/PyTuple_GetItem bound-check `i` anyway (NULL, with
+        // an IndexError set, is handled). The item is a borrowed reference,
+        // alive as long as the container holds it. PyLong_AsLong on an exact
+        // int is a plain read (-1 with OverflowError set when too large,
+        // cleared below).
+        let v = unsafe {
+            let item = get(obj.as_ptr(), i);
+            if item.is_null() || ffi::Py_TYPE(item) != int_type {
+                bad = true;
+                break;
+            }
+            ffi::PyLong_AsLong(item)
+        };
+        // Negative values (including the -1 of an error) wrap past u32::MAX.
+        bad |= v as u64 > u64::from(u32::MAX);
+        out.push(v as u32);
+    }
+    if bad {
+        // Any IndexError/OverflowError set above: the slow path reports it.
+        drop(PyErr::take(obj.py()));
+        return None;
+    }
+    Some(out)
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {

@@ -1,0 +1,55 @@
+"""SGLang's RadixCache and radixd's RadixdPrefixCache under the same random
+scheduler operations (arrivals, chunked prefill, decode, finishing,
+aborting, eviction under pressure), through SGLang's own Req,
+ReqToTokenPool, allocators and scheduler functions: every match length,
+cache_protected_len, eviction and size must agree."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import radixd
+from radixd.sglang import RadixdPrefixCache
+from sim import Twin
+
+OPS = int(os.environ.get("RADIXD_SGLANG_OPS", "12500"))
+PAGES = 48
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_in_process(page_size):
+    twin = Twin(page_size, PAGES, lambda p: RadixdPrefixCache(p, radixd.Engine(page_size, PAGES)), seed=page_size)
+    for _ in range(OPS):
+        twin.step()
+    twin.drain()
+    twin.b.cache.backend.validate()
+    assert twin.evictions > OPS // 20 and twin.hits > OPS // 50
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_through_daemon(page_size, start_daemon, monkeypatch):
+    from sim import radixd_cache
+
+    d = start_daemon(page_size=page_size, capacity=PAGES)
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    twin = Twin(page_size, PAGES, radixd_cache, seed=100 + page_size)
+    assert type(twin.b.cache) is RadixdPrefixCache
+    for _ in range(OPS):
+        twin.step()
+    twin.drain()
+    twin.b.cache.backend.validate()
+    assert twin.evictions > OPS // 20 and twin.hits > OPS // 50
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="radixd's engine orders a parent that became an evictable leaf after "
+    "the leaves touched later (SGLang: by its last access), so partial evictions "
+    "pick other leaves after ~2,400 ops (seed 1, P=1, op 2441)",
+)
+def test_partial_evictions_follow_sglang_lru():
+    twin = Twin(1, PAGES, lambda p: RadixdPrefixCache(p, radixd.Engine(1, PAGES)), seed=1, lru=True)
+    for _ in range(OPS):
+        twin.step()

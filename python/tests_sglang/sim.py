@@ -37,9 +37,10 @@ def publish_runtime() -> None:
     runtime_context.publish(ServerArgs(model_path="dummy", radix_cache_backend="radixd"), role="scheduler")
 
 
-def params(page_size: int, pages: int, rows: int = 64) -> CacheInitParams:
-    """SGLang's pools for one scheduler: ``pages`` KV pages, ``rows`` request rows."""
-    pool = ReqToTokenPool(rows, MAX_CONTEXT, "cpu", False)
+def params(page_size: int, pages: int, rows: int = 64, context: int = MAX_CONTEXT) -> CacheInitParams:
+    """SGLang's pools for one scheduler: ``pages`` KV pages, ``rows`` request
+    rows of ``context`` tokens."""
+    pool = ReqToTokenPool(rows, context, "cpu", False)
     if page_size == 1:
         alloc = TokenToKVPoolAllocator(pages, torch.float16, "cpu", None, False)
     else:

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+# Collected only where SGLang is installed (scripts/test-sglang builds that).
+pytest.importorskip("sglang")
+pytest.importorskip("torch")
+
 _spec = importlib.util.spec_from_file_location(
     "radixd_tests_conftest", Path(__file__).resolve().parents[1] / "tests" / "conftest.py"
 )

@@ -1,0 +1,89 @@
+"""The registered backend as SGLang builds it: the plugin's entry point,
+the factory's start-up errors and refusals, and the allocator it installs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import radixd
+from radixd.sglang import RadixdPrefixCache, radixd_cache_factory
+from sim import build_context, params
+
+
+def test_entry_point_registers_the_backend():
+    from sglang.srt.mem_cache.registry import get_radix_cache_factory, registered_radix_cache_backends
+
+    assert "radixd" in registered_radix_cache_backends()
+    assert get_radix_cache_factory("radixd") is radixd_cache_factory
+
+
+def test_missing_daemon_is_a_start_up_error(monkeypatch):
+    monkeypatch.setenv("RADIXD_NAME", "radixd-none-such-daemon")
+    with pytest.raises(RuntimeError, match="radixd serve --name radixd-none-such-daemon --page-size 16 --capacity 8"):
+        radixd_cache_factory(build_context(params(16, 8)))
+
+
+@pytest.mark.parametrize(
+    "change, option",
+    [
+        (dict(enable_hierarchical_cache=True), "--enable-hierarchical-cache"),
+        (dict(is_hybrid_swa=True), "sliding-window"),
+        (dict(is_hybrid_ssm=True), "Mamba"),
+        (dict(tp_size=2), "--tp-size"),
+    ],
+)
+def test_unsupported_options_are_refused(change, option):
+    ctx = dataclasses.replace(build_context(params(16, 8)), **change)
+    with pytest.raises(ValueError, match=option):
+        radixd_cache_factory(ctx)
+
+
+def test_eagle_and_other_policies_are_refused():
+    p = params(16, 8)
+    p.is_eagle = True
+    with pytest.raises(ValueError, match="EAGLE"):
+        radixd_cache_factory(build_context(p))
+    p = params(16, 8)
+    p.eviction_policy = "lfu"
+    with pytest.raises(ValueError, match="--radix-eviction-policy lfu"):
+        radixd_cache_factory(build_context(p))
+
+
+def test_pool_sizes_must_agree(start_daemon, monkeypatch):
+    d = start_daemon(page_size=16, capacity=32)
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    with pytest.raises(ValueError, match="--capacity 8"):
+        radixd_cache_factory(build_context(params(16, 8)))
+
+
+def test_allocator_hands_out_radixd_pages(start_daemon, monkeypatch):
+    d = start_daemon(page_size=16, capacity=8)
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    p = params(16, 8)
+    alloc = p.token_to_kv_pool_allocator
+    cache = radixd_cache_factory(build_context(p))
+    assert isinstance(cache, RadixdPrefixCache) and cache.token_to_kv_pool_allocator is alloc
+    assert alloc.available_size() == 8 * 16
+    with radixd.Client(d.name) as other:
+        taken = other.alloc(3)
+        assert alloc.available_size() == 5 * 16  # one pool, shared
+        out = alloc.alloc(32)
+        # SGLang page = radixd page + 1 (page 0 is SGLang's padding).
+        pages = set((out // 16 - 1).tolist())
+        assert len(out) == 32 and not pages & set(taken) and 0 not in set((out // 16).tolist())
+        assert alloc.alloc(4 * 16) is None  # 3 left
+        alloc.free(out)
+        assert alloc.available_size() == 5 * 16
+        other.free(taken)
+    assert alloc.available_size() == 8 * 16
+    # A free group releases once, at its end.
+    out = alloc.alloc(16)
+    alloc.free_group_begin()
+    alloc.free(out)
+    assert alloc.available_size() == 7 * 16
+    alloc.free_group_end()
+    assert alloc.available_size() == 8 * 16
+    assert torch.equal(cache.path_device_indices(cache.root_node), torch.empty(0, dtype=torch.int64))

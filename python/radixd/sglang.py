@@ -104,7 +104,7 @@ def _namespaced(key: Any) -> bool:
     # SGLang keeps keys of different extra_key (LoRA id) or cache_salt in
     # disjoint namespaces; one radixd tree has none, and sharing KV across
     # them would be wrong, so such requests neither match nor insert.
-    return getattr(key, "extra_key", None) is not None or getattr(key, "cache_salt", None) is not None
+    return bool(getattr(key, "extra_key", None) or getattr(key, "cache_salt", None))
 
 
 def _pages_tensor(pages: Any) -> torch.Tensor:

@@ -87,3 +87,23 @@ def test_allocator_hands_out_radixd_pages(start_daemon, monkeypatch):
     alloc.free_group_end()
     assert alloc.available_size() == 8 * 16
     assert torch.equal(cache.path_device_indices(cache.root_node), torch.empty(0, dtype=torch.int64))
+
+
+def test_namespaced_requests_are_served_uncached():
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sim import Sim
+
+    p = params(4, 16)
+    sim = Sim(RadixdPrefixCache(p, radixd.Engine(4, 16)), p)
+    sim.arrive("a", list(range(8)))
+    sim.extend("a", 8)
+    assert sim.checkpoint("a") == 8
+    tokens = array("q", range(8))
+    assert sim.cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens))).device_prefix_len == 8
+    for salted in (RadixKey(tokens, extra_key="lora-1"), RadixKey(tokens, cache_salt="s")):
+        assert sim.cache.match_prefix(MatchPrefixParams(key=salted)).device_prefix_len == 0
+    sim.finish("a")
+    assert sim.cache.total_size() == 8

@@ -56,3 +56,26 @@ def test_partial_evictions_follow_sglang_lru():
     twin = Twin(1, PAGES, lambda p: RadixdPrefixCache(p, radixd.Engine(1, PAGES)), seed=1, lru=True)
     for _ in range(OPS):
         twin.step()
+
+
+@pytest.mark.xfail(strict=True, reason="radixd's split leaves the lower half at its old LRU place (see above)")
+def test_a_split_touches_its_lower_half_as_sglang_does():
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+    from sim import params
+
+    def key(*t):
+        return RadixKey(array("q", t))
+
+    found = []
+    for cache in (RadixCache(params(1, 16)), RadixdPrefixCache(params(1, 16), radixd.Engine(1, 16))):
+        for t in ((1, 2, 3, 4), (9, 9)):
+            kv = cache.token_to_kv_pool_allocator.alloc(len(t))
+            cache.insert(InsertParams(key=key(*t), value=kv))
+        cache.match_prefix(MatchPrefixParams(key=key(1, 2)))  # splits [1, 2 | 3, 4]
+        cache.evict(EvictParams(num_tokens=2))
+        found.append([cache.match_prefix(MatchPrefixParams(key=key(*t))).device_prefix_len for t in ((1, 2, 3, 4), (9, 9))])
+    assert found[0] == [4, 0]  # SGLang: [9, 9] is the least recently used
+    assert found[1] == found[0]

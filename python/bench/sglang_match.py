@@ -8,6 +8,7 @@ rounds, µs per call). Run in the environment scripts/test-sglang builds:
    pure-Python ``RadixCache``, its Rust tree core (``UnifiedRadixCache``,
    ``tree_core_backend="rust"``, FULL only), ``RadixdPrefixCache`` (in-process
    engine) and ``radixd.Engine.match_prefix`` alone; page sizes 1 and 16.
+   With ``RADIXD_BIN`` (a release ``radixd``), also through a daemon it starts.
 2. a scheduler step through SGLang's own functions (match + lock + alloc +
    checkpoint insert + release) for a 1K-token prompt with a 512-token cached
    prefix: ``RadixCache`` against ``RadixdPrefixCache``.
@@ -15,9 +16,12 @@ rounds, µs per call). Run in the environment scripts/test-sglang builds:
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
 import sys
 import time
+import uuid
 import warnings
 from array import array
 from pathlib import Path
@@ -50,6 +54,35 @@ def median_of(fs: dict) -> dict:
     return {k: statistics.median(v) for k, v in runs.items()}
 
 
+class Daemon:
+    """A ``radixd serve`` of ``RADIXD_BIN`` for the run, or none."""
+
+    def __init__(self, ps: int, pages: int):
+        self.proc = None
+        binary = os.environ.get("RADIXD_BIN")
+        if not binary:
+            return
+        self.name = f"radixd-bench-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.proc = subprocess.Popen(
+            [binary, "serve", "--name", self.name, "--page-size", str(ps), "--capacity", str(pages)],
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(500):
+            try:
+                self.client = radixd.Client(self.name)
+                return
+            except radixd.RadixdError:
+                time.sleep(0.01)
+        raise RuntimeError("the daemon did not come up")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.client.close()
+            self.proc.terminate()
+            self.proc.wait()
+
+
 def rust_core(p):
     try:
         from sglang.srt.mem_cache.unified_cache.components import ComponentType
@@ -75,6 +108,9 @@ def match_bench(ps: int) -> None:
         caches["SGLang Rust tree core"] = rc
     pb = params(ps, pages)
     caches["RadixdPrefixCache (engine)"] = RadixdPrefixCache(pb, radixd.Engine(ps, pages))
+    daemon = Daemon(ps, pages)
+    if daemon.proc is not None:
+        caches["RadixdPrefixCache (daemon)"] = RadixdPrefixCache(params(ps, pages), daemon.client)
     # SGLang's RadixKey compares keys of one type only: a tree for list keys.
     pl = params(ps, pages)
     py_list = RadixCache(pl)
@@ -98,6 +134,7 @@ def match_bench(ps: int) -> None:
     print(f"match of a cached {n}-token prompt, page size {ps} (median µs per call):")
     for k, v in median_of(fs).items():
         print(f"  {k:52s} {v:8.1f}")
+    daemon.stop()
 
 
 def step_bench(ps: int) -> None:

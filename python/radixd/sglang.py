@@ -42,6 +42,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (
     MatchResult,
     TreeLock,
 )
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.utils import get_num_new_pages
 
 import radixd
@@ -60,12 +61,15 @@ class RadixdNode:
     pages only when SGLang asks for them (``path_device_indices``), once per
     node: a match itself builds none."""
 
-    __slots__ = ("handle", "prefix_len", "pages", "_indices")
+    __slots__ = ("handle", "prefix_len", "pages", "tokens", "_indices")
 
-    def __init__(self, handle: Optional[int], prefix_len: int, pages: Any = _EMPTY_PAGES):
+    def __init__(self, handle: Optional[int], prefix_len: int, pages: Any = _EMPTY_PAGES, tokens: Any = None):
         self.handle = handle
         self.prefix_len = prefix_len
         self.pages = pages
+        # The key it was matched with (not copied): lets a lock find the same
+        # prefix again if another scheduler evicted the node meanwhile.
+        self.tokens = tokens
         self._indices: Optional[torch.Tensor] = None
 
     @property
@@ -280,7 +284,16 @@ class RadixdPrefixCache(BasePrefixCache):
     always does: SGLang's KV indices must be radixd's pages).
     """
 
-    def __init__(self, params: Any, backend: Any, install: bool = True):
+    def __init__(self, params: Any, backend: Any = None, install: bool = True):
+        if backend is None and hasattr(params, "match_prefix"):
+            # RadixdPrefixCache(radixd.Engine(...)) or (radixd.Client(...)):
+            # a cache without SGLang's pools (insert allocates its pages).
+            backend = params
+            params = CacheInitParams(
+                disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None, page_size=backend.page_size
+            )
+        if backend is None:
+            raise TypeError("RadixdPrefixCache(params, backend): backend is a radixd.Client or radixd.Engine")
         self.backend = backend
         self.disable = params.disable
         self.req_to_token_pool = params.req_to_token_pool
@@ -322,11 +335,12 @@ class RadixdPrefixCache(BasePrefixCache):
         key = params.key
         if self.disable or _namespaced(key):
             return self._miss
-        m = self.backend.match_prefix(_token_ids(key))
+        tokens = _token_ids(key)
+        m = self.backend.match_prefix(tokens)
         n = m.len
         if n == 0:
             return self._miss
-        node = RadixdNode(m.handle, n, m.pages)
+        node = RadixdNode(m.handle, n, m.pages, tokens)
         return MatchResult(n, node, node, node)
 
     def touch_prefix(self, key: Any) -> None:
@@ -379,9 +393,25 @@ class RadixdPrefixCache(BasePrefixCache):
             return InsertResult(prefix_len=0)
         value = params.value
         if value is None:
-            raise ValueError("radixd caches KV pages: InsertParams.value must hold the key's KV indices")
+            return self._insert_allocating(tokens[:n])
         pages = self._value_pages(value, n)
         r = self.backend.insert(tokens[:n], pages)
+        return InsertResult(prefix_len=r.cached, total_len=r.len)
+
+    def _insert_allocating(self, tokens: Any) -> InsertResult:
+        """``insert`` without a value (``RadixCache`` then uses the token ids
+        as values, for tests): pages for the uncached part come from radixd,
+        the cached prefix locked meanwhile so allocating cannot evict it."""
+        m = self.backend.match_prefix(tokens, lock=True)
+        try:
+            pages = list(m.pages)
+            need = len(tokens) // self.page_size - len(pages)
+            if need > 0:
+                pages.extend(self.backend.alloc(need))
+            r = self.backend.insert(tokens, pages)
+        finally:
+            if m.handle is not None:
+                self.backend.unlock(m.handle)
         return InsertResult(prefix_len=r.cached, total_len=r.len)
 
     def _value_pages(self, value: torch.Tensor, n: int) -> Any:
@@ -419,7 +449,7 @@ class RadixdPrefixCache(BasePrefixCache):
         tokens = token_ids[:n]
         r = self.backend.insert(tokens, self._value_pages(row[:n], n), lock=True)
         m = self.backend.match_prefix(tokens)
-        node = RadixdNode(m.handle, m.len, m.pages)
+        node = RadixdNode(m.handle, m.len, m.pages, tokens)
         new_indices = self.path_device_indices(node)
         start = kv.cache_protected_len
         if m.len > start:
@@ -429,6 +459,20 @@ class RadixdPrefixCache(BasePrefixCache):
         req.lock = TreeLock(RadixdNode(r.handle, r.len), DecLockRefParams())
         req.last_node = node
 
+    # Names of SGLang before ``checkpoint`` (the 0.5.23 scheduler calls
+    # neither): the same work through the 0.5.23 paths.
+    def cache_unfinished_req(self, req: Any, chunked: bool = False, **_: Any) -> None:
+        """Caches what ``req`` has computed so far (chunked prefill): a
+        ``checkpoint`` up to its committed KV."""
+        self.checkpoint(req, up_to=req.kv.kv_committed_len)
+
+    def cache_finished_req(self, req: Any, is_insert: bool = True, **_: Any) -> None:
+        """Caches a finished request (``is_insert``) and releases its row,
+        pages and lock: SGLang's ``release_kv_cache``."""
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        release_kv_cache(req, self, checkpoint=is_insert)
+
     # ----- locks -----
 
     def inc_lock_ref(self, node: Any) -> IncLockRefResult:
@@ -436,7 +480,25 @@ class RadixdPrefixCache(BasePrefixCache):
         ``delta`` is the change in evictable tokens."""
         if self.disable or node is None or node.handle is None:
             return IncLockRefResult(delta=0)
-        return IncLockRefResult(delta=self.backend._lock_delta(node.handle, True))
+        for _ in range(8):
+            try:
+                return IncLockRefResult(delta=self.backend._lock_delta(node.handle, True))
+            except radixd.StaleHandleError:
+                # Another scheduler sharing the daemon evicted the node between
+                # SGLang's match and its lock (one scheduler cannot: its own
+                # tree changes only under its own calls). Find the prefix
+                # again; if it is all still cached, the node becomes that one
+                # (the scheduler reads the path's indices only after locking).
+                if node.tokens is None:
+                    raise
+                m = self.backend.match_prefix(node.tokens[: node.prefix_len])
+                if m.len != node.prefix_len:
+                    raise RuntimeError(
+                        f"radixd: another scheduler evicted {node.prefix_len - m.len} tokens of a matched "
+                        "prefix before this scheduler locked it"
+                    ) from None
+                node.handle, node.pages, node._indices = m.handle, m.pages, None
+        raise RuntimeError("radixd: a matched prefix kept being evicted before it could be locked")
 
     def dec_lock_ref(self, node: Any, params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
         """As ``RadixCache.dec_lock_ref``: the mirror of ``inc_lock_ref``."""

@@ -14,13 +14,13 @@ warnings.filterwarnings("ignore")
 from sim import Sim, Workload, params, publish_runtime, radixd_cache  # noqa: E402
 
 
-def main(page_size: int, pages: int, seed: int, ops: int) -> None:
+def main(page_size: int, pages: int, seed: int, ops: int, kv_file: str) -> None:
     from sglang.srt.plugins import load_plugins
 
     publish_runtime()
     load_plugins()
     p = params(page_size, pages)
-    sim = Sim(radixd_cache(p), p)
+    sim = Sim(radixd_cache(p), p, kv_file)
     rng = random.Random(seed)
     work = Workload(random.Random(7), page_size)  # both processes: the same system prompts
     prompts: dict = {}
@@ -62,4 +62,4 @@ def main(page_size: int, pages: int, seed: int, ops: int) -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:]))
+    main(*(int(a) for a in sys.argv[1:5]), sys.argv[5])

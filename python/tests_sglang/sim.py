@@ -75,12 +75,22 @@ def radixd_cache(p: CacheInitParams) -> Any:
 class Sim:
     """One scheduler's state around one tree cache."""
 
-    def __init__(self, cache: Any, p: CacheInitParams):
+    def __init__(self, cache: Any, p: CacheInitParams, kv_file: Optional[str] = None):
         self.cache = cache
         self.pool = p.req_to_token_pool
         self.alloc = cache.token_to_kv_pool_allocator
         self.ps = p.page_size
         self.running: dict[str, Req] = {}
+        # What each KV slot holds: the token whose KV a request computed
+        # into it. A matched prefix must read back its own tokens, or the
+        # cache handed out slots of other tokens (or reused live ones).
+        # With ``kv_file`` the table is a file every scheduler process maps
+        # (the stand-in for the KV pool they share on one GPU).
+        slots = (self.alloc.size // self.ps + 1) * self.ps
+        if kv_file is None:
+            self.kv = torch.full((slots,), -1, dtype=torch.int64)
+        else:
+            self.kv = torch.from_file(kv_file, shared=True, size=slots, dtype=torch.int64)
 
     # ----- what the scheduler does -----
 
@@ -95,6 +105,7 @@ class Sim:
         if n:
             prefix = self.cache.prefix_device_indices(req)
             self.pool.write((req.kv.req_pool_idx, slice(0, n)), prefix)
+            self.check_kv(req, n)
         req.kv.cache_protected_len = n
         req.kv.kv_committed_len = req.kv.kv_allocated_len = n
         self.running[rid] = req
@@ -131,6 +142,7 @@ class Sim:
         if new_tokens:
             req.output_ids.extend(new_tokens)
             req.refresh_fill_ids()
+        self.kv[out] = torch.tensor(req.full_untruncated_fill_ids[start:end], dtype=torch.int64)
         req.kv.kv_committed_len = req.kv.kv_allocated_len = end
         return True
 
@@ -139,7 +151,13 @@ class Sim:
         req = self.running[rid]
         self.cache.checkpoint(req, up_to=req.kv.kv_committed_len)
         req.prefix_len = req.kv.kv_committed_len
+        self.check_kv(req, req.kv.kv_committed_len)
         return req.kv.cache_protected_len
+
+    def check_kv(self, req: Req, n: int) -> None:
+        row = self.pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
+        want = torch.tensor(req.full_untruncated_fill_ids[:n], dtype=torch.int64)
+        assert torch.equal(self.kv[row], want), f"{req.rid}: its row's KV slots hold other tokens"
 
     def finish(self, rid: str, abort: bool = False) -> None:
         req = self.running.pop(rid)

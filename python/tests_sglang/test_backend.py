@@ -107,3 +107,75 @@ def test_namespaced_requests_are_served_uncached():
         assert sim.cache.match_prefix(MatchPrefixParams(key=salted)).device_prefix_len == 0
     sim.finish("a")
     assert sim.cache.total_size() == 8
+
+
+def test_a_cache_of_its_own_from_an_engine():
+    # The first try: RadixdPrefixCache(radixd.Engine(4, 256)).
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import (
+        BasePrefixCache,
+        EvictParams,
+        InsertParams,
+        MatchPrefixParams,
+    )
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    cache = RadixdPrefixCache(radixd.Engine(4, 256))
+    assert isinstance(cache, BasePrefixCache)
+    assert cache.insert(InsertParams(key=RadixKey(array("q", range(10))))).prefix_len == 0
+    assert cache.insert(InsertParams(key=RadixKey(array("q", range(12))))).prefix_len == 8
+    m = cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(13)))))
+    assert m.device_prefix_len == 12
+    assert len(cache.path_device_indices(m.last_device_node)) == 12
+    assert cache.inc_lock_ref(m.last_device_node).delta == -12
+    assert cache.evict(EvictParams(num_tokens=12)).num_tokens_evicted == 0
+    assert cache.dec_lock_ref(m.last_device_node).delta == 12
+    assert cache.evict(EvictParams(num_tokens=4)).num_tokens_evicted == 4
+    assert cache.total_size() == 8 and cache.evictable_size() == 8
+    cache.backend.validate()
+
+
+def test_older_names_cache_unfinished_and_finished_requests():
+    from sim import Sim
+
+    p = params(4, 16)
+    sim = Sim(RadixdPrefixCache(p, radixd.Engine(4, 16)), p)
+    sim.arrive("a", list(range(10)))
+    sim.extend("a", 6)
+    req = sim.running["a"]
+    sim.cache.cache_unfinished_req(req, chunked=True)
+    assert req.kv.cache_protected_len == 4 and sim.cache.total_size() == 4
+    sim.extend("a", 4)
+    sim.running.pop("a")
+    sim.cache.cache_finished_req(req)
+    assert sim.cache.total_size() == 8 and sim.cache.protected_size() == 0
+    assert sim.alloc.available_size() == 16 * 4 - 8
+
+
+def test_a_lock_finds_a_prefix_another_scheduler_evicted_and_recached(start_daemon):
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    d = start_daemon(page_size=4, capacity=16)
+    cache = RadixdPrefixCache(d.client())
+    key = RadixKey(array("q", range(8)))
+    cache.insert(InsertParams(key=key))
+    node = cache.match_prefix(MatchPrefixParams(key=key)).last_device_node
+    before = cache.path_device_indices(node).tolist()
+    with d.client() as other:  # another scheduler: evicts, then caches it again elsewhere
+        blocker = other.alloc(2)
+        assert other.evict(8) == 8
+        other.insert(list(range(8)), other.alloc(2))
+        other.free(blocker)
+    assert cache.inc_lock_ref(node).delta == -8
+    after = cache.path_device_indices(node).tolist()
+    assert after != before and len(after) == 8
+    cache.dec_lock_ref(node)
+    node = cache.match_prefix(MatchPrefixParams(key=key)).last_device_node
+    with d.client() as other:
+        other.evict(8)
+    with pytest.raises(RuntimeError, match="evicted 8 tokens of a matched prefix"):
+        cache.inc_lock_ref(node)

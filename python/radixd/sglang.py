@@ -119,8 +119,8 @@ def _pages_tensor(pages: Any) -> torch.Tensor:
 
 
 class RadixdAllocatorMixin:
-    """Put in front of SGLang's token-to-KV allocator's class (see
-    :func:`install_allocator`): KV slots come from radixd's pool, a page at
+    """The methods :func:`install_allocator` gives SGLang's token-to-KV
+    allocator: KV slots come from radixd's pool, a page at
     a time, through the daemon, so every scheduler sharing the daemon
     allocates from one pool. ``available_size`` is radixd's free pages (the
     scheduler adds ``tree_cache.evictable_size()``, radixd's evictable

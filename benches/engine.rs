@@ -12,6 +12,9 @@
 //!   DESIGN.md §2 (locked leaves interleaved with evictable ones; deep chains
 //!   whose leaf goes before its ancestors). Each prints `evict_scanned` once so
 //!   the O(M + K) scan is visible next to the timings.
+//! - `evict/locked/{0,1k,10k,50k}`: `evict(1)` (P = 1) with L locked
+//!   two-token prompts inserted before 5,000 unlocked ones: eviction never
+//!   visits a locked node, so the time per call does not grow with L.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -281,5 +284,60 @@ fn bench_evict(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_match, bench_peek, bench_insert, bench_evict);
+/// `evict(1)` past L locked nodes older than every victim (issue 20's
+/// table): the cost of one small eviction must not depend on L.
+fn bench_evict_locked(c: &mut Criterion) {
+    const UNLOCKED: u32 = 5_000;
+    let mut g = c.benchmark_group("evict/locked");
+    for (label, locked) in [("0", 0u32), ("1k", 1_000), ("10k", 10_000), ("50k", 50_000)] {
+        let pages = 2 * (locked + UNLOCKED);
+        let mut e = engine(1, pages);
+        let fill = |e: &mut Engine| {
+            e.reset();
+            for i in 0..locked + UNLOCKED {
+                let key = [i, i];
+                let pages = e.alloc(CLIENT, 2).unwrap();
+                e.insert(CLIENT, &key, &pages, i < locked).unwrap();
+            }
+        };
+        fill(&mut e);
+        let mut left = 2 * u64::from(UNLOCKED);
+        let mut reported = false;
+        g.bench_function(label, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    if left == 0 {
+                        fill(&mut e);
+                        left = 2 * u64::from(UNLOCKED);
+                    }
+                    let before = e.stats().evict_scanned;
+                    let t = Instant::now();
+                    let freed = e.evict(black_box(1));
+                    total += t.elapsed();
+                    assert_eq!(freed, 1);
+                    left -= 1;
+                    if !reported {
+                        eprintln!(
+                            "evict/locked/{label}: {} nodes visited by one evict(1)",
+                            e.stats().evict_scanned - before
+                        );
+                        reported = true;
+                    }
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_match,
+    bench_peek,
+    bench_insert,
+    bench_evict,
+    bench_evict_locked
+);
 criterion_main!(benches);

@@ -203,6 +203,7 @@ fn four_processes(c: &mut Criterion) {
                     kv_events_compare: false,
                     kv_events_no_subscriber: false,
                     readers: 0,
+                    locked: 0,
                 };
                 let report = run_once(&args, transport, 4, exe).expect("bench run");
                 Duration::from_secs_f64(report.seconds)

@@ -187,3 +187,20 @@ fn kv_events_compare_runs_off_then_on_with_a_subscriber() {
     // Same requests either way.
     assert_eq!(runs[0]["hit_rate"], runs[1]["hit_rate"]);
 }
+
+#[test]
+fn locked_prompts_are_held_through_the_run() {
+    // 1,000 of the 4,096 pages stay locked; the workload still runs whole
+    // on both transports, and a hold larger than the pool is refused.
+    let runs = small_json_runs(&["--compare", "--locked", "1000", "--capacity", "4096"]);
+    assert_eq!(runs.len(), 2);
+    for run in &runs {
+        assert_eq!(run["rejected"], 0, "{run}");
+        assert_eq!(run["ops"]["match"]["count"], 60);
+    }
+    assert_eq!(runs[0]["hit_rate"], runs[1]["hit_rate"]);
+    let out = bench(&["--locked", "5000", "--capacity", "4096", "--requests", "5"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--locked"), "{err}");
+}

@@ -185,6 +185,29 @@ fn eviction_takes_the_least_recently_used_leaf_first() {
 }
 
 #[test]
+fn a_split_uses_its_lower_half_as_sglang_does() {
+    // SGLang's match touches the node it splits: the lower half [3,4] is
+    // as new as the match, so the older prompt [9,9] goes first.
+    let mut e = engine(1, 16);
+    put(&mut e, A, &[1, 2, 3, 4]);
+    put(&mut e, A, &[9, 9]);
+    let mut pages = Vec::new();
+    e.match_prefix(A, &[1, 2, 7], false, &mut pages);
+    assert_eq!(e.evict(2), 2);
+    assert_eq!(matched(&e, &[9, 9]).0, 0);
+    assert_eq!(matched(&e, &[1, 2, 3, 4]).0, 4);
+    // The same through an insert that splits.
+    let mut e = engine(1, 16);
+    put(&mut e, A, &[5, 6, 7, 8]);
+    put(&mut e, A, &[8, 8]);
+    put(&mut e, A, &[5, 6, 1]);
+    assert_eq!(e.evict(2), 2);
+    assert_eq!(matched(&e, &[8, 8]).0, 0);
+    assert_eq!(matched(&e, &[5, 6, 7, 8]).0, 4);
+    ok(&e);
+}
+
+#[test]
 fn a_parent_left_childless_is_evicted_after_its_leaf() {
     let mut e = engine(1, 16);
     put(&mut e, A, &[1, 2, 3, 4]);

@@ -10,13 +10,14 @@
 //! residency, and the stats counters. `validate()` runs after every op.
 //!
 //! How the model predicts eviction: every page carries a unique last-use
-//! tick; a touch of a path gives it fresh ticks with deeper pages older, so a
-//! node's pages always occupy one contiguous tick range and the engine's LRU
-//! list (a node moves to the front on touch, root-side newest, a split's upper
-//! half just in front of its lower half) orders nodes exactly by tick. The
-//! engine's scan takes the oldest unlocked leaf node and trims it from its
-//! end; page by page that is "the unlocked page with no child and the
-//! smallest tick", which is what the model evicts.
+//! tick; a touch of a path gives it fresh ticks with deeper pages older, and
+//! a split (as SGLang's match and insert touch the node they split) first
+//! gives the lower half fresh ticks, older than the path's; so a node's
+//! pages always occupy one contiguous tick range and the engine's LRU order
+//! (a node's last use, root side newest) orders nodes exactly by tick. The
+//! engine takes the oldest unlocked leaf node and trims it from its end;
+//! page by page that is "the unlocked page with no child and the smallest
+//! tick", which is what the model evicts.
 //!
 //! Node identity (handles) is modelled by a label per page: a new leaf gets a
 //! fresh label, a split gives the upper pages a fresh one (the lower half
@@ -142,13 +143,20 @@ impl Model {
         }
         let at = &key[..d * self.p];
         let l = self.trie[at].label;
-        if self.label_end(l).unwrap().len() > at.len() {
+        let end = self.label_end(l).unwrap().len();
+        if end > at.len() {
             let upper = self.label();
+            let (tick, p) = (self.tick, self.p);
+            let lower_pages = ((end - at.len()) / p) as u64;
             for (k, m) in self.trie.iter_mut() {
                 if m.label == l && k.len() <= at.len() {
                     m.label = upper;
+                } else if m.label == l {
+                    // The lower half is used too, deeper pages older.
+                    m.tick = tick + lower_pages - ((k.len() - at.len()) / p) as u64;
                 }
             }
+            self.tick += lower_pages;
         }
     }
 

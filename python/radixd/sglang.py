@@ -1,167 +1,632 @@
-"""SGLang adapter: ``RadixdPrefixCache``, a ``BasePrefixCache`` backed by a
-radixd daemon (or an in-process ``Engine``), for SGLang 0.5.23.
+"""SGLang 0.5.23 on radixd: ``--radix-cache-backend radixd``.
 
-Importing this module needs ``sglang`` (and so ``torch``); ``import radixd``
-alone does not. Shapes checked against sgl-project/sglang's
-``python/sglang/srt/mem_cache/base_prefix_cache.py`` (``BasePrefixCache``,
-``MatchPrefixParams``, ``InsertParams``, ``EvictParams``, ``EvictResult``,
-``MatchResult``, ``IncLockRefResult``/``DecLockRefResult`` where the release
-has them) and ``python/sglang/srt/mem_cache/radix_cache.py`` (``RadixCache``:
-``cache_finished_req``, ``cache_unfinished_req``, ``inc_lock_ref``,
-``dec_lock_ref``). Fields that differ between releases are filled by name
-from the classes the installed sglang defines.
+``pip install ./python`` registers :func:`register` in SGLang's
+``sglang.srt.plugins`` entry-point group; SGLang calls it in every process
+it starts, and it registers :func:`radixd_cache_factory` with
+``sglang.srt.mem_cache.registry.register_radix_cache_backend("radixd", ...)``.
+The factory connects to the daemon named by ``RADIXD_NAME`` (default
+``radixd``), installs radixd's pool into SGLang's token-to-KV allocator and
+returns a :class:`RadixdPrefixCache`.
 
-KV pages belong to radixd's pool: the token-to-KV allocator the scheduler
-uses must hand out indices from ``cache.alloc_indices(n)`` (page ``p`` covers
-indices ``p*P .. p*P+P-1``) and free through ``cache.free_indices``; see the
-recipe in python/README.md.
+Every method follows SGLang 0.5.23's ``RadixCache``
+(``python/sglang/srt/mem_cache/radix_cache.py``) and ``BasePrefixCache``
+(``base_prefix_cache.py``); where radixd has nothing to do, the method keeps
+the upstream base class's no-op meaning (see the comments). Importing this
+module needs ``sglang`` (and so ``torch``); ``import radixd`` alone does not.
+
+KV slots: SGLang's pools keep slot page 0 as padding, so radixd page ``p`` is
+SGLang page ``p + 1``: token ``j`` of radixd page ``p`` lives at KV index
+``(p + 1) * P + j``. radixd's capacity is SGLang's page count.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import logging
+import os
+from array import array
+from typing import Any, Optional, Sequence
 
 import torch
-from sglang.srt.mem_cache import base_prefix_cache as _base
-from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache, MatchResult
+from sglang.srt.mem_cache.allocator import BaseTokenToKVPoolAllocator
+from sglang.srt.mem_cache.allocator.paged import alloc_decode_naive, alloc_extend_naive
+from sglang.srt.mem_cache.base_prefix_cache import (
+    BasePrefixCache,
+    DecLockRefParams,
+    DecLockRefResult,
+    EvictParams,
+    EvictResult,
+    IncLockRefResult,
+    InsertParams,
+    InsertResult,
+    MatchPrefixParams,
+    MatchResult,
+    TreeLock,
+)
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.utils import get_num_new_pages
 
-from .prefix_cache import PrefixCache, TreeNode
+import radixd
 
-_EvictResult = getattr(_base, "EvictResult", None)
-_InsertResult = getattr(_base, "InsertResult", None)
-_IncLockRefResult = getattr(_base, "IncLockRefResult", None)
-_DecLockRefResult = getattr(_base, "DecLockRefResult", None)
-_MATCH_FIELDS = set(getattr(MatchResult, "_fields", ()))
+logger = logging.getLogger(__name__)
 
+BACKEND_NAME = "radixd"
 
-def _tensor(indices: Any, device: Any) -> torch.Tensor:
-    return torch.as_tensor(indices, dtype=torch.int64, device=device)
+_EMPTY_PAGES = array("I")
 
 
-def _numpy(indices: Any) -> Any:
-    if isinstance(indices, torch.Tensor):
-        return indices.detach().to("cpu", torch.int64).numpy()
-    return indices
+class RadixdNode:
+    """What SGLang keeps in ``req.last_node``: radixd's node handle (``None``
+    for the root), the tokens from the root to it, and the pages on that
+    path as the match read them. Per-token KV indices are built from the
+    pages only when SGLang asks for them (``path_device_indices``), once per
+    node: a match itself builds none."""
+
+    __slots__ = ("handle", "prefix_len", "pages", "tokens", "_indices")
+
+    def __init__(self, handle: Optional[int], prefix_len: int, pages: Any = _EMPTY_PAGES, tokens: Any = None):
+        self.handle = handle
+        self.prefix_len = prefix_len
+        self.pages = pages
+        # The key it was matched with (not copied): lets a lock find the same
+        # prefix again if another scheduler evicted the node meanwhile.
+        self.tokens = tokens
+        self._indices: Optional[torch.Tensor] = None
+
+    @property
+    def id(self) -> int:
+        return 0 if self.handle is None else self.handle
+
+    # SGLang's base dfs_weight_order walks ``children``; radixd's tree is in
+    # the daemon, so RadixdPrefixCache overrides it and a node has none.
+    children: dict = {}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RadixdNode) and other.handle == self.handle
+
+    def __hash__(self) -> int:
+        return hash(self.handle)
+
+    def __repr__(self) -> str:
+        if self.handle is None:
+            return "RadixdNode(root)"
+        return f"RadixdNode(handle={self.handle:#x}, prefix_len={self.prefix_len})"
+
+
+def _token_ids(key: Any) -> Any:
+    """The tokens of a ``RadixKey`` (honouring its ``limit``), or ``key``
+    itself when it is a plain sequence or buffer."""
+    tokens = getattr(key, "token_ids", None)
+    if tokens is None:
+        return key
+    limit = key.limit
+    if limit is not None and limit < len(tokens):
+        return tokens[:limit]
+    return tokens
+
+
+def _namespaced(key: Any) -> bool:
+    # SGLang keeps keys of different extra_key (LoRA id) or cache_salt in
+    # disjoint namespaces; one radixd tree has none, and sharing KV across
+    # them would be wrong, so such requests neither match nor insert.
+    return bool(getattr(key, "extra_key", None) or getattr(key, "cache_salt", None))
+
+
+def _pages_tensor(pages: Any) -> torch.Tensor:
+    """radixd pages (``array('I')``) as SGLang page ids (``p + 1``), int64."""
+    if len(pages) == 0:
+        return torch.empty((0,), dtype=torch.int64)
+    return torch.frombuffer(pages, dtype=torch.int32).to(torch.int64) + 1
+
+
+class RadixdAllocatorMixin:
+    """The methods :func:`install_allocator` gives SGLang's token-to-KV
+    allocator: KV slots come from radixd's pool, a page at
+    a time, through the daemon, so every scheduler sharing the daemon
+    allocates from one pool. ``available_size`` is radixd's free pages (the
+    scheduler adds ``tree_cache.evictable_size()``, radixd's evictable
+    tokens, itself: SGLang's ``PrefillBudget``); an allocation that needs
+    more evicts in the daemon."""
+
+    def _radixd_pages(self, n: int) -> Optional[torch.Tensor]:
+        """``n`` fresh SGLang page ids, or ``None`` when radixd has not that
+        many free or evictable (as SGLang's allocators answer)."""
+        if n <= 0:
+            return torch.empty((0,), dtype=torch.int64, device=self.device)
+        try:
+            pages = self.radixd_backend.alloc(n)
+        except radixd.InsufficientPagesError:
+            return None
+        return _pages_tensor(pages).to(self.device)
+
+    def _radixd_free(self, sglang_pages: torch.Tensor) -> None:
+        if sglang_pages.numel():
+            self.radixd_backend.free((sglang_pages.to("cpu", torch.int64) - 1).numpy())
+
+    # ----- BaseTokenToKVPoolAllocator -----
+
+    def available_size(self) -> int:
+        return self.radixd_backend.stats()["free_pages"] * self.page_size
+
+    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+        ps = self.page_size
+        pages = self._radixd_pages(-(-need_size // ps))
+        if pages is None:
+            return None
+        if ps == 1:
+            return pages
+        out = (pages[:, None] * ps + torch.arange(ps, device=self.device)).reshape(-1)
+        return out[:need_size]
+
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        num_new_pages: Optional[int] = None,
+        **_: Any,
+    ) -> Optional[torch.Tensor]:
+        """As ``PagedTokenToKVPoolAllocator.alloc_extend``, with the new pages
+        taken from radixd (SGLang's own ``alloc_extend_naive`` lays them out)."""
+        if num_new_pages is None:
+            num_new_pages = get_num_new_pages(
+                seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
+            )
+        pages = self._radixd_pages(int(num_new_pages))
+        if pages is None:
+            return None
+        out = torch.empty((extend_num_tokens,), dtype=torch.int64, device=self.device)
+        alloc_extend_naive(prefix_lens, seq_lens, last_loc, pages, out, self.page_size, self.device)
+        return out
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor, **_: Any
+    ) -> Optional[torch.Tensor]:
+        """As ``PagedTokenToKVPoolAllocator.alloc_decode``, pages from radixd."""
+        num_new_pages = get_num_new_pages(seq_lens=seq_lens_cpu, page_size=self.page_size, decode=True)
+        pages = self._radixd_pages(int(num_new_pages))
+        if pages is None:
+            return None
+        out = torch.empty((len(seq_lens),), dtype=torch.int64, device=self.device)
+        alloc_decode_naive(seq_lens, last_loc, pages, out, self.page_size, int(num_new_pages))
+        return out
+
+    def free(self, free_index: torch.Tensor) -> None:
+        if free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(free_index.clone())
+            return
+        self._radixd_free(torch.unique(free_index // self.page_size))
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        # As PagedTokenToKVPoolAllocator.free_segment: a page-aligned start
+        # makes free_index[::P] hit each page once.
+        if free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(free_index.clone())
+            return
+        ps = self.page_size
+        assert start_pos % ps == 0, f"segment start {start_pos} is not page-aligned"
+        self._radixd_free(free_index[::ps] // ps)
+
+    def free_page_ids(self, page_ids: torch.Tensor) -> None:
+        if self.free_group is not None:
+            self.free_group.append((page_ids * self.page_size).clone())
+            return
+        self._radixd_free(page_ids)
+
+    def free_group_end(self) -> None:
+        pending, self.free_group = self.free_group, None
+        if pending:
+            self.free(torch.cat(pending))
+
+    def merge_and_sort_free(self) -> None:
+        """Nothing to merge: free pages live in the daemon."""
+
+    def get_all_free_pages(self) -> None:
+        # Debug census of the local free list (BaseTokenToKVPoolAllocator):
+        # there is none, the daemon has them (`radixd stat`).
+        return None
+
+    def clear(self) -> None:
+        """SGLang clears its pool on a cache flush, when no request runs; the
+        pages this client held went back to radixd with each free, and the
+        daemon owns the rest, so there is nothing local to clear."""
+        self.free_pages = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self.release_pages = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self.staged_pages = []
+        self.num_staged_pages = 0
+        self.free_group = None
+        self.free_page_ids_group = []
+
+
+def install_allocator(allocator: BaseTokenToKVPoolAllocator, backend: Any) -> BaseTokenToKVPoolAllocator:
+    """Makes ``allocator`` (SGLang's ``TokenToKVPoolAllocator`` or
+    ``PagedTokenToKVPoolAllocator``, already held by the scheduler, its
+    batches and the KV pool) allocate from radixd, in place: its class
+    becomes a subclass with :class:`RadixdAllocatorMixin`'s methods, and its
+    own free list is emptied, so no slot is handed out twice."""
+    if getattr(allocator, "radixd_backend", None) is not None:
+        allocator.radixd_backend = backend
+        return allocator
+    cls = type(allocator)
+    num_pages = allocator.size // allocator.page_size
+    if backend.capacity != num_pages:
+        raise ValueError(
+            f"--radix-cache-backend radixd: the daemon has {backend.capacity} pages, SGLang's KV pool "
+            f"{num_pages} pages of {allocator.page_size} tokens; start it with "
+            f"`radixd serve --page-size {allocator.page_size} --capacity {num_pages}` "
+            f"(or give SGLang --max-total-tokens {backend.capacity * allocator.page_size})"
+        )
+    # The class is swapped in place (every holder of the allocator sees it),
+    # so the new class must add no base of another layout: the mixin's
+    # methods are copied into a direct subclass of the allocator's class.
+    methods = {
+        k: v for k, v in vars(RadixdAllocatorMixin).items() if k not in ("__dict__", "__weakref__", "__module__")
+    }
+    allocator.__class__ = type(f"Radixd{cls.__name__}", (cls,), methods)
+    allocator.radixd_backend = backend
+    allocator.clear()
+    return allocator
 
 
 class RadixdPrefixCache(BasePrefixCache):
-    """SGLang's prefix cache interface over :class:`radixd.PrefixCache`.
+    """SGLang 0.5.23's ``BasePrefixCache`` on radixd.
 
-    ``backend`` is a ``radixd.Client`` (one daemon shared by every scheduler
-    process on the node) or a ``radixd.Engine``.
+    ``backend`` is a ``radixd.Client`` (the node's daemon, shared by every
+    scheduler on it) or a ``radixd.Engine`` (in-process). Built by
+    :func:`radixd_cache_factory` from SGLang's ``CacheInitParams``;
+    ``install`` makes the allocator hand out radixd's pages (the factory
+    always does: SGLang's KV indices must be radixd's pages).
     """
 
-    def __init__(
-        self,
-        backend: Any,
-        req_to_token_pool: Any = None,
-        token_to_kv_pool_allocator: Any = None,
-        disable: bool = False,
-        device: Any = "cpu",
-    ):
-        self.cache = backend if isinstance(backend, PrefixCache) else PrefixCache(backend)
-        self.req_to_token_pool = req_to_token_pool
-        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
-        self.page_size = self.cache.page_size
-        self.disable = disable
-        self.cache.disable = disable
-        self.device = getattr(token_to_kv_pool_allocator, "device", None) or torch.device(device)
-        self.root_node = self.cache.root_node
-
-    # ----- BasePrefixCache -----
-
-    def reset(self) -> None:
-        self.cache.reset()
-
-    def match_prefix(self, params: Any) -> MatchResult:
-        m = self.cache.match_prefix(params)
-        values = {
-            "device_indices": _tensor(m.device_indices, self.device),
-            "last_device_node": m.last_device_node,
-            "last_host_node": m.last_host_node,
-            "best_match_node": m.best_match_node,
-            "host_hit_length": 0,
-            "device_prefix_len": m.device_prefix_len,
-        }
-        if _MATCH_FIELDS:
-            values = {k: v for k, v in values.items() if k in _MATCH_FIELDS}
-        return MatchResult(**values)
-
-    def insert(self, params: Any) -> Any:
-        prefix_len = self.cache.insert(params.key, _numpy(getattr(params, "value", None)))
-        if _InsertResult is not None:
-            return _InsertResult(prefix_len=prefix_len)
-        return prefix_len
-
-    def evict(self, params: Any) -> Any:
-        evicted = self.cache.evict(getattr(params, "num_tokens", params))
-        if _EvictResult is not None:
-            return _EvictResult(num_tokens_evicted=evicted)
-        return evicted
-
-    def inc_lock_ref(self, node: Optional[TreeNode]) -> Any:
-        delta = self.cache.inc_lock_ref(node)
-        if _IncLockRefResult is not None:
-            return _IncLockRefResult(delta=delta)
-        return delta
-
-    def dec_lock_ref(self, node: Optional[TreeNode], params: Any = None) -> Any:
-        delta = self.cache.dec_lock_ref(node)
-        if _DecLockRefResult is not None:
-            return _DecLockRefResult(delta=delta)
-        return delta
-
-    def evictable_size(self) -> int:
-        return self.cache.evictable_size()
-
-    def protected_size(self) -> int:
-        return self.cache.protected_size()
-
-    def total_size(self) -> int:
-        return self.cache.total_size()
-
-    def is_root(self, node: Any) -> bool:
-        return node is None or getattr(node, "handle", None) is None
-
-    # ----- requests, as RadixCache handles them -----
-
-    def _req_kv(self, req: Any, length: int) -> Any:
-        return self.req_to_token_pool.req_to_token[req.req_pool_idx, :length]
-
-    def cache_finished_req(self, req: Any, is_insert: bool = True, **kwargs: Any) -> None:
-        """As ``RadixCache.cache_finished_req``: cache the request's whole
-        pages, free the rest, unlock its last node."""
-        if hasattr(req, "pop_committed_kv_cache"):
-            committed = req.pop_committed_kv_cache()
-        else:
-            committed = len(req.origin_input_ids) + len(req.output_ids)
-        token_ids = (list(req.origin_input_ids) + list(req.output_ids))[:committed]
-        kv = _numpy(self._req_kv(req, len(token_ids)))
-        self.cache.cache_finished_req(
-            token_ids,
-            kv,
-            last_node=getattr(req, "last_node", None),
-            cache_protected_len=getattr(req, "cache_protected_len", 0) or 0,
-            is_insert=is_insert and not self.disable,
+    def __init__(self, params: Any, backend: Any = None, install: bool = True):
+        if backend is None and hasattr(params, "match_prefix"):
+            # RadixdPrefixCache(radixd.Engine(...)) or (radixd.Client(...)):
+            # a cache without SGLang's pools (insert allocates its pages).
+            backend = params
+            params = CacheInitParams(
+                disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None, page_size=backend.page_size
+            )
+        if backend is None:
+            raise TypeError("RadixdPrefixCache(params, backend): backend is a radixd.Client or radixd.Engine")
+        self.backend = backend
+        self.disable = params.disable
+        self.req_to_token_pool = params.req_to_token_pool
+        self.page_size = params.page_size
+        self.is_eagle = params.is_eagle
+        self.sliding_window_size = None
+        if backend.page_size != self.page_size:
+            raise ValueError(
+                f"--radix-cache-backend radixd: the daemon's page size is {backend.page_size}, "
+                f"SGLang's --page-size {self.page_size}"
+            )
+        allocator = params.token_to_kv_pool_allocator
+        if install and allocator is not None:
+            allocator = install_allocator(allocator, backend)
+        self.token_to_kv_pool_allocator = allocator
+        dev = getattr(allocator, "device", None) if allocator is not None else None
+        self.device = torch.device(dev) if isinstance(dev, (str, torch.device)) else torch.device("cpu")
+        self._arange = torch.arange(self.page_size, dtype=torch.int64)
+        self.root_node = RadixdNode(None, 0)
+        self._empty_indices = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self._miss = MatchResult(
+            device_prefix_len=0,
+            last_device_node=self.root_node,
+            last_host_node=self.root_node,
+            best_match_node=self.root_node,
         )
 
-    def cache_unfinished_req(self, req: Any, chunked: bool = False, **kwargs: Any) -> None:
-        """As ``RadixCache.cache_unfinished_req``: cache what is computed so
-        far, move the request's lock to the new last node, and point its
-        token table and ``prefix_indices`` at the cached pages."""
-        token_ids = list(req.fill_ids)
-        kv = self._req_kv(req, len(token_ids))
-        old = getattr(req, "cache_protected_len", 0) or 0
-        indices, node = self.cache.cache_unfinished_req(token_ids, _numpy(kv), req.last_node)
-        indices = _tensor(indices, kv.device if isinstance(kv, torch.Tensor) else self.device)
-        cached = node.prefix_len if isinstance(node, TreeNode) else 0
-        if cached > old:
-            self.req_to_token_pool.write(
-                (req.req_pool_idx, slice(old, cached)), indices[old:cached]
-            )
-        req.cache_protected_len = cached
-        req.prefix_indices = indices
+    # ----- matching -----
+
+    def reset(self) -> None:
+        """Empties the cache (through a daemon: one started with
+        ``--allow-reset``), as ``RadixCache.reset``."""
+        self.backend.reset()
+
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        """As ``RadixCache.match_prefix``: the longest cached page-aligned
+        prefix of ``params.key`` (radixd cuts the key to whole pages), its
+        last node (split there, LRU touched), no lock taken."""
+        key = params.key
+        if self.disable or _namespaced(key):
+            return self._miss
+        tokens = _token_ids(key)
+        m = self.backend.match_prefix(tokens)
+        n = m.len
+        if n == 0:
+            return self._miss
+        node = RadixdNode(m.handle, n, m.pages, tokens)
+        return MatchResult(n, node, node, node)
+
+    def touch_prefix(self, key: Any) -> None:
+        """As ``RadixCache.touch_prefix``: bumps LRU recency along the cached
+        path (a match whose answer is dropped)."""
+        if not self.disable and not _namespaced(key):
+            self.backend.match_prefix(_token_ids(key))
+
+    def path_device_indices(self, node: RadixdNode) -> torch.Tensor:
+        """KV indices from the root to ``node``, built from the pages its
+        match read, once per node (SGLang: valid until the next allocation or
+        eviction unless the path is locked; the scheduler locks it)."""
+        if node.handle is None:
+            return self._empty_indices
+        ind = node._indices
+        if ind is None:
+            pages = _pages_tensor(node.pages)
+            ps = self.page_size
+            ind = pages if ps == 1 else (pages[:, None] * ps + self._arange).reshape(-1)
+            ind = ind.to(self.device)
+            node._indices = ind
+        return ind
+
+    def is_root(self, node: Any) -> bool:
+        return node is None or node.handle is None
+
+    def dfs_weight_order(self, node_handles: Sequence[Any]) -> list[int]:
+        """``BasePrefixCache.dfs_weight_order`` walks the tree's children,
+        which live in the daemon: requests sharing a last node stay
+        together, heavier groups and deeper nodes first."""
+        groups: dict = {}
+        for i, node in enumerate(node_handles):
+            groups.setdefault(node, []).append(i)
+        ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), -getattr(kv[0], "prefix_len", 0)))
+        return [i for _, idx in ordered for i in idx]
+
+    # ----- inserting -----
+
+    def insert(self, params: InsertParams) -> InsertResult:
+        """As ``RadixCache.insert``: caches ``params.key`` (whole pages) with
+        the KV indices ``params.value`` (pages this client allocated from
+        radixd); returns the prefix length already cached. radixd returns
+        the pages of an already-cached prefix to the pool itself."""
+        key = params.key
+        if self.disable or _namespaced(key):
+            return InsertResult(prefix_len=0)
+        tokens = _token_ids(key)
+        n = len(tokens) // self.page_size * self.page_size
+        if n == 0:
+            return InsertResult(prefix_len=0)
+        value = params.value
+        if value is None:
+            return self._insert_allocating(tokens[:n])
+        pages = self._value_pages(value, n)
+        r = self.backend.insert(tokens[:n], pages)
+        return InsertResult(prefix_len=r.cached, total_len=r.len)
+
+    def _insert_allocating(self, tokens: Any) -> InsertResult:
+        """``insert`` without a value (``RadixCache`` then uses the token ids
+        as values, for tests): pages for the uncached part come from radixd,
+        the cached prefix locked meanwhile so allocating cannot evict it."""
+        m = self.backend.match_prefix(tokens, lock=True)
+        try:
+            pages = list(m.pages)
+            need = len(tokens) // self.page_size - len(pages)
+            if need > 0:
+                pages.extend(self.backend.alloc(need))
+            r = self.backend.insert(tokens, pages)
+        finally:
+            if m.handle is not None:
+                self.backend.unlock(m.handle)
+        return InsertResult(prefix_len=r.cached, total_len=r.len)
+
+    def _value_pages(self, value: torch.Tensor, n: int) -> Any:
+        ps = self.page_size
+        if len(value) < n:
+            raise ValueError(f"{len(value)} KV indices for a key of {n} tokens")
+        return (value[:n:ps].to("cpu", torch.int64) // ps - 1).numpy()
+
+    def checkpoint(self, req: Any, *, up_to: int, **_: Any) -> None:
+        """As ``RadixCache.checkpoint``: inserts the request's whole pages up
+        to ``up_to``, points its row at the tree's pages, moves its lock to
+        the node the insert ended on and advances ``cache_protected_len``.
+
+        The insert takes the new lock in the same request (``lock=True``),
+        before the old one is dropped, so no other scheduler sharing the
+        daemon can evict what was just inserted in between. Pages of a prefix
+        cached by someone else meanwhile go back to radixd's pool in the
+        insert, so the free of ``[cache_protected_len, prefix_len)`` that
+        ``RadixCache`` does here is radixd's already. ``RadixCache``'s extra
+        insert at the prompt boundary (``split_prompt``, which only changes
+        topology) is not needed: radixd evicts leaves page by page from the
+        end, so output pages go before the prompt's anyway."""
+        if self.disable:
+            return
+        kv = req.kv
+        token_ids = req.full_untruncated_fill_ids[:up_to]
+        if _namespaced(req):
+            return
+        ps = self.page_size
+        n = len(token_ids) // ps * ps
+        kv.cache_inserted_len = max(kv.cache_inserted_len, n)
+        if n == 0:
+            return
+        row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
+        tokens = token_ids[:n]
+        r = self.backend.insert(tokens, self._value_pages(row[:n], n), lock=True)
+        m = self.backend.match_prefix(tokens)
+        node = RadixdNode(m.handle, m.len, m.pages, tokens)
+        new_indices = self.path_device_indices(node)
+        start = kv.cache_protected_len
+        if m.len > start:
+            self.req_to_token_pool.write((kv.req_pool_idx, slice(start, m.len)), new_indices[start:])
+        kv.cache_protected_len = m.len
+        self.unlock(req.lock)
+        req.lock = TreeLock(RadixdNode(r.handle, r.len), DecLockRefParams())
         req.last_node = node
 
+    # Names of SGLang before ``checkpoint`` (the 0.5.23 scheduler calls
+    # neither): the same work through the 0.5.23 paths.
+    def cache_unfinished_req(self, req: Any, chunked: bool = False, **_: Any) -> None:
+        """Caches what ``req`` has computed so far (chunked prefill): a
+        ``checkpoint`` up to its committed KV."""
+        self.checkpoint(req, up_to=req.kv.kv_committed_len)
 
-__all__ = ["RadixdPrefixCache"]
+    def cache_finished_req(self, req: Any, is_insert: bool = True, **_: Any) -> None:
+        """Caches a finished request (``is_insert``) and releases its row,
+        pages and lock: SGLang's ``release_kv_cache``."""
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        release_kv_cache(req, self, checkpoint=is_insert)
+
+    # ----- locks -----
+
+    def inc_lock_ref(self, node: Any) -> IncLockRefResult:
+        """As ``RadixCache.inc_lock_ref``: locks ``node`` and its ancestors;
+        ``delta`` is the change in evictable tokens."""
+        if self.disable or node is None or node.handle is None:
+            return IncLockRefResult(delta=0)
+        for _ in range(8):
+            try:
+                return IncLockRefResult(delta=self.backend._lock_delta(node.handle, True))
+            except radixd.StaleHandleError:
+                # Another scheduler sharing the daemon evicted the node between
+                # SGLang's match and its lock (one scheduler cannot: its own
+                # tree changes only under its own calls). Find the prefix
+                # again; if it is all still cached, the node becomes that one
+                # (the scheduler reads the path's indices only after locking).
+                if node.tokens is None:
+                    raise
+                m = self.backend.match_prefix(node.tokens[: node.prefix_len])
+                if m.len != node.prefix_len:
+                    raise RuntimeError(
+                        f"radixd: another scheduler evicted {node.prefix_len - m.len} tokens of a matched "
+                        "prefix before this scheduler locked it"
+                    ) from None
+                node.handle, node.pages, node._indices = m.handle, m.pages, None
+        raise RuntimeError("radixd: a matched prefix kept being evicted before it could be locked")
+
+    def dec_lock_ref(self, node: Any, params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
+        """As ``RadixCache.dec_lock_ref``: the mirror of ``inc_lock_ref``."""
+        if self.disable or node is None or node.handle is None:
+            return DecLockRefResult(delta=0)
+        return DecLockRefResult(delta=self.backend._lock_delta(node.handle, False))
+
+    # ----- eviction and sizes -----
+
+    def evict(self, params: EvictParams) -> EvictResult:
+        """Evicts at least ``params.num_tokens`` tokens, least recently used
+        unlocked leaves first. ``RadixCache`` frees whole leaves (possibly
+        more than asked); radixd trims them page by page from the end, so
+        it frees exactly the pages asked for (fewer only when fewer are
+        evictable)."""
+        n = params.num_tokens
+        if self.disable or n <= 0:
+            return EvictResult()
+        return EvictResult(num_tokens_evicted=self.backend.evict(n))
+
+    def _stat(self, key: str) -> int:
+        return self.backend.stats()[key]
+
+    def evictable_size(self) -> int:
+        """radixd's evictable tokens (every scheduler's, through a daemon)."""
+        return self._stat("evictable_tokens")
+
+    def protected_size(self) -> int:
+        return self._stat("protected_tokens")
+
+    # FULL is radixd's only component: full_* are the same figures.
+    def full_evictable_size(self) -> int:
+        return self.evictable_size()
+
+    def full_protected_size(self) -> int:
+        return self.protected_size()
+
+    def total_size(self) -> int:
+        return self._stat("total_tokens")
+
+    def supports_prefix_sharing(self) -> bool:
+        return not self.disable
+
+    def pretty_print(self) -> None:
+        """The tree lives in the daemon (``radixd stat`` shows it live): the
+        figures, as ``RadixCache.pretty_print``'s last line."""
+        s = self.backend.stats()
+        print(f"#tokens: {s['total_tokens']} ({s['nodes']} nodes, {s['free_pages']} free pages, radixd)")
+
+    # ``take_events``: BasePrefixCache's (``kv_events`` is None, so none);
+    # KV events come from the daemon itself (`radixd serve --kv-events`).
+    # ``release_session`` / ``release_radix_session`` / ``claim_kv_row`` /
+    # ``maybe_hand_to_session`` / ``on_release``: BasePrefixCache's no-ops
+    # (the factory refuses streaming and session-radix caches).
+    # ``free_kv_row``: BasePrefixCache's, through the installed allocator.
+    # ``evict_for_alloc``: BasePrefixCache's (forwards to ``evict``).
+    # ``lock`` / ``unlock``: BasePrefixCache's, over inc/dec_lock_ref.
+
+
+def _refuse(option: str, why: str) -> None:
+    raise ValueError(f"--radix-cache-backend radixd does not support {option}: {why}")
+
+
+def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
+    """SGLang's ``RadixCacheFactory`` for ``--radix-cache-backend radixd``:
+    refuses what radixd does not support, connects to the daemon named by
+    ``RADIXD_NAME`` (default ``radixd``) and builds the cache on it."""
+    params = ctx.params
+    if ctx.enable_hierarchical_cache:
+        _refuse("--enable-hierarchical-cache", "radixd keeps KV on the device only")
+    if ctx.is_hybrid_swa:
+        _refuse("hybrid sliding-window (SWA) models", "radixd caches full-attention KV only")
+    if ctx.is_hybrid_ssm:
+        _refuse("hybrid Mamba/SSM models", "radixd caches full-attention KV only")
+    if getattr(ctx, "is_dsa", False):
+        _refuse("DSA (sparse-attention) models", "radixd caches full-attention KV only")
+    if ctx.disable_radix_cache:
+        _refuse("--disable-radix-cache", "drop one of the two options")
+    if params.is_eagle:
+        _refuse("EAGLE speculative decoding (--speculative-algorithm)", "its bigram keys are not radixd's")
+    if getattr(params, "enable_session_radix_cache", False):
+        _refuse("--enable-session-radix-cache", "radixd keeps no per-session trees")
+    if params.eviction_policy.lower() != "lru":
+        _refuse(f"--radix-eviction-policy {params.eviction_policy}", "radixd evicts LRU")
+    if params.enable_kv_cache_events:
+        _refuse("--kv-events-config", "the daemon publishes KV events itself: radixd serve --kv-events ENDPOINT")
+    if getattr(params, "pp_size", 1) > 1 or getattr(params, "attn_cp_size", 1) > 1 or ctx.tp_size > 1:
+        _refuse("--tp-size/--pp-size/context parallelism above 1", "each rank would allocate its own pages")
+    serving = _serving_args(ctx)
+    if getattr(serving, "enable_streaming_session", False):
+        _refuse("--enable-streaming-session", "streaming sessions are not mapped to radixd sessions yet")
+    name = os.environ.get("RADIXD_NAME", "radixd")
+    try:
+        client = radixd.Client(name)
+    except radixd.DaemonGoneError as e:
+        num_pages = params.token_to_kv_pool_allocator.size // params.page_size
+        raise RuntimeError(
+            f"--radix-cache-backend radixd: no radixd daemon named {name!r} ({e}). Start one first: "
+            f"`radixd serve --name {name} --page-size {params.page_size} --capacity {num_pages}`, "
+            "or set RADIXD_NAME to the name of the running one"
+        ) from e
+    logger.info("radixd: connected to %r (page size %d, %d pages)", name, client.page_size, client.capacity)
+    return RadixdPrefixCache(params, client)
+
+
+def _serving_args(ctx: Any) -> Any:
+    try:
+        from sglang.srt.runtime_context import get_serving
+
+        return get_serving()
+    except Exception:  # no runtime context (tests building the cache by hand)
+        return ctx.server_args
+
+
+def register() -> None:
+    """The ``sglang.srt.plugins`` entry point: registers the ``radixd``
+    radix-cache backend (once per process; SGLang may load plugins again)."""
+    from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
+
+    if get_radix_cache_factory(BACKEND_NAME) is None:
+        register_radix_cache_backend(BACKEND_NAME, radixd_cache_factory)
+
+
+__all__ = [
+    "RadixdPrefixCache",
+    "RadixdNode",
+    "RadixdAllocatorMixin",
+    "install_allocator",
+    "radixd_cache_factory",
+    "register",
+]

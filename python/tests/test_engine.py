@@ -159,6 +159,26 @@ def test_buffer_inputs(engine, make):
     assert list(engine.match_prefix(make(TOKENS)).pages) == list(pages)
 
 
+def test_lists_of_every_int_width_read_exactly(engine):
+    # Lists are read from CPython's int layout where the start-up probe
+    # confirmed it: values of one and two 30-bit digits, bools and int
+    # subclasses (the slower path) must all read as their buffer twins.
+    class Int(int):
+        pass
+
+    wide = [0, 1, 2**30 - 1, 2**30, 2**31 + 5, 2**32 - 1, 12345, 2**29]
+    pages = engine.alloc(2)
+    engine.insert(array.array("I", wide), pages)
+    assert engine.match_prefix(wide).len == 8
+    assert engine.match_prefix(tuple(wide)).len == 8
+    assert engine.match_prefix(wide[:3] + [Int(2**30)] + wide[4:]).len == 8
+    assert engine.match_prefix([False, True] + wide[2:]).len == 8
+    for i in range(8):
+        off = list(wide)
+        off[i] ^= 1 << 30 if off[i] < 2**31 else 1
+        assert engine.match_prefix(off).len == i // 4 * 4, i
+
+
 @pytest.mark.parametrize(
     "bad",
     [

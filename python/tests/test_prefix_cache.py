@@ -267,28 +267,3 @@ def test_request_lifecycle_frees_and_caches_like_sglang():
     assert e.stats()["free_pages"] == free0 - 3
     e.validate()
 
-
-def test_sglang_adapter():
-    pytest.importorskip("sglang")
-    torch = pytest.importorskip("torch")
-    from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache, EvictParams, MatchPrefixParams
-    from sglang.srt.mem_cache.radix_cache import RadixKey
-
-    from radixd.sglang import RadixdPrefixCache
-
-    tree = RadixdPrefixCache(radixd.Engine(4, 256))
-    assert isinstance(tree, BasePrefixCache)
-    kv = tree.cache.alloc_indices(8)
-    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
-
-    tree.insert(InsertParams(key=RadixKey(list(range(8))), value=torch.as_tensor(kv)))
-    r = tree.match_prefix(MatchPrefixParams(key=RadixKey(list(range(9)))))
-    assert len(r.device_indices) == 8 and r.device_indices.dtype == torch.int64
-    if hasattr(r, "device_prefix_len"):
-        assert r.device_prefix_len == 8
-    delta = tree.inc_lock_ref(r.last_device_node)
-    assert getattr(delta, "delta", delta) == -8
-    tree.dec_lock_ref(r.last_device_node)
-    assert tree.evictable_size() == 8
-    evicted = tree.evict(EvictParams(num_tokens=8))
-    assert getattr(evicted, "num_tokens_evicted", evicted) == 8

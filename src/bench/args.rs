@@ -92,6 +92,11 @@ pub struct BenchArgs {
     /// success rate and latency are reported next to the writers'.
     #[arg(long, default_value_t = 0)]
     pub readers: u32,
+    /// Prompts (one page each) that one more client keeps locked for the
+    /// whole run, cached before the workload's prompts: long-running
+    /// requests, which eviction must not pay for.
+    #[arg(long, default_value_t = 0)]
+    pub locked: u32,
     /// With KV events on, subscribe nobody (a router runs on its own host):
     /// measures the daemon and publisher side alone.
     #[arg(long)]

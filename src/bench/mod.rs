@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::daemon::{serve, ServeConfig};
 use crate::engine::Config;
+use crate::op::{Backend, Reply, Request};
 use crate::Client;
 use stats::{merge, reader_figures};
 use table::{print_event_ratios, print_ratios, print_table};
@@ -287,7 +288,7 @@ pub fn run_once(
                     name: name.clone(),
                     page_size: args.page_size(),
                     capacity: args.capacity(),
-                    max_clients: clients + args.readers + 1,
+                    max_clients: clients + args.readers + 1 + u32::from(args.locked > 0),
                     scratch_bytes: 1 << 20,
                     busy_poll: args.busy_poll,
                     events: args.kv_events.then(|| events_config(&name)),
@@ -309,7 +310,10 @@ pub fn run_once(
                 socket.display().to_string()
             }
         };
-        let mut result = run_workers(args, transport, clients, &target, exe);
+        // The holder (if any) lets go before the daemon is stopped, and a
+        // refused hold stops the daemon like any other failure.
+        let mut result = hold_locked(args, transport, &target, config)
+            .and_then(|_held| run_workers(args, transport, clients, &target, exe));
         if let Ok(report) = result.as_mut() {
             report.kv_events_on = args.kv_events;
         }
@@ -393,6 +397,43 @@ fn consume(
             crate::events::EventsError::NotBuilt.to_string(),
         ))
     }
+}
+
+/// `--locked`: a client of `target` that caches `args.locked` one-page
+/// prompts, locked, and holds them until it is dropped.
+fn hold_locked(
+    args: &BenchArgs,
+    transport: Transport,
+    target: &str,
+    config: Config,
+) -> Result<Option<Box<dyn Backend>>, BenchError> {
+    if args.locked == 0 {
+        return Ok(None);
+    }
+    let mut holder: Box<dyn Backend> = match transport {
+        Transport::Shm => {
+            Box::new(Client::connect(target).map_err(|e| BenchError::Server(e.to_string()))?)
+        }
+        Transport::Uds => Box::new(UdsClient::connect(Path::new(target), config)?),
+    };
+    let refused = |e: crate::op::Rejection| BenchError::Server(format!("--locked: {e}"));
+    for i in 0..args.locked {
+        // Tokens no workload prompt starts with.
+        let tokens = vec![u32::MAX - i; config.page_size as usize];
+        let Reply::Pages(pages) = holder.call(Request::Alloc { n: 1 }).map_err(refused)? else {
+            return Err(BenchError::Server(
+                "--locked: alloc answered no pages".into(),
+            ));
+        };
+        holder
+            .call(Request::Insert {
+                tokens,
+                pages,
+                lock: true,
+            })
+            .map_err(refused)?;
+    }
+    Ok(Some(holder))
 }
 
 fn wait_for_daemon(name: &str) -> Result<(), BenchError> {

@@ -1,42 +1,72 @@
 //! The LRU order: when each node was last used, and the nodes eviction may
-//! take now (unlocked leaves) in a binary min-heap by that.
+//! take now (unlocked leaves), ordered by that.
 //!
 //! Eviction never walks past a node it cannot take. A locked node or an
-//! inner node is not in the heap at all; it enters when it becomes an
-//! unlocked leaf again (on unlock, or when its last child goes), at the
+//! inner node is not among the candidates at all; it rejoins when it becomes
+//! an unlocked leaf again (on unlock, or when its last child goes), at the
 //! place its last use gives it, which is where SGLang's order (last access)
-//! puts it. So evicting M leaves costs O(M log L) for L unlocked leaves,
-//! however many nodes are locked or inner.
+//! puts it. So eviction costs what it evicts, however many nodes are locked
+//! or inner.
 //!
-//! Last use is a stamp from a counter. A touch stamps the path from the node
-//! up to the root, the node first, so the root side is newest (seed 000's
-//! root-MRU chains): within a chain the leaf is the oldest, and when its
-//! eviction leaves the parent a leaf, the parent is usually the next victim,
-//! which the heap takes in O(1) (`replace_oldest`). A split's upper half
-//! takes the stamp of the node it is cut from; equal stamps therefore only
-//! ever lie along one path (the ancestor counts as newer), and at most one
-//! node of a path is a leaf, so no two nodes in the heap tie.
+//! Last use is a stamp from a counter, so no two nodes tie. A touch stamps
+//! the path from the node up to the root, the node first, so the root side
+//! is newest (seed 000's root-MRU chains): within a chain the leaf is the
+//! oldest, and when its eviction leaves the parent a leaf, the parent is the
+//! next victim. Only leaves compete, so among the nodes of one path only
+//! the order against other paths matters, and that is SGLang's: a node is
+//! as new as the last match or insert that went through it, and a split
+//! uses both halves (see `Arena::settle`).
 //!
-//! The order is the writer's private memory (readers never need it): 8
-//! bytes of stamp and 4 of heap position per node slot, committed by the
+//! Candidates live in two places. Most arrive newest of all (a new leaf, a
+//! touched one): they join the end of a list, which stays in stamp order at
+//! O(1) a step. The others arrive out of order (unlocked long after their
+//! last use, a parent its last child left): they go to a 4-ary min-heap.
+//! The oldest candidate is the older of the list's head and the heap's top,
+//! so seed 000's resumable scan is the list's head moving on, with the heap
+//! for what a list cannot place.
+//!
+//! The order is the writer's private memory (readers never need it): 20
+//! bytes per node slot (stamp, position, list links), committed by the
 //! operating system as slots are first used.
 
 use super::arena::Arena;
-use super::layout::{NODE_LIVE, ROOT};
+use super::layout::{NIL, NODE_LIVE, ROOT};
 use super::region::Region;
 
-/// Last uses and the heap of unlocked leaves.
+/// Last uses and the candidates: a list in stamp order and a heap.
 #[derive(Debug)]
 pub(crate) struct Lru {
     /// The last stamp handed out.
     clock: u64,
     /// Each node slot's last use.
     stamps: Vec<u64>,
-    /// Each node slot's index in `heap`, plus one (0: not in the heap).
+    /// Where each node slot is: [`NOWHERE`], [`LISTED`], or its index in
+    /// `heap` plus one.
     slot: Vec<u32>,
-    /// Unlocked leaves, oldest at 0.
-    heap: Vec<u32>,
+    /// List neighbours `[older, newer]` of each listed node.
+    links: Vec<[u32; 2]>,
+    /// The list's ends (`NIL` when empty).
+    head: u32,
+    tail: u32,
+    /// Out-of-order candidates with their stamps, a 4-ary min-heap: oldest
+    /// at 0, the children of `i` at `4i + 1 ..= 4i + 4`.
+    heap: Vec<Entry>,
 }
+
+/// A heap entry: a node and its stamp, kept together so that a sift
+/// compares neighbouring memory, not stamps scattered by node index.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    stamp: u64,
+    node: u32,
+}
+
+/// Children per heap node.
+const ARITY: usize = 4;
+/// `Lru::slot` of a node that is not a candidate.
+const NOWHERE: u32 = 0;
+/// `Lru::slot` of a node in the list.
+const LISTED: u32 = u32::MAX;
 
 impl Lru {
     /// An empty order for `nodes` node slots.
@@ -44,7 +74,10 @@ impl Lru {
         Self {
             clock: 0,
             stamps: vec![0; nodes as usize],
-            slot: vec![0; nodes as usize],
+            slot: vec![NOWHERE; nodes as usize],
+            links: vec![[NIL; 2]; nodes as usize],
+            head: NIL,
+            tail: NIL,
             heap: Vec::new(),
         }
     }
@@ -52,27 +85,28 @@ impl Lru {
     /// Forgets every candidate (the region was formatted). Stamps stay:
     /// each node is stamped again before it matters.
     pub fn clear(&mut self) {
-        for &node in &self.heap {
-            self.slot[node as usize] = 0;
+        while self.head != NIL {
+            let node = self.head;
+            self.unlist(node);
+        }
+        for e in &self.heap {
+            self.slot[e.node as usize] = NOWHERE;
         }
         self.heap.clear();
     }
 
-    /// Marks `node` as used just now: newer than every node before.
+    /// Marks `node` as used just now: newer than every node before (a
+    /// candidate moves to the list's end).
     pub fn stamp(&mut self, node: u32) {
+        let candidate = self.contains(node);
+        if candidate {
+            self.remove(node);
+        }
         self.clock += 1;
         self.stamps[node as usize] = self.clock;
-        if let Some(at) = self.position(node) {
-            // Its key only grew.
-            self.sift_down(at);
+        if candidate {
+            self.insert(node);
         }
-    }
-
-    /// Gives `node` the stamp of `from` (a split's upper half, which is
-    /// not a leaf and so not in the heap).
-    pub fn copy_stamp(&mut self, node: u32, from: u32) {
-        debug_assert!(self.position(node).is_none());
-        self.stamps[node as usize] = self.stamps[from as usize];
     }
 
     /// `node`'s last use.
@@ -80,122 +114,143 @@ impl Lru {
         self.stamps[node as usize]
     }
 
-    fn position(&self, node: u32) -> Option<usize> {
-        match self.slot[node as usize] {
-            0 => None,
-            at => Some(at as usize - 1),
+    /// Whether `node` is a candidate.
+    pub fn contains(&self, node: u32) -> bool {
+        self.slot[node as usize] != NOWHERE
+    }
+
+    /// The least recently used candidate.
+    pub fn oldest(&self) -> Option<u32> {
+        match (self.head, self.heap.first()) {
+            (NIL, None) => None,
+            (NIL, Some(top)) => Some(top.node),
+            (head, Some(top)) if top.stamp < self.stamps[head as usize] => Some(top.node),
+            (head, _) => Some(head),
         }
     }
 
-    /// Whether `node` is in the heap.
-    pub fn contains(&self, node: u32) -> bool {
-        self.slot[node as usize] != 0
+    /// The list's nodes, oldest first, for the invariant checker.
+    pub fn listed(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut at = self.head;
+        while at != NIL && out.len() < self.links.len() {
+            out.push(at);
+            at = self.links[at as usize][1];
+        }
+        out
     }
 
-    /// The least recently used unlocked leaf.
-    pub fn oldest(&self) -> Option<u32> {
-        self.heap.first().copied()
+    /// The heap's nodes and keys in heap order, for the invariant checker.
+    pub fn heaped(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.heap.iter().map(|e| (e.node, e.stamp))
     }
 
-    /// The heap, for the invariant checker.
-    pub fn candidates(&self) -> &[u32] {
-        &self.heap
+    /// The heap index of the parent of heap index `at` (> 0).
+    pub fn parent_of(at: usize) -> usize {
+        (at - 1) / ARITY
     }
 
-    /// Adds `node` (not in the heap).
+    /// Adds `node` (not a candidate): to the list if it is newer than all
+    /// listed, else to the heap.
     pub fn insert(&mut self, node: u32) {
         debug_assert!(!self.contains(node));
-        self.heap.push(node);
+        let stamp = self.stamps[node as usize];
+        if self.tail == NIL || stamp > self.stamps[self.tail as usize] {
+            self.links[node as usize] = [self.tail, NIL];
+            match self.tail {
+                NIL => self.head = node,
+                tail => self.links[tail as usize][1] = node,
+            }
+            self.tail = node;
+            self.slot[node as usize] = LISTED;
+            return;
+        }
+        let e = Entry { stamp, node };
+        self.heap.push(e);
         let at = self.heap.len() - 1;
-        self.place(at, node);
-        self.sift_up(at);
+        self.sift_up(at, e);
     }
 
-    /// Takes `node` out of the heap, if it is there.
+    /// Takes `node` out of the candidates, if it is one.
     pub fn remove(&mut self, node: u32) {
-        let Some(at) = self.position(node) else {
-            return;
-        };
-        self.slot[node as usize] = 0;
+        match self.slot[node as usize] {
+            NOWHERE => {}
+            LISTED => self.unlist(node),
+            at => self.unheap(at as usize - 1),
+        }
+    }
+
+    fn unlist(&mut self, node: u32) {
+        let [older, newer] = self.links[node as usize];
+        match older {
+            NIL => self.head = newer,
+            o => self.links[o as usize][1] = newer,
+        }
+        match newer {
+            NIL => self.tail = older,
+            n => self.links[n as usize][0] = older,
+        }
+        self.links[node as usize] = [NIL; 2];
+        self.slot[node as usize] = NOWHERE;
+    }
+
+    fn unheap(&mut self, at: usize) {
+        let node = self.heap[at].node;
+        self.slot[node as usize] = NOWHERE;
         let last = self.heap.pop();
         if let Some(last) = last.filter(|_| at < self.heap.len()) {
-            self.place(at, last);
-            if !self.sift_up(at) {
+            if !self.sift_up(at, last) {
                 self.sift_down(at);
             }
         }
     }
 
-    /// Takes out the oldest node and puts `node` (not in the heap) in its
-    /// place: one sift instead of a pop and a push, and none at all when
-    /// `node` is the next oldest (a cascade up a root-MRU chain).
-    pub fn replace_oldest(&mut self, node: u32) {
-        let Some(&old) = self.heap.first() else {
-            return self.insert(node);
-        };
-        self.slot[old as usize] = 0;
-        self.place(0, node);
-        self.sift_down(0);
-    }
-
-    /// Takes out the oldest node.
-    pub fn pop_oldest(&mut self) {
-        if let Some(&old) = self.heap.first() {
-            self.remove(old);
-        }
-    }
-
     #[inline]
-    fn older(&self, a: u32, b: u32) -> bool {
-        self.stamps[a as usize] < self.stamps[b as usize]
+    fn place(&mut self, at: usize, e: Entry) {
+        self.heap[at] = e;
+        self.slot[e.node as usize] = at as u32 + 1;
     }
 
-    #[inline]
-    fn place(&mut self, at: usize, node: u32) {
-        self.heap[at] = node;
-        self.slot[node as usize] = at as u32 + 1;
-    }
-
-    /// Moves the node at `at` up while it is older than its parent; whether
-    /// it moved.
-    fn sift_up(&mut self, mut at: usize) -> bool {
-        let node = self.heap[at];
+    /// Puts `e` at `at` and moves it up while it is older than its parent;
+    /// whether it moved.
+    fn sift_up(&mut self, mut at: usize, e: Entry) -> bool {
         let start = at;
         while at > 0 {
-            let up = (at - 1) / 2;
+            let up = Self::parent_of(at);
             let parent = self.heap[up];
-            if !self.older(node, parent) {
+            if e.stamp >= parent.stamp {
                 break;
             }
             self.place(at, parent);
             at = up;
         }
-        self.place(at, node);
+        self.place(at, e);
         at != start
     }
 
-    /// Moves the node at `at` down while a child is older.
+    /// Moves the entry at `at` down while a child is older.
     fn sift_down(&mut self, mut at: usize) {
-        let node = self.heap[at];
+        let e = self.heap[at];
         let len = self.heap.len();
         loop {
-            let left = 2 * at + 1;
-            if left >= len {
+            let first = ARITY * at + 1;
+            if first >= len {
                 break;
             }
-            let right = left + 1;
-            let child = if right < len && self.older(self.heap[right], self.heap[left]) {
-                right
-            } else {
-                left
-            };
-            if !self.older(self.heap[child], node) {
+            let end = (first + ARITY).min(len);
+            let mut child = first;
+            for c in first + 1..end {
+                if self.heap[c].stamp < self.heap[child].stamp {
+                    child = c;
+                }
+            }
+            if self.heap[child].stamp >= e.stamp {
                 break;
             }
             self.place(at, self.heap[child]);
             at = child;
         }
-        self.place(at, node);
+        self.place(at, e);
     }
 }
 

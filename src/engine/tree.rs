@@ -134,10 +134,19 @@ impl<R: Region> Arena<R> {
 
     /// The node whose path from the root is exactly what `walk` matched,
     /// splitting the partially matched child if there is one.
+    ///
+    /// A split counts as a use of both halves, the lower one older: SGLang
+    /// touches the node it is about to split, and the upper node it makes
+    /// is newer still. The caller then touches the path as usual.
     pub fn settle(&mut self, walk: Walk) -> u32 {
         match walk.partial {
             None => walk.node,
-            Some((child, at, upper)) => self.split(child, at, upper),
+            Some((child, at, upper)) => {
+                let m = self.split(child, at, upper);
+                self.lru.stamp(child);
+                self.lru.stamp(m);
+                m
+            }
         }
     }
 
@@ -182,9 +191,6 @@ impl<R: Region> Arena<R> {
             }
             a.table_insert_unversioned(child);
         });
-        // Directly newer than the lower half, older than all else: its
-        // stamp, the ancestor counting as newer (see `lru`).
-        self.lru.copy_stamp(m, child);
         m
     }
 
@@ -307,10 +313,10 @@ impl<R: Region> Arena<R> {
     /// Frees up to `want` pages, least recently used unlocked leaf first,
     /// each trimmed from its end page by page. Returns the pages freed.
     ///
-    /// The victims come from the heap of unlocked leaves (`lru`), so no
-    /// locked or inner node is ever visited; a parent that a victim leaves
-    /// an unlocked leaf joins the heap at its place (under root-MRU chains
-    /// usually as the next victim, at no cost).
+    /// The victims are the oldest candidates of `lru` (unlocked leaves), so
+    /// no locked or inner node is ever visited; a parent that a victim
+    /// leaves an unlocked leaf joins them at its place (under root-MRU
+    /// chains, as the next victim).
     pub fn evict_pages(&mut self, want: u64) -> u64 {
         let (mut freed, mut visited) = (0, 0);
         while freed < want {
@@ -342,11 +348,10 @@ impl<R: Region> Arena<R> {
             self.record(|_| CacheEvent::Removed { pages: gone });
             freed += take;
             if whole {
-                if self.evictable(n.parent) {
-                    self.lru.replace_oldest(n.parent);
-                } else {
-                    self.lru.pop_oldest();
-                }
+                self.lru.remove(victim);
+                // Usually the next victim: its stamp is the next after its
+                // last child's under root-MRU chains.
+                self.refile(n.parent);
             }
         }
         let h = self.hdr_mut();

@@ -253,26 +253,46 @@ impl<R: Region> Engine<R> {
                 );
             }
         }
-        let heap = lru.candidates();
-        for (at, &node) in heap.iter().enumerate() {
-            ensure!((node as usize) < nodes.len(), "LRU heap holds node {node}");
+        let listed = lru.listed();
+        let heap: Vec<(u32, u64)> = lru.heaped().collect();
+        for pair in listed.windows(2) {
             ensure!(
-                a.evictable(node),
-                "LRU heap holds node {node}, not an unlocked leaf"
+                lru.stamp_of(pair[0]) < lru.stamp_of(pair[1]),
+                "LRU list out of order at node {}",
+                pair[1]
             );
-            ensure!(lru.contains(node), "LRU heap position of {node} lost");
+        }
+        for (at, &(node, stamp)) in heap.iter().enumerate() {
+            ensure!(
+                stamp == lru.stamp_of(node),
+                "LRU heap key of node {node} is stale"
+            );
             if at > 0 {
-                let up = heap[(at - 1) / 2];
+                let (up, up_stamp) = heap[super::lru::Lru::parent_of(at)];
                 ensure!(
-                    lru.stamp_of(up) < lru.stamp_of(node),
-                    "LRU heap order broken at node {node}"
+                    up_stamp < stamp,
+                    "LRU heap order broken at node {node} (under {up})"
                 );
             }
         }
+        let candidates: Vec<u32> = listed
+            .iter()
+            .copied()
+            .chain(heap.iter().map(|&(node, _)| node))
+            .collect();
+        for &node in &candidates {
+            ensure!((node as usize) < nodes.len(), "LRU holds node {node}");
+            ensure!(
+                a.evictable(node),
+                "LRU holds node {node}, not an unlocked leaf"
+            );
+            ensure!(lru.contains(node), "LRU position of {node} lost");
+        }
+        let heap = candidates;
         let leaves = (0..nodes.len() as u32).filter(|&i| a.evictable(i)).count();
         ensure!(
             leaves == heap.len(),
-            "{leaves} unlocked leaves, {} in the LRU heap",
+            "{leaves} unlocked leaves, {} LRU candidates",
             heap.len()
         );
         Ok(())

@@ -1,0 +1,184 @@
+"""SGLang 0.5.23's caches against radixd's backend, in one run (medians of
+rounds, µs per call). Run in the environment scripts/test-sglang builds:
+
+    target/sglang-venv/bin/python python/bench/sglang_match.py
+
+1. match of a cached 4,096-token prompt, the key a ``RadixKey`` over a Python
+   list and over ``array('q')`` (what SGLang's ``Req`` holds): SGLang's
+   pure-Python ``RadixCache``, its Rust tree core (``UnifiedRadixCache``,
+   ``tree_core_backend="rust"``, FULL only), ``RadixdPrefixCache`` (in-process
+   engine) and ``radixd.Engine.match_prefix`` alone; page sizes 1 and 16.
+   With ``RADIXD_BIN`` (a release ``radixd``), also through a daemon it starts.
+2. a scheduler step through SGLang's own functions (match + lock + alloc +
+   checkpoint insert + release) for a 1K-token prompt with a 512-token cached
+   prefix: ``RadixCache`` against ``RadixdPrefixCache``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+import warnings
+from array import array
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests_sglang"))
+
+import radixd  # noqa: E402
+from radixd.sglang import RadixdPrefixCache  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams  # noqa: E402
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
+from sim import Sim, params, publish_runtime  # noqa: E402
+
+ROUNDS, CALLS = 7, 300
+
+
+def per_call(f, calls=CALLS) -> float:
+    t = time.perf_counter()
+    for _ in range(calls):
+        f()
+    return (time.perf_counter() - t) / calls * 1e6
+
+
+def median_of(fs: dict) -> dict:
+    """Each function's median over ROUNDS rounds, the functions alternating."""
+    runs = {k: [] for k in fs}
+    for _ in range(ROUNDS):
+        for k, f in fs.items():
+            runs[k].append(per_call(f))
+    return {k: statistics.median(v) for k, v in runs.items()}
+
+
+class Daemon:
+    """A ``radixd serve`` of ``RADIXD_BIN`` for the run, or none."""
+
+    def __init__(self, ps: int, pages: int):
+        self.proc = None
+        binary = os.environ.get("RADIXD_BIN")
+        if not binary:
+            return
+        self.name = f"radixd-bench-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.proc = subprocess.Popen(
+            [binary, "serve", "--name", self.name, "--page-size", str(ps), "--capacity", str(pages)],
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(500):
+            try:
+                self.client = radixd.Client(self.name)
+                return
+            except radixd.RadixdError:
+                time.sleep(0.01)
+        raise RuntimeError("the daemon did not come up")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.client.close()
+            self.proc.terminate()
+            self.proc.wait()
+
+
+def rust_core(p):
+    try:
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        p.tree_components = (ComponentType.FULL,)
+        p.tree_core_backend = "rust"
+        return UnifiedRadixCache(p)
+    except Exception as e:  # not every build ships the Rust core
+        print(f"  (SGLang's Rust tree core unavailable: {type(e).__name__}: {e})")
+        return None
+
+
+def match_bench(ps: int) -> None:
+    n = 4096
+    pages = n // ps + 8
+    tokens = [(i * 7919) % 32000 for i in range(n)]
+    caches = {}
+    pa = params(ps, pages)
+    caches["SGLang RadixCache (Python)"] = RadixCache(pa)
+    rc = rust_core(params(ps, pages))
+    if rc is not None:
+        caches["SGLang Rust tree core"] = rc
+    pb = params(ps, pages)
+    caches["RadixdPrefixCache (engine)"] = RadixdPrefixCache(pb, radixd.Engine(ps, pages))
+    daemon = Daemon(ps, pages)
+    if daemon.proc is not None:
+        caches["RadixdPrefixCache (daemon)"] = RadixdPrefixCache(params(ps, pages), daemon.client)
+    # SGLang's RadixKey compares keys of one type only: a tree for list keys.
+    pl = params(ps, pages)
+    py_list = RadixCache(pl)
+    for name, c in [*caches.items(), ("list", py_list)]:
+        kv = c.token_to_kv_pool_allocator.alloc(n)
+        key = list(tokens) if c is py_list else array("q", tokens)
+        c.insert(InsertParams(key=RadixKey(key), value=kv))
+    engine = caches["RadixdPrefixCache (engine)"].backend
+    as_list = MatchPrefixParams(key=RadixKey(list(tokens)))
+    as_array = MatchPrefixParams(key=RadixKey(array("q", tokens)))
+    fs = {}
+    for name, c in caches.items():
+        if "Rust" not in name:  # the Rust core reads array('q') keys only
+            target = py_list if "Python" in name else c
+            fs[f"{name}, list"] = lambda c=target: c.match_prefix(as_list)
+        fs[f"{name}, array('q')"] = lambda c=c: c.match_prefix(as_array)
+    fs["radixd.Engine.match_prefix, list"] = lambda: engine.match_prefix(tokens)
+    for name, c in caches.items():
+        got = c.match_prefix(as_array).device_prefix_len
+        assert got == n, (name, got)
+    print(f"match of a cached {n}-token prompt, page size {ps} (median µs per call):")
+    for k, v in median_of(fs).items():
+        print(f"  {k:52s} {v:8.1f}")
+    daemon.stop()
+
+
+def step_bench(ps: int) -> None:
+    n, cached = 1024, 512
+    pages = 4 * n // ps
+    shared = list(range(100, 100 + cached))
+    sims = {}
+    for name in ("SGLang RadixCache", "RadixdPrefixCache (engine)"):
+        p = params(ps, pages, context=2 * n)
+        cache = RadixCache(p) if name.startswith("SGLang") else RadixdPrefixCache(p, radixd.Engine(ps, pages))
+        sims[name] = Sim(cache, p)
+    count = [0]
+
+    def step(sim):
+        # One request: arrives (match + lock), its 512 new tokens allocated,
+        # inserted at the end of prefill (checkpoint), then released; the
+        # cached suffix is evicted again so every step sees the same tree.
+        count[0] += 1
+        rid = f"s{count[0]}"
+        prompt = shared + [count[0] % 30000 + 40000 + i for i in range(n - cached)]
+        sim.arrive(rid, prompt)
+        sim.extend(rid, n - sim.running[rid].kv.kv_committed_len)
+        sim.checkpoint(rid)
+        sim.finish(rid)
+        sim.cache.evict(__import__("sglang.srt.mem_cache.base_prefix_cache", fromlist=["E"]).EvictParams(n - cached))
+
+    for sim in sims.values():
+        sim.arrive("seed", shared)  # the cached 512-token prefix
+        sim.extend("seed", cached)
+        sim.finish("seed")
+        step(sim)
+        assert sim.cache.total_size() == cached, sim.cache.total_size()
+    runs = {k: [] for k in sims}
+    for _ in range(ROUNDS):
+        for k, sim in sims.items():
+            runs[k].append(per_call(lambda sim=sim: step(sim), 100))
+    print(f"scheduler step, {n}-token prompt, {cached} cached, page size {ps} (median µs per step):")
+    for k, v in runs.items():
+        print(f"  {k:52s} {statistics.median(v):8.1f}")
+
+
+if __name__ == "__main__":
+    publish_runtime()
+    for ps in (1, 16):
+        match_bench(ps)
+    for ps in (1, 16):
+        step_bench(ps)

@@ -1,0 +1,293 @@
+"""A scheduler-like driver over SGLang 0.5.23's own objects: ``Req``,
+``ReqToTokenPool``, its token-to-KV allocators and the functions its
+scheduler calls (``match_kv_cache``, ``alloc_token_slots``,
+``alloc_paged_token_slots_extend``, ``BasePrefixCache.checkpoint`` as
+``checkpoint_kv_cache`` calls it, ``release_kv_cache``). One ``Sim`` drives
+one tree cache; ``Twin`` drives SGLang's ``RadixCache`` and radixd's
+``RadixdPrefixCache`` with the same random decisions and compares every
+answer."""
+
+from __future__ import annotations
+
+import random
+from array import array
+from typing import Any, Optional
+
+import torch
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.mem_cache.allocation import alloc_paged_token_slots_extend, alloc_token_slots
+from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.common import match_kv_cache, release_kv_cache
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+from sglang.srt.mem_cache.registry import TreeCacheBuildContext, get_radix_cache_factory
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+MAX_CONTEXT = 512
+
+
+def publish_runtime() -> None:
+    """SGLang's functions read process-wide config (``get_serving()``, ...):
+    publish the defaults of a scheduler with ``--radix-cache-backend radixd``."""
+    from sglang.srt import runtime_context
+    from sglang.srt.server_args import ServerArgs
+
+    runtime_context.publish(ServerArgs(model_path="dummy", radix_cache_backend="radixd"), role="scheduler")
+
+
+def params(page_size: int, pages: int, rows: int = 64, context: int = MAX_CONTEXT) -> CacheInitParams:
+    """SGLang's pools for one scheduler: ``pages`` KV pages, ``rows`` request
+    rows of ``context`` tokens."""
+    pool = ReqToTokenPool(rows, context, "cpu", False)
+    if page_size == 1:
+        alloc = TokenToKVPoolAllocator(pages, torch.float16, "cpu", None, False)
+    else:
+        alloc = PagedTokenToKVPoolAllocator(pages * page_size, page_size, torch.float16, "cpu", None, False)
+    return CacheInitParams(disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=alloc, page_size=page_size)
+
+
+def build_context(p: CacheInitParams) -> TreeCacheBuildContext:
+    return TreeCacheBuildContext(
+        server_args=None,
+        params=p,
+        is_hybrid_swa=False,
+        is_hybrid_ssm=False,
+        enable_hierarchical_cache=False,
+        disable_radix_cache=False,
+        tp_worker=None,
+        model_config=None,
+        tp_size=1,
+        tp_rank=0,
+        tp_group=None,
+    )
+
+
+def radixd_cache(p: CacheInitParams) -> Any:
+    """``RadixdPrefixCache`` built the way SGLang builds it: the factory
+    registered under ``radixd`` in SGLang's registry (by the plugin)."""
+    factory = get_radix_cache_factory("radixd")
+    assert factory is not None, "the radixd plugin did not register its backend"
+    return factory(build_context(p))
+
+
+class Sim:
+    """One scheduler's state around one tree cache."""
+
+    def __init__(self, cache: Any, p: CacheInitParams, kv_file: Optional[str] = None):
+        self.cache = cache
+        self.pool = p.req_to_token_pool
+        self.alloc = cache.token_to_kv_pool_allocator
+        self.ps = p.page_size
+        self.running: dict[str, Req] = {}
+        # What each KV slot holds: the token whose KV a request computed
+        # into it. A matched prefix must read back its own tokens, or the
+        # cache handed out slots of other tokens (or reused live ones).
+        # With ``kv_file`` the table is a file every scheduler process maps
+        # (the stand-in for the KV pool they share on one GPU).
+        slots = (self.alloc.size // self.ps + 1) * self.ps
+        if kv_file is None:
+            self.kv = torch.full((slots,), -1, dtype=torch.int64)
+        else:
+            self.kv = torch.from_file(kv_file, shared=True, size=slots, dtype=torch.int64)
+
+    # ----- what the scheduler does -----
+
+    def arrive(self, rid: str, tokens: array) -> int:
+        req = Req(rid, "", array("q", tokens), SamplingParams(max_new_tokens=64))
+        req.refresh_fill_ids()
+        match_kv_cache(req, self.cache)
+        req.lock = self.cache.lock(req.last_node)
+        if self.pool.alloc([req]) is None:
+            raise RuntimeError("no request row")
+        n = req.prefix_len
+        if n:
+            prefix = self.cache.prefix_device_indices(req)
+            self.pool.write((req.kv.req_pool_idx, slice(0, n)), prefix)
+            self.check_kv(req, n)
+        req.kv.cache_protected_len = n
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = n
+        self.running[rid] = req
+        return n
+
+    def demand(self, rid: str, n: int) -> int:
+        """Tokens the allocation of ``n`` more tokens evicts for (SGLang's
+        conservative count for paged allocation)."""
+        return n if self.ps == 1 else n + self.ps
+
+    def extend(self, rid: str, n: int, new_tokens: Optional[list] = None) -> bool:
+        """Allocates KV for ``n`` more tokens of ``rid`` (past the prompt:
+        ``new_tokens`` are its outputs); False when the pool cannot."""
+        req = self.running[rid]
+        start = req.kv.kv_committed_len
+        end = start + n
+        if self.alloc.available_size() < self.demand(rid, n):
+            return False
+        if self.ps == 1:
+            out = alloc_token_slots(self.cache, n)
+        else:
+            row = self.pool.req_to_token[req.kv.req_pool_idx]
+            last = row[start - 1 : start].to(torch.int64) if start else torch.full((1,), -1)
+            out = alloc_paged_token_slots_extend(
+                tree_cache=self.cache,
+                prefix_lens=torch.tensor([start]),
+                prefix_lens_cpu=torch.tensor([start]),
+                seq_lens=torch.tensor([end]),
+                seq_lens_cpu=torch.tensor([end]),
+                last_loc=last,
+                extend_num_tokens=n,
+            )
+        self.pool.write((req.kv.req_pool_idx, slice(start, end)), out)
+        if new_tokens:
+            req.output_ids.extend(new_tokens)
+            req.refresh_fill_ids()
+        self.kv[out] = torch.tensor(req.full_untruncated_fill_ids[start:end], dtype=torch.int64)
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = end
+        return True
+
+    def checkpoint(self, rid: str) -> int:
+        """A chunk ends: as ``checkpoint_kv_cache``."""
+        req = self.running[rid]
+        self.cache.checkpoint(req, up_to=req.kv.kv_committed_len)
+        req.prefix_len = req.kv.kv_committed_len
+        self.check_kv(req, req.kv.kv_committed_len)
+        return req.kv.cache_protected_len
+
+    def check_kv(self, req: Req, n: int) -> None:
+        row = self.pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
+        want = torch.tensor(req.full_untruncated_fill_ids[:n], dtype=torch.int64)
+        assert torch.equal(self.kv[row], want), f"{req.rid}: its row's KV slots hold other tokens"
+
+    def finish(self, rid: str, abort: bool = False) -> None:
+        req = self.running.pop(rid)
+        release_kv_cache(req, self.cache, checkpoint=not abort)
+
+    def evict(self, n: int) -> int:
+        return self.cache.evict(EvictParams(num_tokens=n)).num_tokens_evicted
+
+    def peek(self, tokens: array) -> int:
+        return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens)))).device_prefix_len
+
+    def sizes(self) -> tuple:
+        c = self.cache
+        return (c.evictable_size(), c.protected_size(), c.total_size(), self.alloc.available_size())
+
+
+class Workload:
+    """Random prompts sharing prefixes: a few system prompts, cut at random
+    points, followed by tokens of a small vocabulary (so suffixes collide)."""
+
+    def __init__(self, rng: random.Random, page_size: int):
+        self.rng = rng
+        lengths = [rng.randrange(1, 6 * page_size + 8) for _ in range(5)]
+        self.systems = [[rng.randrange(1000) for _ in range(n)] for n in lengths]
+
+    def prompt(self) -> list:
+        r = self.rng
+        base = r.choice(self.systems)
+        cut = r.randrange(0, len(base) + 1)
+        return base[:cut] + [r.randrange(8) for _ in range(r.randrange(1, 40))]
+
+
+class Twin:
+    """SGLang's ``RadixCache`` (a) and ``RadixdPrefixCache`` (b) under the same
+    random operations; every answer is compared (``ops`` counts them)."""
+
+    def __init__(self, page_size: int, pages: int, backend_cache: Any, seed: int, lru: bool = False):
+        # lru: evictions free part of the evictable tokens, so the two
+        # caches must agree on which leaves are least recently used; else
+        # every eviction frees all that is evictable (order-free).
+        self.lru = lru
+        self.rng = random.Random(seed)
+        self.ps = page_size
+        pa = params(page_size, pages)
+        self.a = Sim(RadixCache(pa), pa)
+        pb = params(page_size, pages)
+        self.b = Sim(backend_cache(pb), pb)
+        self.work = Workload(self.rng, page_size)
+        self.prompts: dict[str, list] = {}
+        self.next_rid = 0
+        self.ops = 0
+        self.evictions = 0
+        self.hits = 0
+
+    def same(self, what: str, x: Any, y: Any) -> None:
+        assert x == y, f"op {self.ops}: {what}: SGLang {x!r}, radixd {y!r}"
+
+    def check_sizes(self, what: str) -> None:
+        self.same(f"{what}: (evictable, protected, total, available)", self.a.sizes(), self.b.sizes())
+
+    def make_room(self, need: int) -> bool:
+        """Eviction under pressure: SGLang's RadixCache evicts whole leaves
+        (possibly more than asked); radixd is asked for exactly what SGLang
+        freed, and must free exactly that, in the same LRU order, or the
+        next answers differ."""
+        short = need - self.a.alloc.available_size()
+        if short <= 0:
+            return True
+        freed = self.a.evict(short if self.lru else self.a.cache.evictable_size())
+        self.same("tokens evicted", freed, self.b.evict(freed))
+        self.evictions += 1
+        return self.a.alloc.available_size() >= need
+
+    def step(self) -> None:
+        r = self.rng
+        running = sorted(self.a.running)
+        roll = r.random()
+        self.ops += 1
+        if roll < 0.2 and len(running) < 12:
+            rid = f"r{self.next_rid}"
+            self.next_rid += 1
+            prompt = self.work.prompt()
+            self.prompts[rid] = prompt
+            hit = self.a.arrive(rid, prompt)
+            self.same("match on arrival", hit, self.b.arrive(rid, prompt))
+            self.hits += hit > 0
+        elif roll < 0.6 and running:
+            rid = r.choice(running)
+            req = self.a.running[rid]
+            done = req.kv.kv_committed_len
+            prompt = self.prompts[rid]
+            if done < len(prompt):
+                n = min(len(prompt) - done, r.randrange(1, 3 * self.ps + 3))
+                outputs = None
+            else:
+                n, outputs = 1, [r.randrange(8)]
+            if done + n >= MAX_CONTEXT - 1:
+                return
+            if not self.make_room(self.a.demand(rid, n)):
+                return
+            ok = self.a.extend(rid, n, outputs)
+            self.same("allocation", ok, self.b.extend(rid, n, outputs))
+            if ok and (outputs is None or r.random() < 0.3):
+                self.same("checkpoint: cache_protected_len", self.a.checkpoint(rid), self.b.checkpoint(rid))
+        elif roll < 0.75 and running:
+            rid = r.choice(running)
+            if self.a.running[rid].kv.kv_allocated_len == 0:
+                return  # a scheduler releases a request after its first chunk
+            self.prompts.pop(rid)
+            abort = r.random() < 0.25
+            self.a.finish(rid, abort)
+            self.b.finish(rid, abort)
+        elif roll < 0.85:
+            n = r.randrange(1, 4 * self.ps + 2)
+            freed = self.a.evict(n if self.lru else self.a.cache.evictable_size())
+            self.same("tokens evicted", freed, self.b.evict(freed))
+            self.evictions += 1
+        else:
+            tokens = self.work.prompt()
+            self.same("match", self.a.peek(tokens), self.b.peek(tokens))
+        self.check_sizes("after the op")
+
+    def drain(self) -> None:
+        for rid in sorted(self.a.running):
+            if self.a.running[rid].kv.kv_allocated_len == 0:
+                for s in (self.a, self.b):
+                    req = s.running.pop(rid)
+                    s.cache.unlock(req.lock)
+                    s.pool.free(req)
+                continue
+            self.a.finish(rid)
+            self.b.finish(rid)
+        self.check_sizes("drained")

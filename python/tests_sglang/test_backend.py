@@ -1,0 +1,181 @@
+"""The registered backend as SGLang builds it: the plugin's entry point,
+the factory's start-up errors and refusals, and the allocator it installs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import radixd
+from radixd.sglang import RadixdPrefixCache, radixd_cache_factory
+from sim import build_context, params
+
+
+def test_entry_point_registers_the_backend():
+    from sglang.srt.mem_cache.registry import get_radix_cache_factory, registered_radix_cache_backends
+
+    assert "radixd" in registered_radix_cache_backends()
+    assert get_radix_cache_factory("radixd") is radixd_cache_factory
+
+
+def test_missing_daemon_is_a_start_up_error(monkeypatch):
+    monkeypatch.setenv("RADIXD_NAME", "radixd-none-such-daemon")
+    with pytest.raises(RuntimeError, match="radixd serve --name radixd-none-such-daemon --page-size 16 --capacity 8"):
+        radixd_cache_factory(build_context(params(16, 8)))
+
+
+@pytest.mark.parametrize(
+    "change, option",
+    [
+        (dict(enable_hierarchical_cache=True), "--enable-hierarchical-cache"),
+        (dict(is_hybrid_swa=True), "sliding-window"),
+        (dict(is_hybrid_ssm=True), "Mamba"),
+        (dict(tp_size=2), "--tp-size"),
+    ],
+)
+def test_unsupported_options_are_refused(change, option):
+    ctx = dataclasses.replace(build_context(params(16, 8)), **change)
+    with pytest.raises(ValueError, match=option):
+        radixd_cache_factory(ctx)
+
+
+def test_eagle_and_other_policies_are_refused():
+    p = params(16, 8)
+    p.is_eagle = True
+    with pytest.raises(ValueError, match="EAGLE"):
+        radixd_cache_factory(build_context(p))
+    p = params(16, 8)
+    p.eviction_policy = "lfu"
+    with pytest.raises(ValueError, match="--radix-eviction-policy lfu"):
+        radixd_cache_factory(build_context(p))
+
+
+def test_pool_sizes_must_agree(start_daemon, monkeypatch):
+    d = start_daemon(page_size=16, capacity=32)
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    with pytest.raises(ValueError, match="--capacity 8"):
+        radixd_cache_factory(build_context(params(16, 8)))
+
+
+def test_allocator_hands_out_radixd_pages(start_daemon, monkeypatch):
+    d = start_daemon(page_size=16, capacity=8)
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    p = params(16, 8)
+    alloc = p.token_to_kv_pool_allocator
+    cache = radixd_cache_factory(build_context(p))
+    assert isinstance(cache, RadixdPrefixCache) and cache.token_to_kv_pool_allocator is alloc
+    assert alloc.available_size() == 8 * 16
+    with radixd.Client(d.name) as other:
+        taken = other.alloc(3)
+        assert alloc.available_size() == 5 * 16  # one pool, shared
+        out = alloc.alloc(32)
+        # SGLang page = radixd page + 1 (page 0 is SGLang's padding).
+        pages = set((out // 16 - 1).tolist())
+        assert len(out) == 32 and not pages & set(taken) and 0 not in set((out // 16).tolist())
+        assert alloc.alloc(4 * 16) is None  # 3 left
+        alloc.free(out)
+        assert alloc.available_size() == 5 * 16
+        other.free(taken)
+    assert alloc.available_size() == 8 * 16
+    # A free group releases once, at its end.
+    out = alloc.alloc(16)
+    alloc.free_group_begin()
+    alloc.free(out)
+    assert alloc.available_size() == 7 * 16
+    alloc.free_group_end()
+    assert alloc.available_size() == 8 * 16
+    assert torch.equal(cache.path_device_indices(cache.root_node), torch.empty(0, dtype=torch.int64))
+
+
+def test_namespaced_requests_are_served_uncached():
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sim import Sim
+
+    p = params(4, 16)
+    sim = Sim(RadixdPrefixCache(p, radixd.Engine(4, 16)), p)
+    sim.arrive("a", list(range(8)))
+    sim.extend("a", 8)
+    assert sim.checkpoint("a") == 8
+    tokens = array("q", range(8))
+    assert sim.cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens))).device_prefix_len == 8
+    for salted in (RadixKey(tokens, extra_key="lora-1"), RadixKey(tokens, cache_salt="s")):
+        assert sim.cache.match_prefix(MatchPrefixParams(key=salted)).device_prefix_len == 0
+    sim.finish("a")
+    assert sim.cache.total_size() == 8
+
+
+def test_a_cache_of_its_own_from_an_engine():
+    # The issue's first try: RadixdPrefixCache(radixd.Engine(4, 256)).
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import (
+        BasePrefixCache,
+        EvictParams,
+        InsertParams,
+        MatchPrefixParams,
+    )
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    cache = RadixdPrefixCache(radixd.Engine(4, 256))
+    assert isinstance(cache, BasePrefixCache)
+    assert cache.insert(InsertParams(key=RadixKey(array("q", range(10))))).prefix_len == 0
+    assert cache.insert(InsertParams(key=RadixKey(array("q", range(12))))).prefix_len == 8
+    m = cache.match_prefix(MatchPrefixParams(key=RadixKey(list(range(13)))))
+    assert m.device_prefix_len == 12
+    assert len(cache.path_device_indices(m.last_device_node)) == 12
+    assert cache.inc_lock_ref(m.last_device_node).delta == -12
+    assert cache.evict(EvictParams(num_tokens=12)).num_tokens_evicted == 0
+    assert cache.dec_lock_ref(m.last_device_node).delta == 12
+    assert cache.evict(EvictParams(num_tokens=4)).num_tokens_evicted == 4
+    assert cache.total_size() == 8 and cache.evictable_size() == 8
+    cache.backend.validate()
+
+
+def test_older_names_cache_unfinished_and_finished_requests():
+    from sim import Sim
+
+    p = params(4, 16)
+    sim = Sim(RadixdPrefixCache(p, radixd.Engine(4, 16)), p)
+    sim.arrive("a", list(range(10)))
+    sim.extend("a", 6)
+    req = sim.running["a"]
+    sim.cache.cache_unfinished_req(req, chunked=True)
+    assert req.kv.cache_protected_len == 4 and sim.cache.total_size() == 4
+    sim.extend("a", 4)
+    sim.running.pop("a")
+    sim.cache.cache_finished_req(req)
+    assert sim.cache.total_size() == 8 and sim.cache.protected_size() == 0
+    assert sim.alloc.available_size() == 16 * 4 - 8
+
+
+def test_a_lock_finds_a_prefix_another_scheduler_evicted_and_recached(start_daemon):
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    d = start_daemon(page_size=4, capacity=16)
+    cache = RadixdPrefixCache(d.client())
+    key = RadixKey(array("q", range(8)))
+    cache.insert(InsertParams(key=key))
+    node = cache.match_prefix(MatchPrefixParams(key=key)).last_device_node
+    before = cache.path_device_indices(node).tolist()
+    with d.client() as other:  # another scheduler: evicts, then caches it again elsewhere
+        blocker = other.alloc(2)
+        assert other.evict(8) == 8
+        other.insert(list(range(8)), other.alloc(2))
+        other.free(blocker)
+    assert cache.inc_lock_ref(node).delta == -8
+    after = cache.path_device_indices(node).tolist()
+    assert after != before and len(after) == 8
+    cache.dec_lock_ref(node)
+    node = cache.match_prefix(MatchPrefixParams(key=key)).last_device_node
+    with d.client() as other:
+        other.evict(8)
+    with pytest.raises(RuntimeError, match="evicted 8 tokens of a matched prefix"):
+        cache.inc_lock_ref(node)

@@ -1,0 +1,81 @@
+"""SGLang's RadixCache and radixd's RadixdPrefixCache under the same random
+scheduler operations (arrivals, chunked prefill, decode, finishing,
+aborting, eviction under pressure), through SGLang's own Req,
+ReqToTokenPool, allocators and scheduler functions: every match length,
+cache_protected_len, eviction and size must agree."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import radixd
+from radixd.sglang import RadixdPrefixCache
+from sim import Twin
+
+OPS = int(os.environ.get("RADIXD_SGLANG_OPS", "12500"))
+PAGES = 48
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_in_process(page_size):
+    twin = Twin(page_size, PAGES, lambda p: RadixdPrefixCache(p, radixd.Engine(page_size, PAGES)), seed=page_size)
+    for _ in range(OPS):
+        twin.step()
+    twin.drain()
+    twin.b.cache.backend.validate()
+    assert twin.evictions > OPS // 20 and twin.hits > OPS // 50
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_through_daemon(page_size, start_daemon, monkeypatch):
+    from sim import radixd_cache
+
+    d = start_daemon(page_size=page_size, capacity=PAGES)
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    twin = Twin(page_size, PAGES, radixd_cache, seed=100 + page_size)
+    assert type(twin.b.cache) is RadixdPrefixCache
+    for _ in range(OPS):
+        twin.step()
+    twin.drain()
+    twin.b.cache.backend.validate()
+    assert twin.evictions > OPS // 20 and twin.hits > OPS // 50
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SGLang's match and insert touch a node before splitting it "
+    "(RadixCache._match_prefix_helper/_insert_helper set child.last_access_time, "
+    "then _split_node), so the lower half of a split counts as used; radixd's "
+    "split leaves the lower half at its old LRU place, and a partial eviction "
+    "then trims it first (seed 1, P=1: op 2440 splits [234, 605 | 967, 104], "
+    "op 2441 evicts [967, 104] in radixd, an older parent in SGLang)",
+)
+def test_partial_evictions_follow_sglang_lru():
+    twin = Twin(1, PAGES, lambda p: RadixdPrefixCache(p, radixd.Engine(1, PAGES)), seed=1, lru=True)
+    for _ in range(OPS):
+        twin.step()
+
+
+@pytest.mark.xfail(strict=True, reason="radixd's split leaves the lower half at its old LRU place (see above)")
+def test_a_split_touches_its_lower_half_as_sglang_does():
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+    from sim import params
+
+    def key(*t):
+        return RadixKey(array("q", t))
+
+    found = []
+    for cache in (RadixCache(params(1, 16)), RadixdPrefixCache(params(1, 16), radixd.Engine(1, 16))):
+        for t in ((1, 2, 3, 4), (9, 9)):
+            kv = cache.token_to_kv_pool_allocator.alloc(len(t))
+            cache.insert(InsertParams(key=key(*t), value=kv))
+        cache.match_prefix(MatchPrefixParams(key=key(1, 2)))  # splits [1, 2 | 3, 4]
+        cache.evict(EvictParams(num_tokens=2))
+        found.append([cache.match_prefix(MatchPrefixParams(key=key(*t))).device_prefix_len for t in ((1, 2, 3, 4), (9, 9))])
+    assert found[0] == [4, 0]  # SGLang: [9, 9] is the least recently used
+    assert found[1] == found[0]

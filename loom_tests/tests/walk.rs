@@ -8,12 +8,13 @@
 //! store itself, and the reader reads through the mirror (see
 //! `radixd::engine::mem`), so a missing fence or re-check shows.
 //!
-//! - `a_reader_notices_the_node_it_stands_on_was_reused`: root → X [1] →
-//!   Y [2]. The writer evicts both, then inserts [5] (X's slot again) and
-//!   [5, 2] (Y's slot again, under X). A reader of [1, 2] that stood on the
-//!   old X finds Y under the new X: only the parent's re-check tells. The
-//!   answer must be [0, 1], [0] or [] (what [1, 2] mapped to at some
-//!   instant), never [0, 3].
+//! - `a_reader_notices_the_node_it_stands_on_was_reused`: root → X [1] on
+//!   page 0. The writer evicts X (freed at once: no grace here; versions
+//!   alone must keep the reader right), then inserts [5] (X's slot again,
+//!   page 1) and [5, 2] (a child Y [2] on page 2 under the new X). A reader
+//!   of [1, 2] that stood on the old X finds Y under the new X: only the
+//!   parent's re-check tells. The answer must be [0] or [] (what [1, 2]
+//!   mapped to at some instant), never [0, 2].
 //! - `a_walk_survives_a_split_underfoot`: root → C [10, 11]. The writer
 //!   inserts [10, 12]: C splits (M [10] takes its place, C [11] and D [12]
 //!   below it), filing M and re-filing C in one change of the table. [10,

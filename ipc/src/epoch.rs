@@ -517,9 +517,14 @@ mod tests {
         let readers = slots(1);
         let c = Collector::new(&clock, &readers);
         let mut r = Reclaimer::new(1, Duration::from_millis(1));
-        clock.publish(1_000);
+        // A client scribbling on the shared word, not `publish`.
+        clock.global.store(1_000, Ordering::Relaxed);
         assert!(r.try_advance(&c, Instant::now));
         assert_eq!(r.epoch(), 2);
+        assert_eq!(c.epoch(), 2, "republished, then advanced");
         assert!(!r.reusable(1) && r.reusable(0));
+        clock.global.store(1_000, Ordering::Relaxed);
+        clock.reset();
+        assert_eq!(c.epoch(), 1);
     }
 }

@@ -434,6 +434,7 @@ mod tests {
         readers[0].pin(&clock);
         c.try_advance().unwrap();
         let blocked = c.try_advance().unwrap_err();
+        assert!(!readers[0].expired(), "pinned, in the way, not expired yet");
         assert!(c.expire(blocked));
         assert!(readers[0].expired());
         assert_eq!(c.try_advance(), Ok(5), "an expired reader blocks nothing");

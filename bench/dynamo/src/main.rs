@@ -1,0 +1,1 @@
+fn main() { let _ = dynamo_kv_router::RadixTree::new(); }

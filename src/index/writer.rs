@@ -1,0 +1,441 @@
+//! The writer side: events into table bits, per-worker block maps, tree
+//! sizes. One writer at a time (`KvIndex::writer`, a mutex only writers
+//! take); readers never wait for it.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{MutexGuard, PoisonError};
+
+use crossbeam_epoch::{self as epoch, Guard};
+use radixd_ipc::sync::{Arc, AtomicU32, Ordering};
+
+use super::roster::{Quarantine, Roster};
+use super::table::{stored, Table, MIN_SLOTS};
+use super::{publish, xxh3_full, ApplyError, KvIndex, StoredBlock, Worker};
+use crate::events::hash::{self, FullHash, Scheme};
+
+/// Hashes `u64` keys that are hashes already (and `Worker`s) with one
+/// 128-bit multiply and fold: cheap, and still spreads small integers.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Fold;
+
+/// [`Fold`]'s hasher.
+pub(crate) struct FoldHasher(u64);
+
+impl BuildHasher for Fold {
+    type Hasher = FoldHasher;
+    fn build_hasher(&self) -> FoldHasher {
+        FoldHasher(0)
+    }
+}
+
+impl Hasher for FoldHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        let p = u128::from(x ^ self.0) * 0x9e37_79b9_7f4a_7c15_u128;
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+    #[inline]
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A worker's blocks: its hash of each → the index's key.
+type Held = HashMap<u64, u64, Fold>;
+
+/// The writer's private state.
+#[derive(Default)]
+pub(crate) struct Writer {
+    slot_of: HashMap<Worker, usize, Fold>,
+    /// By roster slot: the worker's blocks.
+    held: Vec<Held>,
+    quarantine: Quarantine,
+    /// Slots of the current table with a key (held or tombstone).
+    used: usize,
+    /// Slots some worker holds.
+    live: usize,
+    /// Sum of tree sizes.
+    held_total: u64,
+    /// sha256-cbor only: each live key's full digest, the next block's
+    /// chaining input.
+    digests: HashMap<u64, FullHash, Fold>,
+    scratch: Vec<u8>,
+    keys: Vec<u64>,
+    fulls: Vec<FullHash>,
+}
+
+/// Whether `hashes` (with `parent`) name a block twice.
+fn self_referencing(parent: Option<u64>, hashes: &[u64]) -> bool {
+    if hashes.len() <= 16 {
+        return hashes
+            .iter()
+            .enumerate()
+            .any(|(i, h)| Some(*h) == parent || hashes[..i].contains(h));
+    }
+    let mut sorted = hashes.to_vec();
+    sorted.extend(parent);
+    sorted.sort_unstable();
+    sorted.windows(2).any(|w| w[0] == w[1])
+}
+
+impl KvIndex {
+    fn lock(&self) -> MutexGuard<'_, Writer> {
+        // Nothing in the writer panics on input; a poisoned lock (a bug)
+        // still holds consistent-enough state to go on serving reads.
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The current table, for the writer.
+    fn table_w<'g>(&self, guard: &'g Guard) -> &'g Table {
+        // Acquire: pairs with `publish`'s Release (the previous writer's).
+        let t = self.table.load(Ordering::Acquire, guard);
+        // SAFETY: never null; only a writer (holding the lock, as the
+        // caller does) retires it, after unlinking, through `guard`.
+        unsafe { t.deref() }
+    }
+
+    /// The current roster, for the writer.
+    fn roster_w<'g>(&self, guard: &'g Guard) -> &'g Roster {
+        // Acquire: pairs with `publish`'s Release.
+        let r = self.roster.load(Ordering::Acquire, guard);
+        // SAFETY: as in `table_w`.
+        unsafe { r.deref() }
+    }
+
+    /// `worker`'s slot, registering it (and widening the table's bits
+    /// first when needed) if it is new.
+    fn slot_for(&self, w: &mut Writer, worker: Worker, guard: &Guard) -> usize {
+        if let Some(&s) = w.slot_of.get(&worker) {
+            return s;
+        }
+        let roster = self.roster_w(guard);
+        let slot = w.quarantine.take().unwrap_or(roster.workers.len());
+        let table = self.table_w(guard);
+        if slot >= table.capacity() {
+            // Widen before the roster names the slot: a reader that sees
+            // the new roster then sees a table this wide (loaded after).
+            let words = (slot / 64 + 1).next_power_of_two();
+            self.publish_table(w, table.rebuilt(table.slots(), words), guard);
+        }
+        publish(&self.roster, roster.with(slot, Some(worker)), guard);
+        if w.held.len() <= slot {
+            w.held.resize_with(slot + 1, Held::default);
+        }
+        w.slot_of.insert(worker, slot);
+        slot
+    }
+
+    fn publish_table(&self, w: &mut Writer, table: Table, guard: &Guard) {
+        // Relaxed: a figure.
+        self.counters
+            .table_bytes
+            .store(table.bytes() as u64, Ordering::Relaxed);
+        w.used = w.live;
+        publish(&self.table, table, guard);
+    }
+
+    /// Room for `n` more keys under a 3/4 load factor: a rebuild (which
+    /// also drops tombstones) when there is not.
+    fn reserve(&self, w: &mut Writer, n: usize, guard: &Guard) {
+        let table = self.table_w(guard);
+        if (w.used + n) * 4 <= table.slots() * 3 {
+            return;
+        }
+        let slots = ((w.live + n) * 2).next_power_of_two().max(MIN_SLOTS);
+        self.publish_table(w, table.rebuilt(slots, table.bit_words()), guard);
+    }
+
+    /// Records tree size and totals after a change.
+    fn settle(&self, w: &Writer, slot: usize, guard: &Guard) {
+        self.roster_w(guard).set_size(slot, w.held[slot].len());
+        // Relaxed (both): figures.
+        self.counters.blocks.store(w.live as u64, Ordering::Relaxed);
+        self.counters.held.store(w.held_total, Ordering::Relaxed);
+    }
+
+    /// Drops worker slot `slot`'s membership of `key`.
+    fn unset(&self, w: &mut Writer, slot: usize, key: u64, guard: &Guard) {
+        let table = self.table_w(guard);
+        if let Some(s) = table.find(stored(key)) {
+            if table.clear_bit(s, slot) == Some(true) {
+                w.live -= 1;
+                w.digests.remove(&key);
+            }
+        }
+    }
+
+    /// Stores `worker`'s blocks by Dynamo's local hashes (XXH3 indexes
+    /// only): `parent` is the worker's hash of the block before the first
+    /// (`None`: the root). What `apply` does for a `BlockStored` once
+    /// tokens are hashed; the benchmark's path.
+    pub fn store(
+        &self,
+        worker: Worker,
+        parent: Option<u64>,
+        blocks: &[StoredBlock],
+    ) -> Result<(), ApplyError> {
+        let mut w = self.lock();
+        let guard = &epoch::pin();
+        let slot = self.slot_for(&mut w, worker, guard);
+        let result = self.store_locked(&mut w, slot, parent, blocks, guard);
+        self.count(&result);
+        result
+    }
+
+    fn count(&self, result: &Result<(), ApplyError>) {
+        if let Err(e) = result {
+            self.count_error(e);
+        }
+    }
+
+    fn store_locked(
+        &self,
+        w: &mut Writer,
+        slot: usize,
+        parent: Option<u64>,
+        blocks: &[StoredBlock],
+        guard: &Guard,
+    ) -> Result<(), ApplyError> {
+        if !matches!(self.config.scheme, Scheme::Xxh3) {
+            return Err(ApplyError::NeedsTokens);
+        }
+        let hashes: Vec<u64> = blocks.iter().map(|b| b.hash).collect();
+        if self_referencing(parent, &hashes) {
+            return Err(ApplyError::InvalidBlockSequence);
+        }
+        let mut prev = self.parent_key(w, slot, parent)?;
+        let mut keys = std::mem::take(&mut w.keys);
+        keys.clear();
+        for b in blocks {
+            let key = prev.map_or(b.local, |p| hash::xxh3_chain(p, b.local));
+            keys.push(key);
+            prev = Some(key);
+        }
+        self.commit(w, slot, &hashes, &keys, &[], guard);
+        w.keys = keys;
+        Ok(())
+    }
+
+    /// The key of `worker`'s block `parent`, if it holds it.
+    fn parent_key(
+        &self,
+        w: &Writer,
+        slot: usize,
+        parent: Option<u64>,
+    ) -> Result<Option<u64>, ApplyError> {
+        match parent {
+            None => Ok(None),
+            Some(p) => w.held[slot]
+                .get(&p)
+                .copied()
+                .map(Some)
+                .ok_or(ApplyError::ParentNotFound),
+        }
+    }
+
+    /// A `BlockStored`: the keys are chained from the tokens.
+    pub(super) fn store_tokens(
+        &self,
+        worker: Worker,
+        parent: Option<u64>,
+        hashes: &[u64],
+        tokens: &[u32],
+        block_size: u32,
+    ) -> Result<(), ApplyError> {
+        let mut w = self.lock();
+        let guard = &epoch::pin();
+        let slot = self.slot_for(&mut w, worker, guard);
+        let result =
+            self.store_tokens_locked(&mut w, slot, parent, hashes, tokens, block_size, guard);
+        self.count(&result);
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn store_tokens_locked(
+        &self,
+        w: &mut Writer,
+        slot: usize,
+        parent: Option<u64>,
+        hashes: &[u64],
+        tokens: &[u32],
+        block_size: u32,
+        guard: &Guard,
+    ) -> Result<(), ApplyError> {
+        let want = self.config.block_size;
+        if block_size != want {
+            return Err(ApplyError::BlockSize {
+                got: block_size,
+                want,
+            });
+        }
+        if self_referencing(parent, hashes) {
+            return Err(ApplyError::InvalidBlockSequence);
+        }
+        let bs = block_size as usize;
+        if tokens.len() < hashes.len().saturating_mul(bs) {
+            return Err(ApplyError::TokensShort);
+        }
+        let parent_key = self.parent_key(w, slot, parent)?;
+        let mut keys = std::mem::take(&mut w.keys);
+        let mut fulls = std::mem::take(&mut w.fulls);
+        let mut scratch = std::mem::take(&mut w.scratch);
+        keys.clear();
+        fulls.clear();
+        let xxh3 = self.is_xxh3();
+        let mut prev: Option<FullHash> = match parent_key {
+            None => None,
+            Some(k) if xxh3 => Some(xxh3_full(k)),
+            // A live key of the sha256 scheme always has its digest.
+            Some(k) => w.digests.get(&k).copied(),
+        };
+        let scheme: &Scheme = &self.config.scheme;
+        for page in tokens.chunks_exact(bs).take(hashes.len()) {
+            let full = scheme.block(prev.as_ref(), page, &mut scratch);
+            keys.push(scheme.external(&full));
+            if !xxh3 {
+                fulls.push(full);
+            }
+            prev = Some(full);
+        }
+        self.commit(w, slot, hashes, &keys, &fulls, guard);
+        w.keys = keys;
+        w.fulls = fulls;
+        w.scratch = scratch;
+        Ok(())
+    }
+
+    /// Makes slot `slot`'s worker hold `keys` (named `hashes` by it).
+    fn commit(
+        &self,
+        w: &mut Writer,
+        slot: usize,
+        hashes: &[u64],
+        keys: &[u64],
+        fulls: &[FullHash],
+        guard: &Guard,
+    ) {
+        self.reserve(w, keys.len(), guard);
+        let table = self.table_w(guard);
+        for (i, (&h, &key)) in hashes.iter().zip(keys).enumerate() {
+            match w.held[slot].insert(h, key) {
+                None => w.held_total += 1,
+                // The worker named other tokens by this hash before.
+                Some(old) if old != key => self.unset(w, slot, old, guard),
+                Some(_) => {}
+            }
+            let k = stored(key);
+            let revived = match table.claim(k, slot) {
+                Some((_, true)) => {
+                    w.used += 1;
+                    true
+                }
+                Some((s, false)) => {
+                    let was_empty = (0..table.bit_words()).all(|b| table.bits(s, b) == 0);
+                    table.set_bit(s, slot) && was_empty
+                }
+                // `reserve` leaves free slots: unreachable, and harmless.
+                None => false,
+            };
+            if revived {
+                w.live += 1;
+                if let Some(full) = fulls.get(i) {
+                    w.digests.insert(key, *full);
+                }
+            }
+        }
+        self.settle(w, slot, guard);
+    }
+
+    /// Removes `worker`'s blocks named `hashes`; unknown ones are skipped
+    /// (the first such is the error), the others removed.
+    pub fn remove(&self, worker: Worker, hashes: &[u64]) -> Result<(), ApplyError> {
+        let mut w = self.lock();
+        let guard = &epoch::pin();
+        let slot = self.slot_for(&mut w, worker, guard);
+        let mut result = Ok(());
+        for h in hashes {
+            match w.held[slot].remove(h) {
+                Some(key) => {
+                    w.held_total -= 1;
+                    self.unset(&mut w, slot, key, guard);
+                }
+                None => result = Err(ApplyError::BlockNotFound),
+            }
+        }
+        self.settle(&w, slot, guard);
+        self.count(&result);
+        result
+    }
+
+    fn clear_slot(&self, w: &mut Writer, slot: usize, guard: &Guard) {
+        let held = std::mem::take(&mut w.held[slot]);
+        w.held_total -= held.len() as u64;
+        for &key in held.values() {
+            self.unset(w, slot, key, guard);
+        }
+        self.settle(w, slot, guard);
+    }
+
+    /// Drops every block of `worker` (Dynamo's `clear_all_blocks` for one
+    /// rank); the worker stays known, with tree size 0.
+    pub fn clear(&self, worker: Worker) -> Result<(), ApplyError> {
+        let mut w = self.lock();
+        let guard = &epoch::pin();
+        let Some(&slot) = w.slot_of.get(&worker) else {
+            self.count_error(&ApplyError::UnknownWorker);
+            return Err(ApplyError::UnknownWorker);
+        };
+        self.clear_slot(&mut w, slot, guard);
+        Ok(())
+    }
+
+    /// `AllBlocksCleared`: the worker known (as any event makes it, in
+    /// Dynamo) and empty.
+    pub(super) fn clear_or_add(&self, worker: Worker) {
+        let mut w = self.lock();
+        let guard = &epoch::pin();
+        let slot = self.slot_for(&mut w, worker, guard);
+        self.clear_slot(&mut w, slot, guard);
+    }
+
+    /// Forgets every rank of worker `id` and its blocks (Dynamo's
+    /// `remove_worker`); no-op for an unknown worker.
+    pub fn remove_worker(&self, id: u64) {
+        let mut w = self.lock();
+        let guard = &epoch::pin();
+        let mut gone: Vec<(Worker, usize)> = w
+            .slot_of
+            .iter()
+            .filter(|(k, _)| k.id == id)
+            .map(|(k, s)| (*k, *s))
+            .collect();
+        gone.sort_unstable();
+        for (worker, slot) in gone {
+            self.clear_slot(&mut w, slot, guard);
+            w.slot_of.remove(&worker);
+            publish(&self.roster, self.roster_w(guard).with(slot, None), guard);
+            let flag = Arc::new(AtomicU32::new(0));
+            let raise = Arc::clone(&flag);
+            // Runs once every reader pinned now has unpinned: none can
+            // still credit the old worker with the slot's bits.
+            guard.defer(move || {
+                // Release: pairs with the Acquire load in
+                // `Quarantine::take`.
+                raise.store(1, Ordering::Release);
+            });
+            w.quarantine.hold(slot, flag);
+        }
+        // Relaxed: a figure.
+        self.counters.blocks.store(w.live as u64, Ordering::Relaxed);
+    }
+}

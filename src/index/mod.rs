@@ -58,6 +58,11 @@ use roster::Roster;
 use table::{stored, Table, MIN_SLOTS};
 use writer::Writer;
 
+/// Blocks of a query whose table words are loaded together before the
+/// walk reaches them (a window, so a long request that stops matching
+/// early does not load all of its blocks).
+const TOUCH_AHEAD: usize = 32;
+
 /// A worker of the fleet: Dynamo's `WorkerWithDpRank`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Worker {
@@ -293,8 +298,12 @@ impl KvIndex {
             heap.resize(words, 0);
             &mut heap
         };
+        table.touch(&keys[..keys.len().min(TOUCH_AHEAD)]);
         let mut matched = 0u32;
         for (depth, &key) in keys.iter().enumerate() {
+            if depth % TOUCH_AHEAD == 0 && depth > 0 {
+                table.touch(&keys[depth..keys.len().min(depth + TOUCH_AHEAD)]);
+            }
             let slot = table.find(stored(key));
             let mut any = 0u64;
             let mut alive = 0u32;

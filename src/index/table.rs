@@ -34,6 +34,21 @@ pub(crate) fn stored(key: u64) -> u64 {
     }
 }
 
+/// `n` zero words, straight from the allocator's zeroed pages (no memset
+/// of a large table: the kernel's zero pages are touched only when used).
+#[cfg(not(loom))]
+fn zeroed(n: usize) -> Box<[AtomicU64]> {
+    let b = Box::<[AtomicU64]>::new_zeroed_slice(n);
+    // SAFETY: an `AtomicU64` is a `u64` in memory, and all-zero bytes are
+    // the valid value 0.
+    unsafe { b.assume_init() }
+}
+
+#[cfg(loom)]
+fn zeroed(n: usize) -> Box<[AtomicU64]> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+
 /// One generation of the table.
 pub(crate) struct Table {
     /// `slots * stride` words.
@@ -52,7 +67,7 @@ impl Table {
     pub(crate) fn new(slots: usize, bit_words: usize) -> Self {
         debug_assert!(slots.is_power_of_two() && slots >= MIN_SLOTS);
         let stride = 1 + bit_words.max(1);
-        let words = (0..slots * stride).map(|_| AtomicU64::new(0)).collect();
+        let words = zeroed(slots * stride);
         Self {
             words,
             mask: slots - 1,
@@ -81,6 +96,20 @@ impl Table {
         // Fibonacci hashing: hashes chosen by a client (a query by hashes)
         // spread as well as xxh3 output does.
         (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize
+    }
+
+    /// Loads the home word of every key in `keys`, results unused: the
+    /// loads do not depend on one another, so their cache misses overlap
+    /// (a request's blocks are scattered over the table), and the walk
+    /// that follows, one dependent step at a time, finds them cached.
+    #[inline]
+    pub(crate) fn touch(&self, keys: &[u64]) {
+        let mut sink = 0u64;
+        for &k in keys {
+            // Relaxed: a warm-up read; `find` reads again with Acquire.
+            sink ^= self.words[self.home(stored(k)) * self.stride].load(Ordering::Relaxed);
+        }
+        std::hint::black_box(sink);
     }
 
     /// The slot holding `key` (stored form), if any. Bounded by the table
@@ -116,7 +145,7 @@ impl Table {
     /// Writer only: the slot of `key`, claiming an empty one with the
     /// worker bit `bit` already set when the key is new. Returns the slot
     /// and whether it was claimed. The caller keeps the load factor below
-    /// 3/4, so an empty slot exists.
+    /// 1/2, so an empty slot exists.
     pub(crate) fn claim(&self, key: u64, bit: usize) -> Option<(usize, bool)> {
         let mut i = self.home(key);
         for _ in 0..=self.mask {
@@ -139,6 +168,18 @@ impl Table {
             i = (i + 1) & self.mask;
         }
         None
+    }
+
+    /// Writer only: the key of `slot` as the index knows it (the stored
+    /// form maps back to itself but for hash 0), if it has one.
+    pub(crate) fn key(&self, slot: usize) -> Option<u64> {
+        // Relaxed: the writer's own stores.
+        let k = self.words[slot * self.stride].load(Ordering::Relaxed);
+        match k {
+            0 => None,
+            ZERO_KEY => Some(0),
+            k => Some(k),
+        }
     }
 
     /// Writer only: sets worker bit `bit` of `slot`; whether it was clear.

@@ -49,8 +49,19 @@ impl Hasher for FoldHasher {
     }
 }
 
-/// A worker's blocks: its hash of each → the index's key.
-type Held = HashMap<u64, u64, Fold>;
+/// What the writer knows of one worker's blocks.
+///
+/// A worker that hashes as the index does (a radixd daemon, vLLM with the
+/// index's seed) names each block by its key: such blocks are found in
+/// the table by their name and need no entry here. Only names that differ
+/// from their keys (another seed, another scheme) are kept, as aliases.
+#[derive(Default)]
+struct Held {
+    /// The worker's name → the index's key, where they differ.
+    aliases: HashMap<u64, u64, Fold>,
+    /// Blocks held (the tree size).
+    count: usize,
+}
 
 /// The writer's private state.
 #[derive(Default)]
@@ -143,32 +154,42 @@ impl KvIndex {
         publish(&self.table, table, guard);
     }
 
-    /// Room for `n` more keys under a 3/4 load factor: a rebuild (which
-    /// also drops tombstones) when there is not.
+    /// Room for `n` more keys under a 1/2 load factor: a rebuild (which
+    /// also drops tombstones) when there is not. Linear probing for an
+    /// absent key (every new block, and where a query stops matching)
+    /// reads about 8.5 slots at 3/4 full, 2.5 at 1/2: the table is 16 bytes
+    /// a slot, so the lower load is worth its memory.
     fn reserve(&self, w: &mut Writer, n: usize, guard: &Guard) {
         let table = self.table_w(guard);
-        if (w.used + n) * 4 <= table.slots() * 3 {
+        if (w.used + n) * 2 <= table.slots() {
             return;
         }
-        let slots = ((w.live + n) * 2).next_power_of_two().max(MIN_SLOTS);
+        let slots = ((w.live + n) * 3).next_power_of_two().max(MIN_SLOTS);
         self.publish_table(w, table.rebuilt(slots, table.bit_words()), guard);
     }
 
     /// Records tree size and totals after a change.
     fn settle(&self, w: &Writer, slot: usize, guard: &Guard) {
-        self.roster_w(guard).set_size(slot, w.held[slot].len());
+        self.roster_w(guard).set_size(slot, w.held[slot].count);
         // Relaxed (both): figures.
         self.counters.blocks.store(w.live as u64, Ordering::Relaxed);
         self.counters.held.store(w.held_total, Ordering::Relaxed);
     }
 
-    /// Drops worker slot `slot`'s membership of `key`.
-    fn unset(&self, w: &mut Writer, slot: usize, key: u64, guard: &Guard) {
+    /// Drops worker slot `slot`'s membership of `key`; whether it held it.
+    fn unset(&self, w: &mut Writer, slot: usize, key: u64, guard: &Guard) -> bool {
         let table = self.table_w(guard);
-        if let Some(s) = table.find(stored(key)) {
-            if table.clear_bit(s, slot) == Some(true) {
-                w.live -= 1;
-                w.digests.remove(&key);
+        let Some(s) = table.find(stored(key)) else {
+            return false;
+        };
+        match table.clear_bit(s, slot) {
+            None => false,
+            Some(now_empty) => {
+                if now_empty {
+                    w.live -= 1;
+                    w.digests.remove(&key);
+                }
+                true
             }
         }
     }
@@ -208,11 +229,13 @@ impl KvIndex {
         if !matches!(self.config.scheme, Scheme::Xxh3) {
             return Err(ApplyError::NeedsTokens);
         }
-        let hashes: Vec<u64> = blocks.iter().map(|b| b.hash).collect();
-        if self_referencing(parent, &hashes) {
+        // As Dynamo's `RadixTree::apply_stored`: a block named like its
+        // parent is refused; a name given twice is taken as renaming (the
+        // later block keeps it), which keeps the membership consistent.
+        if parent.is_some_and(|p| blocks.iter().any(|b| b.hash == p)) {
             return Err(ApplyError::InvalidBlockSequence);
         }
-        let mut prev = self.parent_key(w, slot, parent)?;
+        let mut prev = self.parent_key(w, slot, parent, guard)?;
         let mut keys = std::mem::take(&mut w.keys);
         keys.clear();
         for b in blocks {
@@ -220,23 +243,42 @@ impl KvIndex {
             keys.push(key);
             prev = Some(key);
         }
-        self.commit(w, slot, &hashes, &keys, &[], guard);
+        self.reserve(w, blocks.len(), guard);
+        self.table_w(guard).touch(&keys);
+        for (b, &key) in blocks.iter().zip(&keys) {
+            self.hold(w, slot, b.hash, key, None, guard);
+        }
         w.keys = keys;
+        self.settle(w, slot, guard);
         Ok(())
     }
 
-    /// The key of `worker`'s block `parent`, if it holds it.
+    /// The key of the block slot `slot`'s worker names `name`, if it
+    /// holds it.
+    fn key_of(&self, w: &Writer, slot: usize, name: u64, guard: &Guard) -> Option<u64> {
+        let held = &w.held[slot];
+        if !held.aliases.is_empty() {
+            if let Some(&k) = held.aliases.get(&name) {
+                return Some(k);
+            }
+        }
+        let table = self.table_w(guard);
+        let s = table.find(stored(name))?;
+        (table.bits(s, slot / 64) & 1 << (slot % 64) != 0).then_some(name)
+    }
+
+    /// The key of the parent block, if the worker holds it.
     fn parent_key(
         &self,
         w: &Writer,
         slot: usize,
         parent: Option<u64>,
+        guard: &Guard,
     ) -> Result<Option<u64>, ApplyError> {
         match parent {
             None => Ok(None),
-            Some(p) => w.held[slot]
-                .get(&p)
-                .copied()
+            Some(p) => self
+                .key_of(w, slot, p, guard)
                 .map(Some)
                 .ok_or(ApplyError::ParentNotFound),
         }
@@ -285,7 +327,7 @@ impl KvIndex {
         if tokens.len() < hashes.len().saturating_mul(bs) {
             return Err(ApplyError::TokensShort);
         }
-        let parent_key = self.parent_key(w, slot, parent)?;
+        let parent_key = self.parent_key(w, slot, parent, guard)?;
         let mut keys = std::mem::take(&mut w.keys);
         let mut fulls = std::mem::take(&mut w.fulls);
         let mut scratch = std::mem::take(&mut w.scratch);
@@ -325,35 +367,76 @@ impl KvIndex {
         guard: &Guard,
     ) {
         self.reserve(w, keys.len(), guard);
-        let table = self.table_w(guard);
+        self.table_w(guard).touch(keys);
         for (i, (&h, &key)) in hashes.iter().zip(keys).enumerate() {
-            match w.held[slot].insert(h, key) {
-                None => w.held_total += 1,
-                // The worker named other tokens by this hash before.
-                Some(old) if old != key => self.unset(w, slot, old, guard),
-                Some(_) => {}
-            }
-            let k = stored(key);
-            let revived = match table.claim(k, slot) {
-                Some((_, true)) => {
-                    w.used += 1;
-                    true
-                }
-                Some((s, false)) => {
-                    let was_empty = (0..table.bit_words()).all(|b| table.bits(s, b) == 0);
-                    table.set_bit(s, slot) && was_empty
-                }
-                // `reserve` leaves free slots: unreachable, and harmless.
-                None => false,
-            };
-            if revived {
-                w.live += 1;
-                if let Some(full) = fulls.get(i) {
-                    w.digests.insert(key, *full);
-                }
-            }
+            self.hold(w, slot, h, key, fulls.get(i), guard);
         }
         self.settle(w, slot, guard);
+    }
+
+    /// Makes slot `slot`'s worker hold `key`, which it names `name`
+    /// (`full`: the key's digest, sha256-cbor only). The caller reserved
+    /// room in the table.
+    fn hold(
+        &self,
+        w: &mut Writer,
+        slot: usize,
+        name: u64,
+        key: u64,
+        full: Option<&FullHash>,
+        guard: &Guard,
+    ) {
+        let held = &mut w.held[slot];
+        let renamed = if name == key {
+            if held.aliases.is_empty() {
+                None
+            } else {
+                held.aliases.remove(&name)
+            }
+        } else {
+            match held.aliases.insert(name, key) {
+                // The alias itself is the membership (its bit may be set
+                // already under another name: one bit, two names).
+                None => {
+                    held.count += 1;
+                    None
+                }
+                old => old,
+            }
+        };
+        if let Some(old) = renamed.filter(|&old| old != key) {
+            // The worker named other tokens by this name before.
+            if self.unset(w, slot, old, guard) {
+                w.held[slot].count -= 1;
+                w.held_total -= 1;
+            }
+        }
+        let table = self.table_w(guard);
+        let (set, revived) = match table.claim(stored(key), slot) {
+            Some((_, true)) => {
+                w.used += 1;
+                (true, true)
+            }
+            Some((s, false)) => {
+                let was_empty = (0..table.bit_words()).all(|b| table.bits(s, b) == 0);
+                let set = table.set_bit(s, slot);
+                (set, set && was_empty)
+            }
+            // `reserve` leaves free slots: unreachable, and harmless.
+            None => (false, false),
+        };
+        if set {
+            w.held_total += 1;
+            if name == key {
+                w.held[slot].count += 1;
+            }
+        }
+        if revived {
+            w.live += 1;
+            if let Some(full) = full {
+                w.digests.insert(key, *full);
+            }
+        }
     }
 
     /// Removes `worker`'s blocks named `hashes`; unknown ones are skipped
@@ -363,13 +446,17 @@ impl KvIndex {
         let guard = &epoch::pin();
         let slot = self.slot_for(&mut w, worker, guard);
         let mut result = Ok(());
-        for h in hashes {
-            match w.held[slot].remove(h) {
-                Some(key) => {
-                    w.held_total -= 1;
-                    self.unset(&mut w, slot, key, guard);
-                }
-                None => result = Err(ApplyError::BlockNotFound),
+        for &h in hashes {
+            let alias = w.held[slot].aliases.remove(&h);
+            let key = alias.unwrap_or(h);
+            let was = self.unset(&mut w, slot, key, guard);
+            if was {
+                w.held_total -= 1;
+            }
+            if was || alias.is_some() {
+                w.held[slot].count -= 1;
+            } else {
+                result = Err(ApplyError::BlockNotFound);
             }
         }
         self.settle(&w, slot, guard);
@@ -377,12 +464,22 @@ impl KvIndex {
         result
     }
 
+    /// Drops every block of slot `slot`'s worker: one pass over the table
+    /// (clearing is rare; keeping a list per worker would cost every store).
     fn clear_slot(&self, w: &mut Writer, slot: usize, guard: &Guard) {
-        let held = std::mem::take(&mut w.held[slot]);
-        w.held_total -= held.len() as u64;
-        for &key in held.values() {
-            self.unset(w, slot, key, guard);
+        let table = self.table_w(guard);
+        for s in 0..table.slots() {
+            if let Some(now_empty) = table.clear_bit(s, slot) {
+                w.held_total -= 1;
+                if now_empty {
+                    w.live -= 1;
+                    if let Some(key) = table.key(s) {
+                        w.digests.remove(&key);
+                    }
+                }
+            }
         }
+        w.held[slot] = Held::default();
         self.settle(w, slot, guard);
     }
 

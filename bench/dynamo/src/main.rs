@@ -1,1 +1,285 @@
-fn main() { let _ = dynamo_kv_router::RadixTree::new(); }
+//! radixd's router index against Dynamo's (`dynamo-kv-router` 1.6.1,
+//! `RadixTree`) on a Mooncake trace: each request is routed round-robin to
+//! one of N workers; per request, both indexes answer `find_matches` for
+//! the whole request, then store the blocks that worker lacked (as the
+//! worker's KV events would: the blocks after its own matched prefix, under
+//! its last matched block). Both answers are folded into a digest that must
+//! come out identical.
+//!
+//! ```text
+//! cd bench/dynamo && nice -n 10 cargo run --release -- [TRACE] [--runs 5]
+//! ```
+//!
+//! Without `--one`, the program runs itself once per (index, workers)
+//! pair, so each process's RSS growth is its own index's memory.
+
+use std::process::Command;
+use std::time::Instant;
+
+use dynamo_kv_router::protocols::{
+    compute_seq_hash_for_block, ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData,
+    KvCacheStoreData, KvCacheStoredBlockData, LocalBlockHash, RouterEvent,
+};
+use dynamo_kv_router::RadixTree;
+use radixd::events::hash::xxh3_chain;
+use radixd::index::{IndexConfig, KvIndex, StoredBlock, Worker};
+
+const DEFAULT_TRACE: &str = "/work/shared/traces/conversation_trace.jsonl";
+
+fn load(path: &str) -> Vec<Vec<u64>> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            v["hash_ids"]
+                .as_array()
+                .expect("hash_ids")
+                .iter()
+                .map(|h| h.as_u64().expect("an integer hash id"))
+                .collect()
+        })
+        .collect()
+}
+
+/// FNV-1a over one request's scores, sorted by worker.
+fn fold(digest: &mut u64, scores: &mut [(u64, u32)]) {
+    scores.sort_unstable();
+    for &(w, s) in scores.iter() {
+        for x in [w, u64::from(s), u64::MAX] {
+            *digest = (*digest ^ x).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    *digest = (*digest ^ 0xabcd).wrapping_mul(0x0000_0100_0000_01b3);
+}
+
+/// Dynamo's sequence hashes of a request's local hashes.
+fn dynamo_seq(locals: &[LocalBlockHash]) -> Vec<u64> {
+    compute_seq_hash_for_block(locals).into_iter().collect()
+}
+
+struct Outcome {
+    ns_per_block: f64,
+    digest: u64,
+    matched: u64,
+}
+
+fn run_dynamo(trace: &[Vec<u64>], workers: u64) -> Outcome {
+    let mut tree = RadixTree::new();
+    let mut digest = 0xcbf2_9ce4_8422_2325u64;
+    let mut matched = 0u64;
+    let mut blocks = 0u64;
+    let mut scores = Vec::new();
+    let start = Instant::now();
+    for (i, ids) in trace.iter().enumerate() {
+        let worker = i as u64 % workers;
+        let locals: Vec<LocalBlockHash> = ids.iter().map(|&h| LocalBlockHash(h)).collect();
+        let seq = dynamo_seq(&locals);
+        blocks += ids.len() as u64;
+        let s = tree.find_matches(locals.clone(), false);
+        scores.clear();
+        scores.extend(s.scores.iter().map(|(w, &n)| (w.worker_id, n)));
+        let own = scores
+            .iter()
+            .find(|(w, _)| *w == worker)
+            .map_or(0, |&(_, n)| n as usize);
+        matched += scores.iter().map(|&(_, n)| u64::from(n)).sum::<u64>();
+        fold(&mut digest, &mut scores);
+        if own < ids.len() {
+            let event = KvCacheEvent {
+                event_id: i as u64,
+                data: KvCacheEventData::Stored(KvCacheStoreData {
+                    parent_hash: own
+                        .checked_sub(1)
+                        .map(|p| ExternalSequenceBlockHash(seq[p])),
+                    start_position: None,
+                    blocks: (own..ids.len())
+                        .map(|b| KvCacheStoredBlockData {
+                            block_hash: ExternalSequenceBlockHash(seq[b]),
+                            tokens_hash: locals[b],
+                            mm_extra_info: None,
+                        })
+                        .collect(),
+                }),
+                dp_rank: 0,
+            };
+            tree.apply_event(RouterEvent::new(worker, event))
+                .expect("dynamo store");
+        }
+    }
+    let ns = start.elapsed().as_nanos() as f64;
+    Outcome {
+        ns_per_block: ns / blocks as f64,
+        digest,
+        matched,
+    }
+}
+
+fn run_radixd(trace: &[Vec<u64>], workers: u64) -> Outcome {
+    let index = KvIndex::new(IndexConfig::xxh3(16)).expect("index");
+    let mut digest = 0xcbf2_9ce4_8422_2325u64;
+    let mut matched = 0u64;
+    let mut blocks = 0u64;
+    let mut scores = Vec::new();
+    let mut keys = Vec::new();
+    let mut store = Vec::new();
+    let start = Instant::now();
+    for (i, ids) in trace.iter().enumerate() {
+        let worker = i as u64 % workers;
+        // The router's work: the request's chained keys (Dynamo's
+        // sequence hashes) from its local hashes.
+        keys.clear();
+        let mut prev: Option<u64> = None;
+        for &h in ids {
+            let k = prev.map_or(h, |p| xxh3_chain(p, h));
+            keys.push(k);
+            prev = Some(k);
+        }
+        blocks += ids.len() as u64;
+        let s = index.find_matches(&keys, false);
+        scores.clear();
+        scores.extend(s.scores.iter().map(|(w, n)| (w.id, *n)));
+        let own = scores
+            .iter()
+            .find(|(w, _)| *w == worker)
+            .map_or(0, |&(_, n)| n as usize);
+        matched += scores.iter().map(|&(_, n)| u64::from(n)).sum::<u64>();
+        fold(&mut digest, &mut scores);
+        if own < ids.len() {
+            store.clear();
+            store.extend((own..ids.len()).map(|b| StoredBlock {
+                hash: keys[b],
+                local: ids[b],
+            }));
+            let parent = own.checked_sub(1).map(|p| keys[p]);
+            index
+                .store(Worker::new(worker), parent, &store)
+                .expect("radixd store");
+        }
+    }
+    let ns = start.elapsed().as_nanos() as f64;
+    Outcome {
+        ns_per_block: ns / blocks as f64,
+        digest,
+        matched,
+    }
+}
+
+/// Resident set size in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn one(which: &str, workers: u64, trace_path: &str, runs: usize) {
+    let trace = load(trace_path);
+    let blocks: usize = trace.iter().map(Vec::len).sum();
+    let run = |t: &[Vec<u64>]| match which {
+        "dynamo" => run_dynamo(t, workers),
+        _ => run_radixd(t, workers),
+    };
+    // Memory: the first run's growth (its index is alive while measured).
+    let before = rss_kib();
+    let first = run(&trace);
+    let grown = rss_kib().saturating_sub(before);
+    let mut ns = vec![first.ns_per_block];
+    for _ in 1..runs {
+        let o = run(&trace);
+        assert_eq!(o.digest, first.digest, "a run changed its answers");
+        ns.push(o.ns_per_block);
+    }
+    ns.sort_by(f64::total_cmp);
+    println!(
+        "{which} {workers} {:.1} {:.1} {:.1} {} {:016x} {} {}",
+        ns[ns.len() / 2],
+        ns[0],
+        ns[ns.len() - 1],
+        grown,
+        first.digest,
+        first.matched,
+        blocks
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let mut trace = DEFAULT_TRACE.to_string();
+    let mut runs = 5usize;
+    let mut single: Option<(String, u64)> = None;
+    let mut i = 1;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--runs" => {
+                runs = args[i + 1].parse().expect("--runs N");
+                i += 1;
+            }
+            "--one" => {
+                single = Some((args[i + 1].clone(), args[i + 2].parse().expect("workers")));
+                i += 2;
+            }
+            other => trace = other.to_string(),
+        }
+        i += 1;
+    }
+    if let Some((which, workers)) = single {
+        one(&which, workers, &trace, runs.max(1));
+        return;
+    }
+    let me = std::env::current_exe().expect("own path");
+    println!(
+        "Mooncake trace {trace}: match + store per request, round-robin, median of {runs} runs"
+    );
+    println!(
+        "{:>7}  {:>18}  {:>18}  {:>7}  {:>14}  {:>14}  {:>6}",
+        "workers",
+        "dynamo ns/block",
+        "radixd ns/block",
+        "speedup",
+        "dynamo RSS KiB",
+        "radixd RSS KiB",
+        "same"
+    );
+    for workers in [1u64, 8] {
+        let mut rows = Vec::new();
+        for which in ["dynamo", "radixd"] {
+            let out = Command::new(&me)
+                .args([&trace, "--runs", &runs.to_string(), "--one", which])
+                .arg(workers.to_string())
+                .output()
+                .expect("run a child");
+            let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            assert!(out.status.success(), "{which} {workers}: {line} {:?}", out);
+            rows.push(
+                line.split_whitespace()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let (d, r) = (&rows[0], &rows[1]);
+        let dn: f64 = d[2].parse().expect("ns");
+        let rn: f64 = r[2].parse().expect("ns");
+        println!(
+            "{:>7}  {:>18}  {:>18}  {:>6.2}x  {:>14}  {:>14}  {:>6}",
+            workers,
+            format!("{} ({}-{})", d[2], d[3], d[4]),
+            format!("{} ({}-{})", r[2], r[3], r[4]),
+            dn / rn,
+            d[5],
+            r[5],
+            if d[6] == r[6] && d[7] == r[7] {
+                "yes"
+            } else {
+                "NO"
+            }
+        );
+        println!(
+            "         digests dynamo {} radixd {}; matched blocks {} / {}; {} block accesses",
+            d[6], r[6], d[7], r[7], d[8]
+        );
+    }
+}

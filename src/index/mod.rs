@@ -43,6 +43,12 @@ mod roster;
 mod table;
 mod writer;
 
+#[cfg(all(feature = "cli", feature = "kv-events"))]
+pub mod cli;
+pub mod protocol;
+#[cfg(feature = "kv-events")]
+pub mod server;
+
 use std::fmt;
 use std::sync::Mutex;
 

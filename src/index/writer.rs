@@ -496,6 +496,14 @@ impl KvIndex {
         Ok(())
     }
 
+    /// Makes `worker` known (tree size 0) before its first event, so
+    /// answers list it.
+    pub fn add_worker(&self, worker: Worker) {
+        let mut w = self.lock();
+        let guard = &epoch::pin();
+        self.slot_for(&mut w, worker, guard);
+    }
+
     /// `AllBlocksCleared`: the worker known (as any event makes it, in
     /// Dynamo) and empty.
     pub(super) fn clear_or_add(&self, worker: Worker) {

@@ -23,6 +23,8 @@ use std::fmt;
 pub mod batch;
 #[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(any(feature = "kv-events", feature = "index"))]
+pub mod encode;
 #[cfg(feature = "kv-events")]
 mod feed;
 #[cfg(any(feature = "kv-events", feature = "index"))]

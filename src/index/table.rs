@@ -38,10 +38,22 @@ pub(crate) fn stored(key: u64) -> u64 {
 /// of a large table: the kernel's zero pages are touched only when used).
 #[cfg(not(loom))]
 fn zeroed(n: usize) -> Box<[AtomicU64]> {
-    let b = Box::<[AtomicU64]>::new_zeroed_slice(n);
-    // SAFETY: an `AtomicU64` is a `u64` in memory, and all-zero bytes are
-    // the valid value 0.
-    unsafe { b.assume_init() }
+    let Ok(layout) = std::alloc::Layout::array::<AtomicU64>(n) else {
+        // Bigger than the address space: the same end as a failed `Vec`.
+        panic!("a table of {n} words does not fit in memory");
+    };
+    if layout.size() == 0 {
+        return Box::new([]);
+    }
+    // SAFETY: `layout` has a non-zero size (checked above).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<AtomicU64>();
+    if ptr.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: `ptr` is a fresh allocation of `layout` (n `AtomicU64`s, the
+    // global allocator's, as `Box` frees it); all-zero bytes are the valid
+    // value 0 of an `AtomicU64`, which is a `u64` in memory.
+    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) }
 }
 
 #[cfg(loom)]

@@ -186,7 +186,7 @@ impl KvIndex {
             None => false,
             Some(now_empty) => {
                 if now_empty {
-                    w.live -= 1;
+                    w.live = w.live.saturating_sub(1);
                     w.digests.remove(&key);
                 }
                 true
@@ -407,8 +407,8 @@ impl KvIndex {
         if let Some(old) = renamed.filter(|&old| old != key) {
             // The worker named other tokens by this name before.
             if self.unset(w, slot, old, guard) {
-                w.held[slot].count -= 1;
-                w.held_total -= 1;
+                w.held[slot].count = w.held[slot].count.saturating_sub(1);
+                w.held_total = w.held_total.saturating_sub(1);
             }
         }
         let table = self.table_w(guard);
@@ -451,10 +451,10 @@ impl KvIndex {
             let key = alias.unwrap_or(h);
             let was = self.unset(&mut w, slot, key, guard);
             if was {
-                w.held_total -= 1;
+                w.held_total = w.held_total.saturating_sub(1);
             }
             if was || alias.is_some() {
-                w.held[slot].count -= 1;
+                w.held[slot].count = w.held[slot].count.saturating_sub(1);
             } else {
                 result = Err(ApplyError::BlockNotFound);
             }
@@ -470,9 +470,9 @@ impl KvIndex {
         let table = self.table_w(guard);
         for s in 0..table.slots() {
             if let Some(now_empty) = table.clear_bit(s, slot) {
-                w.held_total -= 1;
+                w.held_total = w.held_total.saturating_sub(1);
                 if now_empty {
-                    w.live -= 1;
+                    w.live = w.live.saturating_sub(1);
                     if let Some(key) = table.key(s) {
                         w.digests.remove(&key);
                     }

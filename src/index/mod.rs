@@ -274,6 +274,16 @@ impl KvIndex {
     /// `early_exit`, stops as soon as a single worker is left. Never
     /// blocks, whatever the writers do.
     pub fn find_matches(&self, keys: &[u64], early_exit: bool) -> OverlapScores {
+        let mut out = OverlapScores::default();
+        self.find_matches_into(keys, early_exit, &mut out);
+        out
+    }
+
+    /// [`KvIndex::find_matches`] into `out` (cleared first), reusing its
+    /// buffers: a router's loop allocates nothing per query.
+    pub fn find_matches_into(&self, keys: &[u64], early_exit: bool, out: &mut OverlapScores) {
+        out.scores.clear();
+        out.tree_sizes.clear();
         let guard = &epoch::pin();
         // Acquire (both): pairs with the writer's Release publication of a
         // roster or table. The roster is loaded first: a table is
@@ -287,15 +297,13 @@ impl KvIndex {
         // lives while `guard` is pinned.
         let (roster, table) = unsafe { (roster.deref(), table.deref()) };
         let words = table.bit_words().min(roster.occupied.len());
-        let mut out = OverlapScores {
-            scores: Vec::new(),
-            tree_sizes: roster
+        out.tree_sizes.extend(
+            roster
                 .workers
                 .iter()
                 .enumerate()
-                .filter_map(|(s, w)| w.map(|w| (w, roster.size(s))))
-                .collect(),
-        };
+                .filter_map(|(s, w)| w.map(|w| (w, roster.size(s)))),
+        );
         let mut inline = [0u64; 4];
         let mut heap = Vec::new();
         let active: &mut [u64] = if words <= inline.len() {
@@ -349,7 +357,6 @@ impl KvIndex {
                 }
             }
         }
-        out
     }
 
     /// Known workers and their tree sizes.

@@ -34,37 +34,129 @@ pub(crate) fn stored(key: u64) -> u64 {
     }
 }
 
-/// `n` zero words, straight from the allocator's zeroed pages (no memset
-/// of a large table: the kernel's zero pages are touched only when used).
-#[cfg(not(loom))]
-fn zeroed(n: usize) -> Box<[AtomicU64]> {
-    let Ok(layout) = std::alloc::Layout::array::<AtomicU64>(n) else {
-        // Bigger than the address space: the same end as a failed `Vec`.
-        panic!("a table of {n} words does not fit in memory");
-    };
-    if layout.size() == 0 {
-        return Box::new([]);
-    }
-    // SAFETY: `layout` has a non-zero size (checked above).
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<AtomicU64>();
-    if ptr.is_null() {
-        std::alloc::handle_alloc_error(layout);
-    }
-    // SAFETY: `ptr` is a fresh allocation of `layout` (n `AtomicU64`s, the
-    // global allocator's, as `Box` frees it); all-zero bytes are the valid
-    // value 0 of an `AtomicU64`, which is a `u64` in memory.
-    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) }
+/// Tables from this size on are mapped on their own, in 2 MiB pages.
+const HUGE: usize = 2 << 20;
+
+/// A table's zeroed words: from the heap when small; when large, an
+/// anonymous mapping aligned to 2 MiB and advised to use transparent huge
+/// pages, because a query touches one random slot per block: with 4 KiB
+/// pages most of those are TLB misses too, and a growing table would take
+/// a page fault per 4 KiB.
+struct Words {
+    ptr: std::ptr::NonNull<AtomicU64>,
+    len: usize,
+    /// Bytes mapped at `ptr`; 0: a heap allocation (a `Box<[AtomicU64]>`).
+    mapped: usize,
 }
 
-#[cfg(loom)]
-fn zeroed(n: usize) -> Box<[AtomicU64]> {
-    (0..n).map(|_| AtomicU64::new(0)).collect()
+// SAFETY: `Words` owns its memory exclusively and hands out only shared
+// references to `AtomicU64`s, which are `Sync`.
+unsafe impl Send for Words {}
+// SAFETY: as above: `&Words` gives `&[AtomicU64]` only.
+unsafe impl Sync for Words {}
+
+impl std::ops::Deref for Words {
+    type Target = [AtomicU64];
+    fn deref(&self) -> &[AtomicU64] {
+        // SAFETY: `ptr` points to `len` initialised `AtomicU64`s owned by
+        // `self` (zeroed at creation), alive until `drop`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Words {
+    fn drop(&mut self) {
+        if self.mapped == 0 {
+            // SAFETY: a heap table came from `Box::into_raw` of a boxed
+            // slice of exactly `len` words (`Words::new`).
+            drop(unsafe {
+                Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                    self.ptr.as_ptr(),
+                    self.len,
+                ))
+            });
+        } else {
+            // SAFETY: `ptr..ptr + mapped` is the mapping `Words::new` made
+            // (trimmed to it), used by nothing else now.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
+        }
+    }
+}
+
+impl Words {
+    /// `n` zero words.
+    fn new(n: usize) -> Self {
+        let bytes = n.saturating_mul(8);
+        #[cfg(not(loom))]
+        if bytes >= HUGE {
+            if let Some(w) = Self::mapped(n, bytes) {
+                return w;
+            }
+        }
+        let boxed: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
+        let len = boxed.len();
+        let raw = Box::into_raw(boxed).cast::<AtomicU64>();
+        Self {
+            // A boxed slice's pointer is never null (dangling when empty).
+            ptr: std::ptr::NonNull::new(raw).unwrap_or(std::ptr::NonNull::dangling()),
+            len,
+            mapped: 0,
+        }
+    }
+
+    /// `n` zero words in a 2 MiB-aligned anonymous mapping; `None` when the
+    /// kernel refuses (the heap then serves).
+    #[cfg(not(loom))]
+    fn mapped(n: usize, bytes: usize) -> Option<Self> {
+        let size = bytes.div_ceil(HUGE) * HUGE;
+        let span = size + HUGE;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is
+        // involved.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return None;
+        }
+        let start = base as usize;
+        let aligned = start.div_ceil(HUGE) * HUGE;
+        let (head, tail) = (aligned - start, start + span - (aligned + size));
+        // SAFETY: `head` and `tail` bytes lie inside the mapping just made,
+        // outside the part kept; unmapping them touches nothing else. The
+        // advice only concerns the part kept; its failure is harmless.
+        unsafe {
+            if head > 0 {
+                libc::munmap(base, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + size) as *mut libc::c_void, tail);
+            }
+            libc::madvise(aligned as *mut libc::c_void, size, libc::MADV_HUGEPAGE);
+        }
+        Some(Self {
+            // An address from a successful mmap, rounded up inside it.
+            ptr: std::ptr::NonNull::new(aligned as *mut AtomicU64)?,
+            len: n,
+            mapped: size,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
 }
 
 /// One generation of the table.
 pub(crate) struct Table {
     /// `slots * stride` words.
-    words: Box<[AtomicU64]>,
+    words: Words,
     /// `slots - 1` (slots is a power of two).
     mask: usize,
     /// `64 - log2(slots)`: Fibonacci hashing takes the top bits.
@@ -79,7 +171,7 @@ impl Table {
     pub(crate) fn new(slots: usize, bit_words: usize) -> Self {
         debug_assert!(slots.is_power_of_two() && slots >= MIN_SLOTS);
         let stride = 1 + bit_words.max(1);
-        let words = zeroed(slots * stride);
+        let words = Words::new(slots * stride);
         Self {
             words,
             mask: slots - 1,
@@ -206,6 +298,14 @@ impl Table {
         // Release: pairs with the Acquire load in `bits`.
         word.store(new, Ordering::Release);
         true
+    }
+
+    /// Whether worker bit `bit` is the only one set in `slot`.
+    pub(crate) fn only_bit(&self, slot: usize, bit: usize) -> bool {
+        (0..self.bit_words()).all(|w| {
+            let want = if w == bit / 64 { 1 << (bit % 64) } else { 0 };
+            self.bits(slot, w) == want
+        })
     }
 
     /// Writer only: clears worker bit `bit` of `slot`; `Some(now_empty)`

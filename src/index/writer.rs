@@ -161,10 +161,10 @@ impl KvIndex {
     /// a slot, so the lower load is worth its memory.
     fn reserve(&self, w: &mut Writer, n: usize, guard: &Guard) {
         let table = self.table_w(guard);
-        if (w.used + n) * 2 <= table.slots() {
+        if (w.used + n) * 4 <= table.slots() * 3 {
             return;
         }
-        let slots = ((w.live + n) * 3).next_power_of_two().max(MIN_SLOTS);
+        let slots = ((w.live + n) * 2).next_power_of_two().max(MIN_SLOTS);
         self.publish_table(w, table.rebuilt(slots, table.bit_words()), guard);
     }
 
@@ -418,9 +418,9 @@ impl KvIndex {
                 (true, true)
             }
             Some((s, false)) => {
-                let was_empty = (0..table.bit_words()).all(|b| table.bits(s, b) == 0);
                 let set = table.set_bit(s, slot);
-                (set, set && was_empty)
+                // Revived: this bit is now the slot's only one.
+                (set, set && table.only_bit(s, slot))
             }
             // `reserve` leaves free slots: unreachable, and harmless.
             None => (false, false),

@@ -10,8 +10,10 @@
 //! cd bench/dynamo && nice -n 10 cargo run --release -- [TRACE] [--runs 5]
 //! ```
 //!
-//! Without `--one`, the program runs itself once per (index, workers)
-//! pair, so each process's RSS growth is its own index's memory.
+//! Without `--one`, the program runs itself once per run and (index,
+//! workers) pair: every run starts cold (a fresh allocator, no pages
+//! faulted in yet) for both indexes alike, and its RSS growth is its own
+//! index's memory.
 
 use std::process::Command;
 use std::time::Instant;
@@ -22,7 +24,7 @@ use dynamo_kv_router::protocols::{
 };
 use dynamo_kv_router::RadixTree;
 use radixd::events::hash::xxh3_chain;
-use radixd::index::{IndexConfig, KvIndex, StoredBlock, Worker};
+use radixd::index::{IndexConfig, KvIndex, OverlapScores, StoredBlock, Worker};
 
 const DEFAULT_TRACE: &str = "/work/shared/traces/conversation_trace.jsonl";
 
@@ -123,6 +125,7 @@ fn run_radixd(trace: &[Vec<u64>], workers: u64) -> Outcome {
     let mut scores = Vec::new();
     let mut keys = Vec::new();
     let mut store = Vec::new();
+    let mut s = OverlapScores::default();
     let start = Instant::now();
     for (i, ids) in trace.iter().enumerate() {
         let worker = i as u64 % workers;
@@ -136,7 +139,7 @@ fn run_radixd(trace: &[Vec<u64>], workers: u64) -> Outcome {
             prev = Some(k);
         }
         blocks += ids.len() as u64;
-        let s = index.find_matches(&keys, false);
+        index.find_matches_into(&keys, false, &mut s);
         scores.clear();
         scores.extend(s.scores.iter().map(|(w, n)| (w.id, *n)));
         let own = scores
@@ -176,33 +179,21 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-fn one(which: &str, workers: u64, trace_path: &str, runs: usize) {
+/// One run in this process: prints `which workers ns/block rss_kib digest
+/// matched blocks`.
+fn one(which: &str, workers: u64, trace_path: &str) {
     let trace = load(trace_path);
     let blocks: usize = trace.iter().map(Vec::len).sum();
-    let run = |t: &[Vec<u64>]| match which {
-        "dynamo" => run_dynamo(t, workers),
-        _ => run_radixd(t, workers),
-    };
-    // Memory: the first run's growth (its index is alive while measured).
+    // Memory: growth over the run (the index is alive while measured).
     let before = rss_kib();
-    let first = run(&trace);
+    let o = match which {
+        "dynamo" => run_dynamo(&trace, workers),
+        _ => run_radixd(&trace, workers),
+    };
     let grown = rss_kib().saturating_sub(before);
-    let mut ns = vec![first.ns_per_block];
-    for _ in 1..runs {
-        let o = run(&trace);
-        assert_eq!(o.digest, first.digest, "a run changed its answers");
-        ns.push(o.ns_per_block);
-    }
-    ns.sort_by(f64::total_cmp);
     println!(
-        "{which} {workers} {:.1} {:.1} {:.1} {} {:016x} {} {}",
-        ns[ns.len() / 2],
-        ns[0],
-        ns[ns.len() - 1],
-        grown,
-        first.digest,
-        first.matched,
-        blocks
+        "{which} {workers} {:.1} {grown} {:016x} {} {blocks}",
+        o.ns_per_block, o.digest, o.matched
     );
 }
 
@@ -227,15 +218,16 @@ fn main() {
         i += 1;
     }
     if let Some((which, workers)) = single {
-        one(&which, workers, &trace, runs.max(1));
+        one(&which, workers, &trace);
         return;
     }
     let me = std::env::current_exe().expect("own path");
     println!(
-        "Mooncake trace {trace}: match + store per request, round-robin, median of {runs} runs"
+        "Mooncake trace {trace}: match + store per request, round-robin; each run a fresh process, \
+         runs interleaved; median (min-max) of {runs}"
     );
     println!(
-        "{:>7}  {:>18}  {:>18}  {:>7}  {:>14}  {:>14}  {:>6}",
+        "{:>7}  {:>22}  {:>22}  {:>7}  {:>14}  {:>14}  {:>4}",
         "workers",
         "dynamo ns/block",
         "radixd ns/block",
@@ -245,41 +237,49 @@ fn main() {
         "same"
     );
     for workers in [1u64, 8] {
-        let mut rows = Vec::new();
-        for which in ["dynamo", "radixd"] {
-            let out = Command::new(&me)
-                .args([&trace, "--runs", &runs.to_string(), "--one", which])
-                .arg(workers.to_string())
-                .output()
-                .expect("run a child");
-            let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            assert!(out.status.success(), "{which} {workers}: {line} {:?}", out);
-            rows.push(
-                line.split_whitespace()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>(),
-            );
-        }
-        let (d, r) = (&rows[0], &rows[1]);
-        let dn: f64 = d[2].parse().expect("ns");
-        let rn: f64 = r[2].parse().expect("ns");
-        println!(
-            "{:>7}  {:>18}  {:>18}  {:>6.2}x  {:>14}  {:>14}  {:>6}",
-            workers,
-            format!("{} ({}-{})", d[2], d[3], d[4]),
-            format!("{} ({}-{})", r[2], r[3], r[4]),
-            dn / rn,
-            d[5],
-            r[5],
-            if d[6] == r[6] && d[7] == r[7] {
-                "yes"
-            } else {
-                "NO"
+        // rows[i][run]: the fields of one run's line.
+        let mut rows: Vec<Vec<Vec<String>>> = vec![Vec::new(), Vec::new()];
+        for _ in 0..runs.max(1) {
+            for (i, which) in ["dynamo", "radixd"].iter().enumerate() {
+                let out = Command::new(&me)
+                    .args([&trace, "--one", which])
+                    .arg(workers.to_string())
+                    .output()
+                    .expect("run a child");
+                let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                assert!(out.status.success(), "{which} {workers}: {line} {out:?}");
+                rows[i].push(line.split_whitespace().map(str::to_string).collect());
             }
+        }
+        let field = |i: usize, f: usize| -> Vec<f64> {
+            let mut v: Vec<f64> = rows[i]
+                .iter()
+                .map(|r| r[f].parse().expect("a number"))
+                .collect();
+            v.sort_by(f64::total_cmp);
+            v
+        };
+        let med = |v: &[f64]| v[v.len() / 2];
+        let (dn, rn) = (field(0, 2), field(1, 2));
+        let (dm, rm) = (field(0, 3), field(1, 3));
+        let same = rows[0]
+            .iter()
+            .chain(&rows[1])
+            .all(|r| r[4] == rows[0][0][4] && r[5] == rows[0][0][5]);
+        println!(
+            "{:>7}  {:>22}  {:>22}  {:>6.2}x  {:>14}  {:>14}  {:>4}",
+            workers,
+            format!("{:.1} ({:.1}-{:.1})", med(&dn), dn[0], dn[dn.len() - 1]),
+            format!("{:.1} ({:.1}-{:.1})", med(&rn), rn[0], rn[rn.len() - 1]),
+            med(&dn) / med(&rn),
+            med(&dm),
+            med(&rm),
+            if same { "yes" } else { "NO" }
         );
         println!(
-            "         digests dynamo {} radixd {}; matched blocks {} / {}; {} block accesses",
-            d[6], r[6], d[7], r[7], d[8]
+            "         digest {} (both), matched blocks {}, {} block accesses",
+            rows[0][0][4], rows[0][0][5], rows[0][0][6]
         );
+        assert!(same, "the two indexes answered differently");
     }
 }

@@ -8,6 +8,7 @@
 //!
 //! ```text
 //! cd bench/dynamo && nice -n 10 cargo run --release -- [TRACE] [--runs 5]
+//! cd bench/dynamo && nice -n 10 cargo run --release -- --concurrency
 //! ```
 //!
 //! Without `--one`, the program runs itself once per run and (index,
@@ -197,6 +198,108 @@ fn one(which: &str, workers: u64, trace_path: &str) {
     );
 }
 
+/// Chained keys of a request's local hashes.
+fn chain(ids: &[u64]) -> Vec<u64> {
+    let mut prev: Option<u64> = None;
+    ids.iter()
+        .map(|&h| {
+            let k = prev.map_or(h, |p| xxh3_chain(p, h));
+            prev = Some(k);
+            k
+        })
+        .collect()
+}
+
+/// `find_matches` latency of 4K-token requests (256 blocks of 16 tokens)
+/// from `readers` threads, with no writer, then with one thread applying
+/// stores and removals as fast as it can: p50 and p99 of each, in µs.
+fn concurrency(trace: &[Vec<u64>], readers: usize, secs: f64) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let index = Arc::new(KvIndex::new(IndexConfig::xxh3(16)).expect("index"));
+    // 4K-token requests: consecutive trace requests' blocks, 256 at a time.
+    let flat: Vec<u64> = trace.iter().flatten().copied().collect();
+    let requests: Vec<Vec<u64>> = flat.chunks_exact(256).map(chain).collect();
+    let half = requests.len() / 2;
+    // The first half cached across 8 workers, the second half for the writer.
+    for (i, keys) in requests[..half].iter().enumerate() {
+        let ids = &flat[i * 256..(i + 1) * 256];
+        let blocks: Vec<StoredBlock> = keys
+            .iter()
+            .zip(ids)
+            .map(|(&k, &l)| StoredBlock { hash: k, local: l })
+            .collect();
+        index
+            .store(Worker::new(i as u64 % 8), None, &blocks)
+            .expect("store");
+    }
+    for writing in [false, true] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = writing.then(|| {
+            let (index, stop) = (Arc::clone(&index), Arc::clone(&stop));
+            let (requests, flat) = (requests.clone(), flat.clone());
+            std::thread::spawn(move || {
+                let mut applied = 0u64;
+                let mut i = half;
+                while !stop.load(Ordering::Relaxed) {
+                    let keys = &requests[i];
+                    let ids = &flat[i * 256..(i + 1) * 256];
+                    let blocks: Vec<StoredBlock> = keys
+                        .iter()
+                        .zip(ids)
+                        .map(|(&k, &l)| StoredBlock { hash: k, local: l })
+                        .collect();
+                    let w = Worker::new(8 + i as u64 % 8);
+                    index.store(w, None, &blocks).expect("store");
+                    let _ = index.remove(w, &keys[128..]);
+                    applied += 1;
+                    i = if i + 1 == requests.len() { half } else { i + 1 };
+                }
+                applied
+            })
+        });
+        let handles: Vec<_> = (0..readers)
+            .map(|r| {
+                let (index, stop, requests) = (
+                    Arc::clone(&index),
+                    Arc::clone(&stop),
+                    requests[..half].to_vec(),
+                );
+                std::thread::spawn(move || {
+                    let mut lat = Vec::new();
+                    let mut out = OverlapScores::default();
+                    let mut i = r * 7919;
+                    while !stop.load(Ordering::Relaxed) {
+                        let keys = &requests[i % requests.len()];
+                        let t0 = Instant::now();
+                        index.find_matches_into(keys, false, &mut out);
+                        lat.push(t0.elapsed().as_nanos() as u64);
+                        i += 1;
+                    }
+                    lat
+                })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_secs_f64(secs));
+        stop.store(true, Ordering::Relaxed);
+        let mut lat: Vec<u64> = handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("reader"))
+            .collect();
+        let applied = writer.map_or(0, |w| w.join().expect("writer"));
+        lat.sort_unstable();
+        let q = |f: f64| lat[((lat.len() - 1) as f64 * f) as usize] as f64 / 1000.0;
+        println!(
+            "{:<26} {:>9} queries  p50 {:>7.2} µs  p99 {:>8.2} µs  ({} store+remove events of 256 blocks)",
+            if writing { "while a writer applies" } else { "no writer" },
+            lat.len(),
+            q(0.5),
+            q(0.99),
+            applied
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mut trace = DEFAULT_TRACE.to_string();
@@ -208,6 +311,12 @@ fn main() {
             "--runs" => {
                 runs = args[i + 1].parse().expect("--runs N");
                 i += 1;
+            }
+            "--concurrency" => {
+                let trace = load(DEFAULT_TRACE);
+                println!("find_matches of 4K-token requests (256 blocks), 8 reader threads:");
+                concurrency(&trace, 8, 3.0);
+                return;
             }
             "--one" => {
                 single = Some((args[i + 1].clone(), args[i + 2].parse().expect("workers")));

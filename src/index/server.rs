@@ -11,6 +11,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -171,14 +172,24 @@ pub fn serve(
     }
     let feeds: Vec<FeedStats> = names.iter().map(|_| FeedStats::default()).collect();
     thread::scope(|scope| {
+        let (started_tx, started) = mpsc::channel();
         for (id, sub) in config.subscriptions.iter().enumerate() {
-            let (index, stats) = (&index, &feeds[id]);
+            let (index, stats, started) = (&index, &feeds[id], started_tx.clone());
             thread::Builder::new()
                 .name(format!("index-feed-{id}"))
                 .spawn_scoped(scope, move || {
-                    feed(config, id as u64, sub, index, stats, stop)
+                    feed(config, id as u64, sub, index, stats, stop, started)
                 })
                 .map_err(ServerError::Thread)?;
+        }
+        // Announced once every feed is subscribed and has its history (or
+        // gave up on it), so what was published before is in the index.
+        let deadline = Instant::now() + config.replay_timeout + Duration::from_secs(2);
+        for _ in 0..names.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if started.recv_timeout(left).is_err() {
+                break;
+            }
         }
         ready();
         let result = answer_loop(&rep, &index, &names, &feeds, stop);
@@ -196,6 +207,7 @@ fn feed(
     index: &KvIndex,
     stats: &FeedStats,
     stop: &AtomicU32,
+    started: mpsc::Sender<()>,
 ) {
     // Relaxed (all counters and `stop`): figures, and a lone flag.
     let stopped = || stop.load(Ordering::Relaxed) != 0;
@@ -225,6 +237,8 @@ fn feed(
             log(format!("no history from the replay socket: {e}"));
         }
     }
+    // The server may be gone already: nothing to tell then.
+    let _ = started.send(());
     while !stopped() {
         match s.recv(Duration::from_millis(100)) {
             Ok(Some(r)) => {

@@ -493,8 +493,10 @@ fn xxh3_full(key: u64) -> FullHash {
     hash::xxh3_full(key)
 }
 
-/// Publishes `new` in `slot`, retiring the old value through `guard`.
-fn publish<T: Send + 'static>(slot: &Atomic<T>, new: T, guard: &epoch::Guard) {
+/// Publishes `new` in `slot`, retiring the old value (writer only: the
+/// caller must not use the old value afterwards).
+fn publish<T: Send + 'static>(slot: &Atomic<T>, new: T) {
+    let guard = &epoch::pin();
     // Release: pairs with the Acquire loads of readers (`find_matches`),
     // which then see the value built before.
     let old = slot.swap(Owned::new(new), Ordering::Release, guard);

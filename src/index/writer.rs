@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{MutexGuard, PoisonError};
 
-use crossbeam_epoch::{self as epoch, Guard};
+use crossbeam_epoch as epoch;
 use radixd_ipc::sync::{Arc, AtomicU32, Ordering};
 
 use super::roster::{Quarantine, Roster};
@@ -105,17 +105,28 @@ impl KvIndex {
         self.writer.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The current table, for the writer.
-    fn table_w<'g>(&self, guard: &'g Guard) -> &'g Table {
+    /// The current table, for the writer (who holds the writer lock).
+    ///
+    /// The writer does not pin: it is the only thread that retires a
+    /// table, so what it loads stays valid until it publishes a
+    /// replacement itself, and no caller uses a table after that (each
+    /// loads the current one again). That saves a pin, and its SeqCst
+    /// fence, per store.
+    fn table_w(&self) -> &Table {
+        // SAFETY: `unprotected` is sound here because only the writer
+        // (this thread, under the lock) retires tables, as argued above.
+        let guard = unsafe { epoch::unprotected() };
         // Acquire: pairs with `publish`'s Release (the previous writer's).
         let t = self.table.load(Ordering::Acquire, guard);
-        // SAFETY: never null; only a writer (holding the lock, as the
-        // caller does) retires it, after unlinking, through `guard`.
+        // SAFETY: never null (set in `new`, replaced only by non-null
+        // values); not retired before this writer replaces it.
         unsafe { t.deref() }
     }
 
-    /// The current roster, for the writer.
-    fn roster_w<'g>(&self, guard: &'g Guard) -> &'g Roster {
+    /// The current roster, for the writer: as `table_w`.
+    fn roster_w(&self) -> &Roster {
+        // SAFETY: as in `table_w`: only the writer retires rosters.
+        let guard = unsafe { epoch::unprotected() };
         // Acquire: pairs with `publish`'s Release.
         let r = self.roster.load(Ordering::Acquire, guard);
         // SAFETY: as in `table_w`.
@@ -124,20 +135,20 @@ impl KvIndex {
 
     /// `worker`'s slot, registering it (and widening the table's bits
     /// first when needed) if it is new.
-    fn slot_for(&self, w: &mut Writer, worker: Worker, guard: &Guard) -> usize {
+    fn slot_for(&self, w: &mut Writer, worker: Worker) -> usize {
         if let Some(&s) = w.slot_of.get(&worker) {
             return s;
         }
-        let roster = self.roster_w(guard);
+        let roster = self.roster_w();
         let slot = w.quarantine.take().unwrap_or(roster.workers.len());
-        let table = self.table_w(guard);
+        let table = self.table_w();
         if slot >= table.capacity() {
             // Widen before the roster names the slot: a reader that sees
             // the new roster then sees a table this wide (loaded after).
             let words = (slot / 64 + 1).next_power_of_two();
-            self.publish_table(w, table.rebuilt(table.slots(), words), guard);
+            self.publish_table(w, table.rebuilt(table.slots(), words));
         }
-        publish(&self.roster, roster.with(slot, Some(worker)), guard);
+        publish(&self.roster, roster.with(slot, Some(worker)));
         if w.held.len() <= slot {
             w.held.resize_with(slot + 1, Held::default);
         }
@@ -145,40 +156,42 @@ impl KvIndex {
         slot
     }
 
-    fn publish_table(&self, w: &mut Writer, table: Table, guard: &Guard) {
+    fn publish_table(&self, w: &mut Writer, table: Table) {
         // Relaxed: a figure.
         self.counters
             .table_bytes
             .store(table.bytes() as u64, Ordering::Relaxed);
         w.used = w.live;
-        publish(&self.table, table, guard);
+        publish(&self.table, table);
     }
 
-    /// Room for `n` more keys under a 1/2 load factor: a rebuild (which
-    /// also drops tombstones) when there is not. Linear probing for an
-    /// absent key (every new block, and where a query stops matching)
-    /// reads about 8.5 slots at 3/4 full, 2.5 at 1/2: the table is 16 bytes
-    /// a slot, so the lower load is worth its memory.
-    fn reserve(&self, w: &mut Writer, n: usize, guard: &Guard) {
-        let table = self.table_w(guard);
+    /// Room for `n` more keys under a 3/4 load factor: a rebuild (which
+    /// also drops tombstones, and doubles the table when it must grow)
+    /// when there is not. Linear probing for an absent key reads about 8.5
+    /// slots at 3/4 full, 2.5 at 1/2, but those slots are adjacent and a
+    /// query warms a request's lines first: measured on the Mooncake
+    /// trace, 3/4 was faster than 1/2 (smaller tables, cheaper growth) and
+    /// took half the memory.
+    fn reserve(&self, w: &mut Writer, n: usize) {
+        let table = self.table_w();
         if (w.used + n) * 4 <= table.slots() * 3 {
             return;
         }
         let slots = ((w.live + n) * 2).next_power_of_two().max(MIN_SLOTS);
-        self.publish_table(w, table.rebuilt(slots, table.bit_words()), guard);
+        self.publish_table(w, table.rebuilt(slots, table.bit_words()));
     }
 
     /// Records tree size and totals after a change.
-    fn settle(&self, w: &Writer, slot: usize, guard: &Guard) {
-        self.roster_w(guard).set_size(slot, w.held[slot].count);
+    fn settle(&self, w: &Writer, slot: usize) {
+        self.roster_w().set_size(slot, w.held[slot].count);
         // Relaxed (both): figures.
         self.counters.blocks.store(w.live as u64, Ordering::Relaxed);
         self.counters.held.store(w.held_total, Ordering::Relaxed);
     }
 
     /// Drops worker slot `slot`'s membership of `key`; whether it held it.
-    fn unset(&self, w: &mut Writer, slot: usize, key: u64, guard: &Guard) -> bool {
-        let table = self.table_w(guard);
+    fn unset(&self, w: &mut Writer, slot: usize, key: u64) -> bool {
+        let table = self.table_w();
         let Some(s) = table.find(stored(key)) else {
             return false;
         };
@@ -205,9 +218,8 @@ impl KvIndex {
         blocks: &[StoredBlock],
     ) -> Result<(), ApplyError> {
         let mut w = self.lock();
-        let guard = &epoch::pin();
-        let slot = self.slot_for(&mut w, worker, guard);
-        let result = self.store_locked(&mut w, slot, parent, blocks, guard);
+        let slot = self.slot_for(&mut w, worker);
+        let result = self.store_locked(&mut w, slot, parent, blocks);
         self.count(&result);
         result
     }
@@ -224,7 +236,6 @@ impl KvIndex {
         slot: usize,
         parent: Option<u64>,
         blocks: &[StoredBlock],
-        guard: &Guard,
     ) -> Result<(), ApplyError> {
         if !matches!(self.config.scheme, Scheme::Xxh3) {
             return Err(ApplyError::NeedsTokens);
@@ -235,7 +246,7 @@ impl KvIndex {
         if parent.is_some_and(|p| blocks.iter().any(|b| b.hash == p)) {
             return Err(ApplyError::InvalidBlockSequence);
         }
-        let mut prev = self.parent_key(w, slot, parent, guard)?;
+        let mut prev = self.parent_key(w, slot, parent)?;
         let mut keys = std::mem::take(&mut w.keys);
         keys.clear();
         for b in blocks {
@@ -243,26 +254,27 @@ impl KvIndex {
             keys.push(key);
             prev = Some(key);
         }
-        self.reserve(w, blocks.len(), guard);
-        self.table_w(guard).touch(&keys);
+        self.reserve(w, blocks.len());
+        // No warm-up here (unlike `commit`): a router stores what it has
+        // just queried, whose lines `find_matches` loaded.
         for (b, &key) in blocks.iter().zip(&keys) {
-            self.hold(w, slot, b.hash, key, None, guard);
+            self.hold(w, slot, b.hash, key, None);
         }
         w.keys = keys;
-        self.settle(w, slot, guard);
+        self.settle(w, slot);
         Ok(())
     }
 
     /// The key of the block slot `slot`'s worker names `name`, if it
     /// holds it.
-    fn key_of(&self, w: &Writer, slot: usize, name: u64, guard: &Guard) -> Option<u64> {
+    fn key_of(&self, w: &Writer, slot: usize, name: u64) -> Option<u64> {
         let held = &w.held[slot];
         if !held.aliases.is_empty() {
             if let Some(&k) = held.aliases.get(&name) {
                 return Some(k);
             }
         }
-        let table = self.table_w(guard);
+        let table = self.table_w();
         let s = table.find(stored(name))?;
         (table.bits(s, slot / 64) & 1 << (slot % 64) != 0).then_some(name)
     }
@@ -273,12 +285,11 @@ impl KvIndex {
         w: &Writer,
         slot: usize,
         parent: Option<u64>,
-        guard: &Guard,
     ) -> Result<Option<u64>, ApplyError> {
         match parent {
             None => Ok(None),
             Some(p) => self
-                .key_of(w, slot, p, guard)
+                .key_of(w, slot, p)
                 .map(Some)
                 .ok_or(ApplyError::ParentNotFound),
         }
@@ -294,10 +305,8 @@ impl KvIndex {
         block_size: u32,
     ) -> Result<(), ApplyError> {
         let mut w = self.lock();
-        let guard = &epoch::pin();
-        let slot = self.slot_for(&mut w, worker, guard);
-        let result =
-            self.store_tokens_locked(&mut w, slot, parent, hashes, tokens, block_size, guard);
+        let slot = self.slot_for(&mut w, worker);
+        let result = self.store_tokens_locked(&mut w, slot, parent, hashes, tokens, block_size);
         self.count(&result);
         result
     }
@@ -311,7 +320,6 @@ impl KvIndex {
         hashes: &[u64],
         tokens: &[u32],
         block_size: u32,
-        guard: &Guard,
     ) -> Result<(), ApplyError> {
         let want = self.config.block_size;
         if block_size != want {
@@ -327,7 +335,7 @@ impl KvIndex {
         if tokens.len() < hashes.len().saturating_mul(bs) {
             return Err(ApplyError::TokensShort);
         }
-        let parent_key = self.parent_key(w, slot, parent, guard)?;
+        let parent_key = self.parent_key(w, slot, parent)?;
         let mut keys = std::mem::take(&mut w.keys);
         let mut fulls = std::mem::take(&mut w.fulls);
         let mut scratch = std::mem::take(&mut w.scratch);
@@ -349,7 +357,7 @@ impl KvIndex {
             }
             prev = Some(full);
         }
-        self.commit(w, slot, hashes, &keys, &fulls, guard);
+        self.commit(w, slot, hashes, &keys, &fulls);
         w.keys = keys;
         w.fulls = fulls;
         w.scratch = scratch;
@@ -364,28 +372,19 @@ impl KvIndex {
         hashes: &[u64],
         keys: &[u64],
         fulls: &[FullHash],
-        guard: &Guard,
     ) {
-        self.reserve(w, keys.len(), guard);
-        self.table_w(guard).touch(keys);
+        self.reserve(w, keys.len());
+        self.table_w().touch(keys);
         for (i, (&h, &key)) in hashes.iter().zip(keys).enumerate() {
-            self.hold(w, slot, h, key, fulls.get(i), guard);
+            self.hold(w, slot, h, key, fulls.get(i));
         }
-        self.settle(w, slot, guard);
+        self.settle(w, slot);
     }
 
     /// Makes slot `slot`'s worker hold `key`, which it names `name`
     /// (`full`: the key's digest, sha256-cbor only). The caller reserved
     /// room in the table.
-    fn hold(
-        &self,
-        w: &mut Writer,
-        slot: usize,
-        name: u64,
-        key: u64,
-        full: Option<&FullHash>,
-        guard: &Guard,
-    ) {
+    fn hold(&self, w: &mut Writer, slot: usize, name: u64, key: u64, full: Option<&FullHash>) {
         let held = &mut w.held[slot];
         let renamed = if name == key {
             if held.aliases.is_empty() {
@@ -406,12 +405,12 @@ impl KvIndex {
         };
         if let Some(old) = renamed.filter(|&old| old != key) {
             // The worker named other tokens by this name before.
-            if self.unset(w, slot, old, guard) {
+            if self.unset(w, slot, old) {
                 w.held[slot].count = w.held[slot].count.saturating_sub(1);
                 w.held_total = w.held_total.saturating_sub(1);
             }
         }
-        let table = self.table_w(guard);
+        let table = self.table_w();
         let (set, revived) = match table.claim(stored(key), slot) {
             Some((_, true)) => {
                 w.used += 1;
@@ -443,13 +442,12 @@ impl KvIndex {
     /// (the first such is the error), the others removed.
     pub fn remove(&self, worker: Worker, hashes: &[u64]) -> Result<(), ApplyError> {
         let mut w = self.lock();
-        let guard = &epoch::pin();
-        let slot = self.slot_for(&mut w, worker, guard);
+        let slot = self.slot_for(&mut w, worker);
         let mut result = Ok(());
         for &h in hashes {
             let alias = w.held[slot].aliases.remove(&h);
             let key = alias.unwrap_or(h);
-            let was = self.unset(&mut w, slot, key, guard);
+            let was = self.unset(&mut w, slot, key);
             if was {
                 w.held_total = w.held_total.saturating_sub(1);
             }
@@ -459,15 +457,15 @@ impl KvIndex {
                 result = Err(ApplyError::BlockNotFound);
             }
         }
-        self.settle(&w, slot, guard);
+        self.settle(&w, slot);
         self.count(&result);
         result
     }
 
     /// Drops every block of slot `slot`'s worker: one pass over the table
     /// (clearing is rare; keeping a list per worker would cost every store).
-    fn clear_slot(&self, w: &mut Writer, slot: usize, guard: &Guard) {
-        let table = self.table_w(guard);
+    fn clear_slot(&self, w: &mut Writer, slot: usize) {
+        let table = self.table_w();
         for s in 0..table.slots() {
             if let Some(now_empty) = table.clear_bit(s, slot) {
                 w.held_total = w.held_total.saturating_sub(1);
@@ -480,19 +478,18 @@ impl KvIndex {
             }
         }
         w.held[slot] = Held::default();
-        self.settle(w, slot, guard);
+        self.settle(w, slot);
     }
 
     /// Drops every block of `worker` (Dynamo's `clear_all_blocks` for one
     /// rank); the worker stays known, with tree size 0.
     pub fn clear(&self, worker: Worker) -> Result<(), ApplyError> {
         let mut w = self.lock();
-        let guard = &epoch::pin();
         let Some(&slot) = w.slot_of.get(&worker) else {
             self.count_error(&ApplyError::UnknownWorker);
             return Err(ApplyError::UnknownWorker);
         };
-        self.clear_slot(&mut w, slot, guard);
+        self.clear_slot(&mut w, slot);
         Ok(())
     }
 
@@ -500,24 +497,21 @@ impl KvIndex {
     /// answers list it.
     pub fn add_worker(&self, worker: Worker) {
         let mut w = self.lock();
-        let guard = &epoch::pin();
-        self.slot_for(&mut w, worker, guard);
+        self.slot_for(&mut w, worker);
     }
 
     /// `AllBlocksCleared`: the worker known (as any event makes it, in
     /// Dynamo) and empty.
     pub(super) fn clear_or_add(&self, worker: Worker) {
         let mut w = self.lock();
-        let guard = &epoch::pin();
-        let slot = self.slot_for(&mut w, worker, guard);
-        self.clear_slot(&mut w, slot, guard);
+        let slot = self.slot_for(&mut w, worker);
+        self.clear_slot(&mut w, slot);
     }
 
     /// Forgets every rank of worker `id` and its blocks (Dynamo's
     /// `remove_worker`); no-op for an unknown worker.
     pub fn remove_worker(&self, id: u64) {
         let mut w = self.lock();
-        let guard = &epoch::pin();
         let mut gone: Vec<(Worker, usize)> = w
             .slot_of
             .iter()
@@ -526,14 +520,14 @@ impl KvIndex {
             .collect();
         gone.sort_unstable();
         for (worker, slot) in gone {
-            self.clear_slot(&mut w, slot, guard);
+            self.clear_slot(&mut w, slot);
             w.slot_of.remove(&worker);
-            publish(&self.roster, self.roster_w(guard).with(slot, None), guard);
+            publish(&self.roster, self.roster_w().with(slot, None));
             let flag = Arc::new(AtomicU32::new(0));
             let raise = Arc::clone(&flag);
             // Runs once every reader pinned now has unpinned: none can
             // still credit the old worker with the slot's bits.
-            guard.defer(move || {
+            epoch::pin().defer(move || {
                 // Release: pairs with the Acquire load in
                 // `Quarantine::take`.
                 raise.store(1, Ordering::Release);

@@ -43,6 +43,8 @@ impl Roster {
         let sizes = (0..workers.len())
             .map(|s| {
                 let carried = match (s == slot, self.sizes.get(s)) {
+                    // Relaxed: the writer's own figure (it alone stores
+                    // sizes).
                     (false, Some(n)) => n.load(Ordering::Relaxed),
                     _ => 0,
                 };

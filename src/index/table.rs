@@ -14,6 +14,10 @@
 //! same key may take again), so a reader never sees a slot change identity.
 //! Growing, dropping tombstones or widening the bits builds a new table that
 //! the index publishes and retires through crossbeam-epoch.
+//!
+//! This file depends on nothing but `radixd_ipc::sync` (and `libc` outside
+//! loom): `loom_tests/tests/index_table.rs` compiles it as it is and model
+//! checks the publication of a slot against a concurrent reader.
 
 use radixd_ipc::sync::{AtomicU64, Ordering};
 
@@ -21,8 +25,11 @@ use radixd_ipc::sync::{AtomicU64, Ordering};
 /// constant is confused with hash 0 (probability 2^-64 per pair).
 const ZERO_KEY: u64 = 0x9e37_79b9_7f4a_7c15;
 
-/// Smallest table, in slots.
+/// Smallest table, in slots (8 under loom, so models stay small).
+#[cfg(not(loom))]
 pub(crate) const MIN_SLOTS: usize = 1024;
+#[cfg(loom)]
+pub(crate) const MIN_SLOTS: usize = 8;
 
 /// The stored form of `key` (never 0).
 #[inline]
@@ -34,122 +41,147 @@ pub(crate) fn stored(key: u64) -> u64 {
     }
 }
 
-/// Tables from this size on are mapped on their own, in 2 MiB pages.
-const HUGE: usize = 2 << 20;
+#[cfg(not(loom))]
+use words::Words;
 
-/// A table's zeroed words: from the heap when small; when large, an
-/// anonymous mapping aligned to 2 MiB and advised to use transparent huge
-/// pages, because a query touches one random slot per block: with 4 KiB
-/// pages most of those are TLB misses too, and a growing table would take
-/// a page fault per 4 KiB.
-struct Words {
-    ptr: std::ptr::NonNull<AtomicU64>,
-    len: usize,
-    /// Bytes mapped at `ptr`; 0: a heap allocation (a `Box<[AtomicU64]>`).
-    mapped: usize,
+/// The words of a table under loom: a plain boxed slice (loom's atomics
+/// are objects of the model, created and dropped as Rust values).
+#[cfg(loom)]
+struct Words(Box<[AtomicU64]>);
+
+#[cfg(loom)]
+impl Words {
+    fn new(n: usize) -> Self {
+        Self((0..n).map(|_| AtomicU64::new(0)).collect())
+    }
 }
 
-// SAFETY: `Words` owns its memory exclusively and hands out only shared
-// references to `AtomicU64`s, which are `Sync`.
-unsafe impl Send for Words {}
-// SAFETY: as above: `&Words` gives `&[AtomicU64]` only.
-unsafe impl Sync for Words {}
-
+#[cfg(loom)]
 impl std::ops::Deref for Words {
     type Target = [AtomicU64];
     fn deref(&self) -> &[AtomicU64] {
-        // SAFETY: `ptr` points to `len` initialised `AtomicU64`s owned by
-        // `self` (zeroed at creation), alive until `drop`.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        &self.0
     }
 }
 
-impl Drop for Words {
-    fn drop(&mut self) {
-        if self.mapped == 0 {
-            // SAFETY: a heap table came from `Box::into_raw` of a boxed
-            // slice of exactly `len` words (`Words::new`).
-            drop(unsafe {
-                Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                    self.ptr.as_ptr(),
-                    self.len,
-                ))
-            });
-        } else {
-            // SAFETY: `ptr..ptr + mapped` is the mapping `Words::new` made
-            // (trimmed to it), used by nothing else now.
-            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
-        }
-    }
-}
+#[cfg(not(loom))]
+mod words {
+    use super::AtomicU64;
 
-impl Words {
-    /// `n` zero words.
-    fn new(n: usize) -> Self {
-        let bytes = n.saturating_mul(8);
-        #[cfg(not(loom))]
-        if bytes >= HUGE {
-            if let Some(w) = Self::mapped(n, bytes) {
-                return w;
-            }
-        }
-        let boxed: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
-        let len = boxed.len();
-        let raw = Box::into_raw(boxed).cast::<AtomicU64>();
-        Self {
-            // A boxed slice's pointer is never null (dangling when empty).
-            ptr: std::ptr::NonNull::new(raw).unwrap_or(std::ptr::NonNull::dangling()),
-            len,
-            mapped: 0,
+    /// Tables from this size on are mapped on their own, in 2 MiB pages.
+    const HUGE: usize = 2 << 20;
+
+    /// A table's zeroed words: from the heap when small; when large, an
+    /// anonymous mapping aligned to 2 MiB and advised to use transparent huge
+    /// pages, because a query touches one random slot per block: with 4 KiB
+    /// pages most of those are TLB misses too, and a growing table would take
+    /// a page fault per 4 KiB.
+    pub(super) struct Words {
+        ptr: std::ptr::NonNull<AtomicU64>,
+        len: usize,
+        /// Bytes mapped at `ptr`; 0: a heap allocation (a `Box<[AtomicU64]>`).
+        mapped: usize,
+    }
+
+    // SAFETY: `Words` owns its memory exclusively and hands out only shared
+    // references to `AtomicU64`s, which are `Sync`.
+    unsafe impl Send for Words {}
+    // SAFETY: as above: `&Words` gives `&[AtomicU64]` only.
+    unsafe impl Sync for Words {}
+
+    impl std::ops::Deref for Words {
+        type Target = [AtomicU64];
+        fn deref(&self) -> &[AtomicU64] {
+            // SAFETY: `ptr` points to `len` initialised `AtomicU64`s owned by
+            // `self` (zeroed at creation), alive until `drop`.
+            unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
         }
     }
 
-    /// `n` zero words in a 2 MiB-aligned anonymous mapping; `None` when the
-    /// kernel refuses (the heap then serves).
-    #[cfg(not(loom))]
-    fn mapped(n: usize, bytes: usize) -> Option<Self> {
-        let size = bytes.div_ceil(HUGE) * HUGE;
-        let span = size + HUGE;
-        // SAFETY: a fresh private anonymous mapping; no existing memory is
-        // involved.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                span,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return None;
-        }
-        let start = base as usize;
-        let aligned = start.div_ceil(HUGE) * HUGE;
-        let (head, tail) = (aligned - start, start + span - (aligned + size));
-        // SAFETY: `head` and `tail` bytes lie inside the mapping just made,
-        // outside the part kept; unmapping them touches nothing else. The
-        // advice only concerns the part kept; its failure is harmless.
-        unsafe {
-            if head > 0 {
-                libc::munmap(base, head);
+    impl Drop for Words {
+        fn drop(&mut self) {
+            if self.mapped == 0 {
+                // SAFETY: a heap table came from `Box::into_raw` of a boxed
+                // slice of exactly `len` words (`Words::new`).
+                drop(unsafe {
+                    Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                        self.ptr.as_ptr(),
+                        self.len,
+                    ))
+                });
+            } else {
+                // Never under loom: `Words::new` maps nothing there.
+                // SAFETY: `ptr..ptr + mapped` is the mapping `Words::new` made
+                // (trimmed to it), used by nothing else now.
+                unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
             }
-            if tail > 0 {
-                libc::munmap((aligned + size) as *mut libc::c_void, tail);
-            }
-            libc::madvise(aligned as *mut libc::c_void, size, libc::MADV_HUGEPAGE);
         }
-        Some(Self {
-            // An address from a successful mmap, rounded up inside it.
-            ptr: std::ptr::NonNull::new(aligned as *mut AtomicU64)?,
-            len: n,
-            mapped: size,
-        })
     }
 
-    fn len(&self) -> usize {
-        self.len
+    impl Words {
+        /// `n` zero words.
+        pub(super) fn new(n: usize) -> Self {
+            {
+                let bytes = n.saturating_mul(8);
+                if bytes >= HUGE {
+                    if let Some(w) = Self::mapped(n, bytes) {
+                        return w;
+                    }
+                }
+            }
+            let boxed: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
+            let len = boxed.len();
+            let raw = Box::into_raw(boxed).cast::<AtomicU64>();
+            Self {
+                // A boxed slice's pointer is never null (dangling when empty).
+                ptr: std::ptr::NonNull::new(raw).unwrap_or(std::ptr::NonNull::dangling()),
+                len,
+                mapped: 0,
+            }
+        }
+
+        /// `n` zero words in a 2 MiB-aligned anonymous mapping; `None` when the
+        /// kernel refuses (the heap then serves).
+        fn mapped(n: usize, bytes: usize) -> Option<Self> {
+            let size = bytes.div_ceil(HUGE) * HUGE;
+            let span = size + HUGE;
+            // SAFETY: a fresh private anonymous mapping; no existing memory is
+            // involved.
+            let base = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    span,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if base == libc::MAP_FAILED {
+                return None;
+            }
+            let start = base as usize;
+            let aligned = start.div_ceil(HUGE) * HUGE;
+            let (head, tail) = (aligned - start, start + span - (aligned + size));
+            // SAFETY: `head` and `tail` bytes lie inside the mapping just made,
+            // outside the part kept; unmapping them touches nothing else. The
+            // advice only concerns the part kept; its failure is harmless.
+            unsafe {
+                if head > 0 {
+                    libc::munmap(base, head);
+                }
+                if tail > 0 {
+                    libc::munmap((aligned + size) as *mut libc::c_void, tail);
+                }
+                libc::madvise(aligned as *mut libc::c_void, size, libc::MADV_HUGEPAGE);
+            }
+            Some(Self {
+                // An address from a successful mmap, rounded up inside it.
+                ptr: std::ptr::NonNull::new(aligned as *mut AtomicU64)?,
+                len: n,
+                mapped: size,
+            })
+        }
     }
 }
 
@@ -195,8 +227,9 @@ impl Table {
         self.bit_words() * 64
     }
 
+    /// The slot where probing for `key` starts.
     #[inline]
-    fn home(&self, key: u64) -> usize {
+    pub(crate) fn home(&self, key: u64) -> usize {
         // Fibonacci hashing: hashes chosen by a client (a query by hashes)
         // spread as well as xxh3 output does.
         (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize
@@ -357,7 +390,7 @@ impl Table {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

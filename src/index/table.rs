@@ -282,7 +282,7 @@ impl Table {
     /// Writer only: the slot of `key`, claiming an empty one with the
     /// worker bit `bit` already set when the key is new. Returns the slot
     /// and whether it was claimed. The caller keeps the load factor below
-    /// 1/2, so an empty slot exists.
+    /// 3/4, so an empty slot exists.
     pub(crate) fn claim(&self, key: u64, bit: usize) -> Option<(usize, bool)> {
         let mut i = self.home(key);
         for _ in 0..=self.mask {

@@ -323,3 +323,37 @@ fn zero_block_size_is_refused() {
         Some(IndexConfigError::ZeroBlockSize)
     );
 }
+
+#[test]
+fn a_name_reused_for_other_tokens_moves() {
+    let i = idx();
+    // A worker with its own names: 100 first names tokens [1, 2], then
+    // [3, 4] (a worker that reused a hash): one block held, the new one.
+    stored(&i, B, None, &[100], &[1, 2]);
+    stored(&i, B, None, &[100], &[3, 4]);
+    assert_eq!(i.workers(), vec![(B, 1)]);
+    assert!(i.find_matches_for_tokens(&[1, 2], false).scores.is_empty());
+    assert_eq!(
+        sorted(i.find_matches_for_tokens(&[3, 4], false)),
+        vec![(B, 1)]
+    );
+    // The same for a name that is the index's own key of other tokens.
+    let k = names(&[5, 6])[0];
+    stored(&i, A, None, &[k], &[5, 6]);
+    stored(&i, A, None, &[k], &[7, 8]);
+    let mut w = i.workers();
+    w.sort_unstable();
+    assert_eq!(w, vec![(A, 1), (B, 1)]);
+    assert!(i.find_matches_for_tokens(&[5, 6], false).scores.is_empty());
+    assert_eq!(
+        sorted(i.find_matches_for_tokens(&[7, 8], false)),
+        vec![(A, 1)]
+    );
+    i.remove(A, &[k]).expect("remove");
+    i.remove(B, &[100]).expect("remove");
+    let mut w = i.workers();
+    w.sort_unstable();
+    assert_eq!(w, vec![(A, 0), (B, 0)]);
+    assert_eq!(i.stats().blocks, 0);
+    assert_eq!(i.stats().held, 0);
+}

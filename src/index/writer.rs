@@ -388,8 +388,9 @@ impl KvIndex {
     /// (`full`: the key's digest, sha256-cbor only). The caller reserved
     /// room in the table.
     fn hold(&self, w: &mut Writer, slot: usize, name: u64, key: u64, full: Option<&FullHash>) {
+        // First forget what the name stood for before, if anything.
         let held = &mut w.held[slot];
-        let renamed = if name == key {
+        let old = if name == key {
             if held.aliases.is_empty() {
                 None
             } else {
@@ -397,19 +398,21 @@ impl KvIndex {
             }
         } else {
             match held.aliases.insert(name, key) {
-                // The alias itself is the membership (its bit may be set
-                // already under another name: one bit, two names).
+                // The name may have been a block's own key until now.
                 None => {
-                    held.count += 1;
-                    None
+                    let table = self.table_w();
+                    table
+                        .find(stored(name))
+                        .filter(|&s| table.bits(s, slot / 64) & 1 << (slot % 64) != 0)
+                        .map(|_| name)
                 }
                 old => old,
             }
         };
-        if let Some(old) = renamed.filter(|&old| old != key) {
+        if let Some(old) = old {
+            held.count = held.count.saturating_sub(1);
             // The worker named other tokens by this name before.
-            if self.unset(w, slot, old) {
-                w.held[slot].count = w.held[slot].count.saturating_sub(1);
+            if old != key && self.unset(w, slot, old) {
                 w.held_total = w.held_total.saturating_sub(1);
             }
         }
@@ -429,9 +432,11 @@ impl KvIndex {
         };
         if set {
             w.held_total += 1;
-            if name == key {
-                w.held[slot].count += 1;
-            }
+        }
+        // The name's new meaning: an alias always counts; a block named by
+        // its key counts when its bit was new.
+        if name != key || set {
+            w.held[slot].count += 1;
         }
         if revived {
             w.live += 1;

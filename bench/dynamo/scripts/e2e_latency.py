@@ -1,7 +1,10 @@
 """End to end: a page inserted into `radixd serve --kv-events` until `radixd index
 serve` answers a query that sees it (RADIXD_BIN, default target/release/radixd;
 run from the repository root with the package installed)."""
-import os, subprocess, time, uuid, statistics
+import os
+import subprocess
+import time
+
 import radixd
 B = os.environ.get("RADIXD_BIN", "target/release/radixd")
 name = f"lat-{os.getpid()}"

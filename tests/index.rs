@@ -590,6 +590,26 @@ mod end_to_end {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("an error as JSON");
         assert_eq!(v["ok"], false);
         assert_eq!(v["error"], "bad_argument");
+        // Garbage on the query socket: an error answer each, and the
+        // socket goes on answering.
+        let req = ctx.socket(zmq::REQ).expect("REQ");
+        req.connect(&listen).expect("connect");
+        let ask = |frames: &[&[u8]]| -> radixd::events::msgpack::Value {
+            req.send_multipart(frames, 0).expect("send");
+            assert!(req.poll(zmq::POLLIN, 5000).expect("poll") > 0, "an answer");
+            radixd::events::msgpack::decode(&req.recv_bytes(0).expect("recv")).expect("msgpack")
+        };
+        let error_kind = |v: &radixd::events::msgpack::Value| match v {
+            radixd::events::msgpack::Value::Map(p) => {
+                radixd::index::protocol::get(p, "error").cloned()
+            }
+            _ => None,
+        };
+        let bad = radixd::events::msgpack::Value::Str("bad_request".into());
+        assert_eq!(error_kind(&ask(&[b"\xc1"])), Some(bad.clone()));
+        assert_eq!(error_kind(&ask(&[b"a", b"b"])), Some(bad.clone()));
+        let good = radixd::index::protocol::Request::Stats.encode();
+        assert_eq!(error_kind(&ask(&[&good])), None);
         // The figures name every feed; `c` counted its garbage.
         let out = radixd()
             .args(["index", "stat", "--connect", &listen, "--interval", "0.1"])

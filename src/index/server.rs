@@ -294,14 +294,20 @@ fn answer_loop(
             Ok(_) => {}
             Err(e) => return Err(ServerError::Zmq("wait for queries", e)),
         }
-        let msg = match rep.recv_bytes(0) {
-            Ok(m) => m,
+        // Every frame of the request is read (a REP socket answers only a
+        // whole request); a request is one frame.
+        let frames = match rep.recv_multipart(0) {
+            Ok(f) => f,
             // Interrupted by a signal: look at `stop` again.
             Err(zmq::Error::EINTR) => continue,
             Err(e) => return Err(ServerError::Zmq("receive a query", e)),
         };
         let t0 = Instant::now();
-        let answer = match Request::decode(&msg) {
+        let decoded = match frames.as_slice() {
+            [one] => Request::decode(one),
+            _ => Err(protocol::ProtocolError::Shape("a request of one frame")),
+        };
+        let answer = match decoded {
             Err(e) => error_answer(e.kind(), &e.to_string()),
             Ok(Request::Query { keys, early_exit }) => {
                 let scores = match &keys {

@@ -9,6 +9,8 @@
 //! - [`segment`]: what the daemon keeps in shared memory.
 //! - [`daemon`]: `radixd serve`, the engine behind the rings.
 //! - [`events`]: KV events in vLLM's wire format for cluster routers.
+//! - `index` (feature `index`): the cluster router's KV index over those
+//!   events (per-worker overlap scores, as Dynamo's router computes them).
 //! - [`client`]: [`Client`], a scheduler's connection to the daemon.
 //! - [`order`]: cache-aware scheduling order (LPM, DFS-weight) from
 //!   lock-free peeks.
@@ -21,6 +23,8 @@ pub mod client;
 pub mod daemon;
 pub mod engine;
 pub mod events;
+#[cfg(feature = "index")]
+pub mod index;
 pub mod op;
 pub mod order;
 pub mod shared;

@@ -1,5 +1,7 @@
 //! loom models of the cross-process protocols of `radixd-ipc` (SPSC ring,
-//! futex doorbell, client slot claim/release/reclaim); see `tests/`.
+//! futex doorbell, client slot claim/release/reclaim), and of the router
+//! index's block table (`src/index/table.rs`, compiled here by path); see
+//! `tests/`.
 //!
 //! Run with `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p loom_tests --release`.
 //!

@@ -17,7 +17,9 @@
 //!   they hold is checked;
 //! - `a|b` inside one word lists alternatives: the line is checked once
 //!   with each (all such words take their first, then their second, ...);
-//! - `...` and `…` are dropped;
+//! - `...` and `…` are dropped, with the flag just before them
+//!   (`[--subscribe ...]`: the flag again);
+//! - a word with quotes in it (`--tokens '[1,2,3]'`) is taken as it is;
 //! - a placeholder is a word (or the value after `--flag=`) with capitals
 //!   and no lower-case letter (`NAME`, `SECS`, `WORKER=ENDPOINT`), or
 //!   anything in angle brackets (`<KV pool size in pages>`). The ones in
@@ -63,7 +65,12 @@ const PLACEHOLDERS: &[(&str, &str)] = &[
 ];
 
 /// Values tried, in turn, for a placeholder not in [`PLACEHOLDERS`].
-const CANDIDATES: &[&str] = &["1", "radixd", "tcp://127.0.0.1:5557"];
+const CANDIDATES: &[&str] = &[
+    "1",
+    "radixd",
+    "tcp://127.0.0.1:5557",
+    "w=tcp://127.0.0.1:5557",
+];
 
 /// How a command line may start, and what stands for `radixd` in it.
 const PREFIXES: &[&str] = &[
@@ -161,17 +168,26 @@ fn starts_command(cmd: &str, prefix: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with(' '))
 }
 
+/// One argument as a shell splits it; a word with quotes in it is taken
+/// as it is, never as synopsis notation.
+struct Word {
+    text: String,
+    quoted: bool,
+}
+
 /// The arguments after the program, as a shell splits them (quotes
 /// honoured, no expansion), up to the first operator or comment.
-fn shell_words(cmd: &str) -> Vec<String> {
+fn shell_words(cmd: &str) -> Vec<Word> {
     let mut words = Vec::new();
     let mut word = String::new();
     let mut in_word = false;
-    let mut chars = cmd.chars().peekable();
+    let mut quoted = false;
+    let mut chars = cmd.chars();
     while let Some(c) = chars.next() {
         match c {
             '\'' | '"' => {
                 in_word = true;
+                quoted = true;
                 for q in chars.by_ref() {
                     if q == c {
                         break;
@@ -181,14 +197,19 @@ fn shell_words(cmd: &str) -> Vec<String> {
             }
             '\\' => {
                 in_word = true;
+                quoted = true;
                 if let Some(n) = chars.next() {
                     word.push(n);
                 }
             }
             ' ' | '\t' => {
                 if in_word {
-                    words.push(std::mem::take(&mut word));
+                    words.push(Word {
+                        text: std::mem::take(&mut word),
+                        quoted,
+                    });
                     in_word = false;
+                    quoted = false;
                 }
             }
             '#' if !in_word => break,
@@ -199,11 +220,11 @@ fn shell_words(cmd: &str) -> Vec<String> {
         }
     }
     if in_word {
-        words.push(word);
+        words.push(Word { text: word, quoted });
     }
     let end = words
         .iter()
-        .position(|w| is_operator(w))
+        .position(|w| !w.quoted && is_operator(&w.text))
         .unwrap_or(words.len());
     words.truncate(end);
     words
@@ -232,37 +253,66 @@ fn argument_lists(cmd: &str, unknown: &str) -> Vec<Vec<String>> {
         .filter(|p| starts_command(cmd, p))
         .max_by_key(|p| p.len())
         .expect("a command line");
-    // `<a phrase>` is one placeholder, spaces and all.
+    // `<a phrase>` is one placeholder, spaces and all; a `<` followed by
+    // a space, or never closed, is a redirection.
     let mut rest = String::new();
-    let mut angle = false;
-    for c in cmd[prefix.len()..].chars() {
-        match c {
-            '<' if !angle => {
-                angle = true;
+    let mut tail = &cmd[prefix.len()..];
+    while let Some(at) = tail.find('<') {
+        rest.push_str(&tail[..at]);
+        let after = &tail[at + 1..];
+        match after.find('>') {
+            Some(end) if !after.starts_with(char::is_whitespace) => {
                 rest.push_str("PLACEHOLDER");
+                tail = &after[end + 1..];
             }
-            '>' if angle => angle = false,
-            _ if angle => {}
-            _ => rest.push(c),
+            _ => {
+                rest.push('<');
+                tail = after;
+            }
         }
     }
-    let words: Vec<String> = shell_words(&rest)
-        .into_iter()
-        .map(|w| w.trim_start_matches('[').trim_end_matches(']').to_owned())
-        .filter(|w| !w.is_empty() && w != "..." && w != "…")
-        .collect();
-    let variants = words
-        .iter()
-        .map(|w| alternatives(w).len())
-        .max()
-        .unwrap_or(1);
+    rest.push_str(tail);
+    // Synopsis notation, in unquoted words only: brackets go, `...` (and
+    // the flag it repeats) goes.
+    let mut words: Vec<Word> = Vec::new();
+    for w in shell_words(&rest) {
+        if w.quoted {
+            words.push(w);
+            continue;
+        }
+        let text: String = w.text.chars().filter(|c| !matches!(c, '[' | ']')).collect();
+        if text == "..." || text == "…" {
+            if words
+                .last()
+                .is_some_and(|p| !p.quoted && p.text.starts_with('-'))
+            {
+                words.pop();
+            }
+        } else if !text.is_empty() {
+            words.push(Word {
+                text,
+                quoted: false,
+            });
+        }
+    }
+    let alts = |w: &Word| {
+        if w.quoted {
+            vec![w.text.clone()]
+        } else {
+            alternatives(&w.text)
+                .into_iter()
+                .map(|a| fill(a, unknown))
+                .collect()
+        }
+    };
+    let variants = words.iter().map(|w| alts(w).len()).max().unwrap_or(1);
     (0..variants)
         .map(|v| {
             words
                 .iter()
                 .map(|w| {
-                    let alts = alternatives(w);
-                    fill(alts[v.min(alts.len() - 1)], unknown)
+                    let a = alts(w);
+                    a[v.min(a.len() - 1)].clone()
                 })
                 .collect()
         })
@@ -532,6 +582,9 @@ fn the_check_catches_renamed_flags_and_dead_links() {
     assert!(check_command("radixd bench [--transport shm|udp]").is_err());
     assert!(check_command("radixd stat <a daemon's name> --interval SECS").is_ok());
     assert!(check_command("radixd serve --nme WHATEVER").is_err());
+    assert!(check_command("radixd exec --connect demo < requests.jsonl").is_ok());
+    assert!(check_command("radixd events ENDPOINT [--topic T ...] [--idle-exit SECS]").is_ok());
+    assert!(check_command("radixd exec --page-size '[2]'").is_err());
     // Continuations and operators.
     let page = "```sh\nradixd serve \\\n    --pge-size 2 | cat\n```\n";
     let cmds = command_lines(Path::new("x.md"), page);

@@ -763,17 +763,14 @@ impl Client {
             })
             .into());
         };
-        for _ in 0..PEEK_TRIES {
-            // Announced, the daemon reuses no node or page this walk may
-            // return; an announcement it expired (this process stalled for
-            // `daemon::READER_EXPIRY`) makes the copy untrustworthy.
-            announce.pin(clock);
-            let peeked = reader.peek_anchored(tokens, pages);
-            if announce.unpin() {
-                return peeked.ok_or(ClientError::Contended);
-            }
-        }
-        Err(ClientError::Contended)
+        // Announced, the daemon reuses no node or page a walk may return;
+        // an announcement it expired (this process stalled for
+        // `daemon::READER_EXPIRY`) makes that walk's copy untrustworthy,
+        // and `read` walks again.
+        announce
+            .read(clock, PEEK_TRIES, || reader.peek_anchored(tokens, pages))
+            .flatten()
+            .ok_or(ClientError::Contended)
     }
 
     /// Turns anchoring on (the default) or off. On, [`Client::match_prefix`]

@@ -16,15 +16,16 @@ use std::mem::size_of;
 use std::ptr::NonNull;
 
 use radixd_ipc::sync::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use radixd_ipc::{
-    Collector, EpochClock, LayoutConfig, LayoutError, Offset, ReaderSlot, Reclaimer, RegionError,
-    Segment, SegmentLayout, ShmSafe, INFO_BYTES,
+    EpochClock, LayoutConfig, LayoutError, Offset, ReaderSlot, RegionError, Segment, SegmentLayout,
+    ShmSafe, INFO_BYTES,
 };
 
 use crate::engine::layout::ENGINE_VERSION;
-use crate::engine::{EngineLayout, Grace, Region, Stats, REGION_ALIGN};
+use crate::engine::{EngineLayout, Region, Stats, REGION_ALIGN};
+pub use crate::readers::ShmGrace;
 use crate::wire::{WireReply, WireRequest};
 
 /// Version of radixd's own structures (`Info`, `LiveStats`, the wire
@@ -257,40 +258,6 @@ fn readers_bytes(clients: u32) -> u64 {
     bytes.div_ceil(LIVE_STATS_BYTES) * LIVE_STATS_BYTES
 }
 
-/// The readers' grace period over the segment's reader epochs (daemon
-/// side): what the engine asks before it reuses a freed node or an evicted
-/// page. The policy (the true epoch kept privately, every reader in the way
-/// for longer than `expire_after` expired in one pass) is
-/// [`radixd_ipc::Reclaimer`]'s; an expired reader learns so when it leaves
-/// and throws its copy away (`Client::peek` then reads again).
-pub struct ShmGrace {
-    table: ReaderTable,
-    policy: Reclaimer,
-}
-
-/// Where the segment's epoch clock and reader slots are.
-struct ReaderTable {
-    clock: NonNull<EpochClock>,
-    readers: NonNull<ReaderSlot>,
-    count: usize,
-}
-
-impl ReaderTable {
-    fn collector(&self) -> Collector<'_> {
-        // SAFETY: both point into a mapping that outlives the `ShmGrace`
-        // holding this (the contract of `ShmGrace::new`); the slots were a
-        // checked slice of `count` elements, and shared references to
-        // atomics are sound while other processes write them.
-        let (clock, readers) = unsafe {
-            (
-                self.clock.as_ref(),
-                std::slice::from_raw_parts(self.readers.as_ptr(), self.count),
-            )
-        };
-        Collector::new(clock, readers)
-    }
-}
-
 impl ShmGrace {
     /// The grace period over `segment`'s reader table, expiring readers
     /// that block it for longer than `expire_after`.
@@ -306,37 +273,9 @@ impl ShmGrace {
         expire_after: Duration,
     ) -> Result<Self, RegionError> {
         let (clock, readers) = layout.readers(segment)?;
-        clock.reset();
-        for reader in readers {
-            reader.clear();
-        }
-        Ok(Self {
-            table: ReaderTable {
-                clock: NonNull::from(clock),
-                readers: NonNull::from(readers).cast(),
-                count: readers.len(),
-            },
-            policy: Reclaimer::new(readers.len(), expire_after),
-        })
-    }
-}
-
-// SAFETY: the pointers lead into a shared mapping, not into thread-local
-// data; the value is moved to, and used by, one thread at a time.
-unsafe impl Send for ShmGrace {}
-
-impl Grace for ShmGrace {
-    fn epoch(&self) -> u64 {
-        self.policy.epoch()
-    }
-
-    fn try_advance(&mut self) -> bool {
-        self.policy
-            .try_advance(&self.table.collector(), Instant::now)
-    }
-
-    fn reusable(&self, tag: u64) -> bool {
-        self.policy.reusable(tag)
+        // SAFETY: the table lies in the segment, which outlives the value
+        // (forwarded from the caller), as does the one-collector rule.
+        Ok(unsafe { Self::over(clock, readers, expire_after) })
     }
 }
 

@@ -140,6 +140,14 @@ impl ReaderSlot {
         // Acquire load of IDLE in `try_advance` (so nothing it writes after
         // is seen by them); Acquire pairs with the writer's expiring
         // compare-exchange, so an expiry is never missed.
+        //
+        // Outside loom: a Relaxed swap here passes every model, yet is a
+        // real bug on ARM and POWER (load buffering: the walk's loads may
+        // be satisfied after the swap is visible, so the writer sees IDLE,
+        // reuses a record, and a load of the walk reads the reuse). loom
+        // runs each load when its thread reaches it and reads only stores
+        // already made, so it never shows load buffering; the Release half
+        // is chosen on the argument above, not on a model.
         let prev = self.epoch.swap(IDLE, Ordering::AcqRel);
         prev & EXPIRED == 0
     }
@@ -147,7 +155,9 @@ impl ReaderSlot {
     /// Clears the slot of a reader that is gone (the writer, once the
     /// reader's process is provably dead or has left its client slot).
     pub fn clear(&self) {
-        // Release: like `unpin`; the gone reader reads nothing more.
+        // Release: like `unpin` (and, like it, needed on the argument, not
+        // on a model: see load buffering there); the gone reader reads
+        // nothing more.
         self.epoch.store(IDLE, Ordering::Release);
     }
 
@@ -362,6 +372,31 @@ impl Reclaimer {
     }
 }
 
+/// The reader's loop: pin, walk, unpin, retry.
+impl ReaderSlot {
+    /// Runs `walk` between [`Self::pin`] and [`Self::unpin`], again while
+    /// `unpin` says the writer expired the announcement (what that walk
+    /// copied may hold reused records), at most `tries` times. Returns what
+    /// the first trusted walk returned; `None` when every walk was expired.
+    /// This is the whole of a lock-free read (`Client::peek`), and what the
+    /// loom models drive.
+    pub fn read<T>(
+        &self,
+        clock: &EpochClock,
+        tries: u32,
+        mut walk: impl FnMut() -> T,
+    ) -> Option<T> {
+        for _ in 0..tries {
+            self.pin(clock);
+            let copied = walk();
+            if self.unpin() {
+                return Some(copied);
+            }
+        }
+        None
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -482,9 +517,14 @@ mod tests {
         let readers = slots(1);
         let c = Collector::new(&clock, &readers);
         let mut r = Reclaimer::new(1, Duration::from_millis(1));
-        clock.publish(1_000);
+        // A client scribbling on the shared word, not `publish`.
+        clock.global.store(1_000, Ordering::Relaxed);
         assert!(r.try_advance(&c, Instant::now));
         assert_eq!(r.epoch(), 2);
+        assert_eq!(c.epoch(), 2, "republished, then advanced");
         assert!(!r.reusable(1) && r.reusable(0));
+        clock.global.store(1_000, Ordering::Relaxed);
+        clock.reset();
+        assert_eq!(c.epoch(), 1);
     }
 }

@@ -18,7 +18,7 @@ use radixd_ipc::{Doorbell, HeapRing, Wake};
 
 #[test]
 fn no_lost_wakeup() {
-    explore("no_lost_wakeup", 60, || {
+    explore("no_lost_wakeup", 90, || {
         let ring = Arc::new(HeapRing::<u32>::new(2).unwrap());
         let bell = Arc::new(Doorbell::new());
         let (r, b) = (ring.clone(), bell.clone());
@@ -32,7 +32,7 @@ fn no_lost_wakeup() {
         });
         // SAFETY: this thread is the ring's only consumer.
         let c = unsafe { ring.consumer() };
-        let mut got = 0;
+        let (mut got, mut slept) = (0, false);
         while got < 2 {
             if let Some(v) = c.pop() {
                 assert_eq!(v, got);
@@ -41,15 +41,18 @@ fn no_lost_wakeup() {
             }
             // Without timeouts this returns once rung (or work seen); a
             // wake-up meant for an earlier post may find nothing new.
+            slept = true;
             let _: Wake = bell.sleep(|| c.has_work());
         }
         producer.join().unwrap();
+        // On the path: the consumer went to sleep at least once.
+        slept
     });
 }
 
 #[test]
 fn two_ringers_and_a_sleeper_that_times_out() {
-    explore("two_ringers_and_a_sleeper_that_times_out", 1000, || {
+    explore("two_ringers_and_a_sleeper_that_times_out", 800, || {
         let work = Arc::new(AtomicU32::new(0));
         let bell = Arc::new(Doorbell::new());
         let ringers: Vec<_> = (0..2)
@@ -68,11 +71,15 @@ fn two_ringers_and_a_sleeper_that_times_out() {
         // The first nap times out whatever happens: its announcement and
         // withdrawal race the ringers.
         let _ = bell.sleep_timing_out(done);
+        let mut slept = false;
         while !done() {
+            slept = true;
             let _: Wake = bell.sleep(done);
         }
         for r in ringers {
             r.join().unwrap();
         }
+        // On the path: the work was not all there after the first nap.
+        slept
     });
 }

@@ -1,35 +1,30 @@
-//! Reader epochs (`radixd_ipc::epoch`): the writer unlinks a record,
-//! retires it, advances the epoch as far as readers allow and reuses the
-//! record (writes POISON over it) once `reusable` says so; a reader walks
-//! from the link to a record between `pin` and `unpin`.
+//! Reader epochs (`radixd_ipc::epoch`) as the daemon and the clients run
+//! them: the writer unlinks a record, advances with the daemon's policy
+//! (`Reclaimer::try_advance`: the true epoch republished, every reader in
+//! the way past `expire_after` expired in one pass) and reuses the record
+//! (writes POISON over it) once `Reclaimer::reusable` (the two-epoch rule,
+//! `epoch::reusable`) says so; the reader reads as `Client::peek` does,
+//! through `ReaderSlot::read` (pin, walk, unpin, walk again if expired).
 //!
 //! - `no_reader_sees_a_reused_record`: a trusted walk never reads POISON.
-//!   Fails when the `SeqCst` fence in `ReaderSlot::pin` or the one in
-//!   `Collector::try_advance` is removed (the scan misses a reader that
-//!   still read the old link), or when `reusable` allows `t + 1`.
-//! - `an_expired_reader_distrusts_its_copy`: the writer expires a reader
-//!   that blocks it and reuses the record; the reader may read POISON but
-//!   then `unpin` says so. Fails when `unpin` ignores the expiry bit, or
-//!   when `try_advance` counts an expired reader's old epoch as blocking
-//!   (then the model proves nothing: it asserts the reuse happens in some
-//!   interleaving).
+//! - `an_expired_reader_distrusts_its_copy`: the writer expires the reader
+//!   in its way and reuses the record; a walk that may have read POISON is
+//!   expired, and `read` walks again.
 //! - `a_dead_readers_slot_is_cleared`: a reader that dies pinned holds
-//!   the epoch back until its slot is cleared, and not after. Fails when
-//!   `Collector::clear` leaves the slot as it was.
+//!   the epoch back until its slot is cleared, and not after.
 //!
-//! Checked by hand (LOOM_MAX_PREEMPTIONS=2): removing the fence in `pin`
-//! fails the first two models, removing the one in `try_advance` fails the
-//! first two, `reusable` at `t + 1` fails the first, and an `unpin` that
-//! ignores `EXPIRED` fails the second.
+//! Mutations tried (docs/modelcheck.md has the table): the SeqCst fence in
+//! `pin` or in `advance_or_report`, `reusable` at `tag + 1`, `read`
+//! ignoring `unpin`'s answer, `unpin` ignoring `EXPIRED`, `clear` doing
+//! nothing.
 //!
-//! Each model asserts a floor on the interleavings loom explored, so one
-//! that stops exploring fails instead of passing vacuously.
+//! Each model asserts a floor on the executions that reached its path.
 #![cfg(loom)]
 
-use std::sync::atomic::{AtomicUsize as StdCount, Ordering as StdOrdering};
-
 use loom_tests::explore;
-use radixd_ipc::epoch::{Collector, EpochClock, ReaderSlot};
+use std::time::{Duration, Instant};
+
+use radixd_ipc::epoch::{Collector, EpochClock, ReaderSlot, Reclaimer};
 use radixd_ipc::sync::{Arc, AtomicU32, Ordering};
 
 const LIVE: u32 = 10;
@@ -54,30 +49,39 @@ impl Shared {
         })
     }
 
-    /// The reader's walk: follow the link, copy the record.
-    fn walk(&self) -> u32 {
+    /// The reader's walk: follow the link, copy the record; returns which
+    /// record and what it held.
+    fn walk(&self) -> (u32, u32) {
         // Relaxed: the epoch protocol's fences order the walk.
         let at = self.link.load(Ordering::Relaxed);
-        self.records[at as usize].load(Ordering::Relaxed)
+        (at, self.records[at as usize].load(Ordering::Relaxed))
     }
 
-    /// The writer: unlink record 0 (linking 1), then advance as far as
-    /// readers allow (expiring blockers when `expire`), and reuse record 0
-    /// if its grace period is over. Returns whether it reused it.
+    /// The writer: unlink record 0 (linking 1), then advance as the
+    /// engine's reclaim does (`Reclaimer::try_advance`, the daemon's
+    /// policy, at most twice), expiring a reader in the way at first sight
+    /// when `expire`, never otherwise, and reuse record 0 if
+    /// `Reclaimer::reusable` says its grace period is over. Returns whether
+    /// it reused it.
     fn write(&self, expire: bool) -> bool {
         let c = Collector::new(&self.clock, &self.readers);
+        let expire_after = if expire {
+            Duration::ZERO
+        } else {
+            Duration::MAX
+        };
+        let mut policy = Reclaimer::new(self.readers.len(), expire_after);
         // Relaxed: the collector's SeqCst fence orders the unlink before
         // its scan.
         self.link.store(1, Ordering::Relaxed);
-        let tag = c.epoch();
+        let tag = policy.epoch();
+        let now = Instant::now();
         for _ in 0..2 {
-            if let Err(blocked) = c.try_advance() {
-                if !(expire && c.expire(blocked) && c.try_advance().is_ok()) {
-                    break;
-                }
+            if !policy.try_advance(&c, || now) {
+                break;
             }
         }
-        if c.reusable(tag) {
+        if policy.reusable(tag) {
             // Relaxed: what orders it against readers is the protocol.
             self.records[0].store(POISON, Ordering::Relaxed);
             return true;
@@ -86,53 +90,52 @@ impl Shared {
     }
 }
 
+/// On the path: the reader walked to record 0 (before the unlink) and the
+/// writer reused it.
 #[test]
 fn no_reader_sees_a_reused_record() {
-    explore("no_reader_sees_a_reused_record", 30, || {
+    explore("no_reader_sees_a_reused_record", 8, || {
         let s = Shared::new();
         let w = {
             let s = s.clone();
             loom::thread::spawn(move || s.write(false))
         };
-        let r = &s.readers[0];
-        r.pin(&s.clock);
-        let v = s.walk();
-        let trusted = r.unpin();
-        assert!(trusted, "nobody expires in this model");
+        let (at, v) = s.readers[0]
+            .read(&s.clock, 1, || s.walk())
+            .expect("nobody expires in this model");
         assert_ne!(v, POISON, "a pinned reader read a reused record");
-        w.join().unwrap();
+        w.join().unwrap() && at == 0
     });
 }
 
+/// The reader reads as `Client::peek` does (`ReaderSlot::read`, two
+/// tries). On the path: its first walk was expired (it walked again) and
+/// the writer reused the record.
 #[test]
 fn an_expired_reader_distrusts_its_copy() {
-    let reused = std::sync::Arc::new(StdCount::new(0));
-    let r2 = reused.clone();
-    explore("an_expired_reader_distrusts_its_copy", 50, move || {
+    explore("an_expired_reader_distrusts_its_copy", 30, move || {
         let s = Shared::new();
         let w = {
             let s = s.clone();
             loom::thread::spawn(move || s.write(true))
         };
-        let r = &s.readers[0];
-        r.pin(&s.clock);
-        let v = s.walk();
-        if r.unpin() {
+        let mut walks = 0;
+        let read = s.readers[0].read(&s.clock, 2, || {
+            walks += 1;
+            s.walk()
+        });
+        if let Some((_, v)) = read {
             assert_ne!(v, POISON, "a reader kept a copy taken after its expiry");
         }
-        if w.join().unwrap() {
-            r2.fetch_add(1, StdOrdering::Relaxed);
-        }
+        w.join().unwrap() && walks == 2
     });
-    assert!(
-        reused.load(StdOrdering::Relaxed) > 0,
-        "the writer never got past a stalled reader"
-    );
 }
 
+/// On the path: the dead reader pinned before the scans, held the epoch
+/// back, and only clearing its slot let the record be reused.
 #[test]
 fn a_dead_readers_slot_is_cleared() {
-    explore("a_dead_readers_slot_is_cleared", 30, || {
+    explore("a_dead_readers_slot_is_cleared", 10, || {
         let s = Shared::new();
         let dead = {
             let s = s.clone();
@@ -143,21 +146,29 @@ fn a_dead_readers_slot_is_cleared() {
             })
         };
         let c = Collector::new(&s.clock, &s.readers);
+        // The daemon's policy, never expiring: only clearing frees the way.
+        let mut policy = Reclaimer::new(s.readers.len(), Duration::MAX);
+        let now = Instant::now();
         // Relaxed: ordered by the collector's fence.
         s.link.store(1, Ordering::Relaxed);
-        let tag = c.epoch();
-        let _ = c.try_advance();
-        let _ = c.try_advance();
-        let walked = dead.join().unwrap(); // the reader is found dead
+        let tag = policy.epoch();
+        policy.try_advance(&c, || now);
+        policy.try_advance(&c, || now);
+        let (_, walked) = dead.join().unwrap(); // the reader is found dead
         assert_ne!(walked, POISON);
-        if !c.reusable(tag) {
+        let held = !policy.reusable(tag);
+        if held {
             // It pinned before the scans: it holds the epoch back...
-            assert!(c.try_advance().is_err() || c.try_advance().is_err());
+            assert!(!policy.try_advance(&c, || now) || !policy.try_advance(&c, || now));
             // ...until its slot is cleared.
             c.clear(0);
         }
-        while !c.reusable(tag) {
-            c.try_advance().expect("a cleared slot blocks nothing");
+        while !policy.reusable(tag) {
+            assert!(
+                policy.try_advance(&c, || now),
+                "a cleared slot blocks nothing"
+            );
         }
+        held
     });
 }

@@ -18,10 +18,13 @@ use radixd_ipc::HeapRing;
 
 /// Capacity 2, three messages: the third push wraps onto entry 0 and must
 /// first see the consumer's `tail` move.
-fn three_through_two(producer_views_per_push: bool) {
+/// Returns whether the producer found the ring full (the wrap raced the
+/// consumer): the models' path.
+fn three_through_two(producer_views_per_push: bool) -> bool {
     let ring = Arc::new(HeapRing::<[u32; 2]>::new(2).unwrap());
     let producer_ring = ring.clone();
     let producer = loom::thread::spawn(move || {
+        let mut full = false;
         // SAFETY: this thread is the ring's only producer; with fresh
         // views, each is dropped before the next is made.
         let mut p = unsafe { producer_ring.producer() };
@@ -34,10 +37,12 @@ fn three_through_two(producer_views_per_push: bool) {
             }
             let mut msg = [i, !i];
             while let Err(back) = p.push(msg) {
+                full = true;
                 msg = back;
                 yield_now();
             }
         }
+        full
     });
     // SAFETY: this thread is the ring's only consumer.
     let c = unsafe { ring.consumer() };
@@ -51,9 +56,10 @@ fn three_through_two(producer_views_per_push: bool) {
             None => yield_now(),
         }
     }
-    producer.join().unwrap();
+    let full = producer.join().unwrap();
     assert_eq!(c.pop(), None);
     assert_eq!(ring.counters(), (3, 3));
+    full
 }
 
 #[test]

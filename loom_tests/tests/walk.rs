@@ -1,244 +1,242 @@
-//! Per-node validation (the protocol of `radixd::engine::TreeReader`, over
-//! `radixd_ipc::Version`) against a concurrent split and eviction of the
-//! node the reader stands on.
+//! The tree reader (`radixd::engine::TreeReader::peek_anchored`, the code
+//! that ships) racing the real engine writer (`Engine::insert`, `evict`,
+//! `alloc`: splits, trims, frees and reuse of the very node the reader
+//! stands on), page size 1.
 //!
-//! A miniature tree: root 0, child C (1) caching pages [0, 1] (tokens 10,
-//! 11). The writer, with the engine's bump discipline, splits C into an
-//! upper half M (2, page 0) and a lower half C (page 1, under M), then
-//! evicts C (its page then goes to another prompt: token 99). The cached
-//! prefix of the key [10, 11] is [0, 1], [0, 1], then [0]: never empty and
-//! never anything else. The reader walks as `TreeReader::peek` does: looks
-//! the child up under the table's version, copies it under its own, then
-//! re-checks the parent; on failure it resumes at the deepest frame still
-//! valid.
+//! The engine runs on a `MirroredRegion`: each of its plain stores becomes
+//! a relaxed loom store between the same two version operations as the
+//! store itself, and the reader reads through the mirror (see
+//! `radixd::engine::mem`), so a missing fence or re-check shows.
 //!
-//! The assertion is stronger than `peek`'s documented guarantee: the
-//! answer must be the longest cached prefix at an instant of the walk ([0]
-//! only once the eviction has started, by a SeqCst witness outside the
-//! protocol).
+//! - `a_reader_notices_the_node_it_stands_on_was_reused`: root → X [1] on
+//!   page 0. The writer evicts X (freed at once: no grace here; versions
+//!   alone must keep the reader right), then inserts [5] (X's slot again,
+//!   page 1) and [5, 2] (a child Y [2] on page 2 under the new X). A reader
+//!   of [1, 2] that stood on the old X finds Y under the new X: only the
+//!   parent's re-check tells. The answer must be [0] or [] (what [1, 2]
+//!   mapped to at some instant), never [0, 2].
+//! - `a_walk_survives_a_split_underfoot`: root → C [10, 11]. The writer
+//!   inserts [10, 12]: C splits (M [10] takes its place, C [11] and D [12]
+//!   below it), filing M and re-filing C in one change of the table. [10,
+//!   11] maps to [0, 1] throughout: the longest prefix, never a shorter one.
+//! - `a_child_copy_counts_only_once_validated`: root → C [7, 7]. The
+//!   writer inserts [7, 8]: C splits, its lower half [7] (page 1) goes
+//!   under the upper one. A copy of C mixing its old parent with its new
+//!   first page reads [7] on page 1, which [7] never mapped to: only the
+//!   re-check of C's version after the copy tells (the walk ends there).
+//! - `a_miss_is_trusted_only_under_a_still_table`: root → A [1] with
+//!   children D [d] and E [e] filed from one home bucket (D first). The
+//!   writer evicts D: the backward shift moves E into D's bucket. A probe
+//!   for E that read D's bucket before the shift and E's old one after it
+//!   misses; only the table's version tells. [1, e] maps to [0, 2]
+//!   throughout.
 //!
-//! Checked by hand (LOOM_MAX_PREEMPTIONS=2 --release, each alone, then
-//! reverted); unmutated: 32,087 executions.
-//!
-//! | mutation                                                     | result |
-//! |--------------------------------------------------------------|--------|
-//! | the split does not bump C's version                          | caught: [0] before the eviction |
-//! | the reader trusts a miss without re-checking the table       | caught: [] |
-//! | the split files M and re-files C in two table changes (as the engine first did) | caught: [0] before the eviction |
-//! | the reader skips the parent's re-check                       | not caught: no parent here changes under a standing reader; `version.rs` catches it |
+//! Each model counts as on its path only the executions whose walk began
+//! before the writer's first change and ended after its last (stage
+//! witnesses, SeqCst, outside the protocol). Mutations tried: see
+//! docs/modelcheck.md.
 #![cfg(loom)]
 
-use loom_tests::explore;
+use std::sync::Arc as StdArc;
 
+use loom_tests::{explore, explore_bounded};
+use radixd::engine::{Engine, EngineLayout, Mirror, MirroredRegion, TreeReader};
 use radixd_ipc::sync::{Arc, AtomicU32, Ordering};
-use radixd_ipc::Version;
 
-const NIL: u32 = u32::MAX;
-const KEY: [u32; 2] = [10, 11];
+type Writer = Engine<MirroredRegion>;
+type Reader = TreeReader<StdArc<Mirror>>;
 
-struct Node {
-    version: Version,
-    parent: AtomicU32,
-    first: AtomicU32,
-    len: AtomicU32,
+/// An empty engine of `capacity` pages of one token, and a reader of it.
+fn engine(capacity: u32) -> (Writer, Reader) {
+    let layout = EngineLayout::new(1, capacity).expect("layout");
+    let (region, mirror) = MirroredRegion::new(layout).expect("region");
+    let engine = Engine::in_region(region, layout).expect("engine");
+    (engine, TreeReader::over(mirror))
 }
 
-impl Node {
-    fn new(parent: u32, first: u32, len: u32) -> Self {
-        Self {
-            version: Version::new(),
-            parent: AtomicU32::new(parent),
-            first: AtomicU32::new(first),
-            len: AtomicU32::new(len),
-        }
-    }
+/// Caches `key` (the cached part keeps its pages, the rest gets new ones)
+/// and returns its pages.
+fn put(e: &mut Writer, key: &[u32], lock: bool) -> Vec<u32> {
+    let mut pages = Vec::new();
+    let cached = e.peek(key, &mut pages);
+    pages.extend(e.alloc(1, (key.len() - cached) as u64).expect("alloc"));
+    e.insert(1, key, &pages, lock).expect("insert");
+    pages
 }
 
-struct Tree {
-    nodes: [Node; 3],
-    /// Page links and tokens (guarded by the owning node's version).
-    next: [AtomicU32; 2],
-    tokens: [AtomicU32; 2],
-    table: Version,
-    /// Two buckets: the node filed, or NIL.
-    buckets: [AtomicU32; 2],
-    /// The test's witness, not part of the protocol: 1 once the writer has
-    /// started the eviction (before it, [0] was never the cached prefix).
-    evicting: AtomicU32,
+/// The reader's answer for `key` (`None`: gave up), as a list of pages.
+fn peek(r: &Reader, key: &[u32]) -> Option<Vec<u32>> {
+    let mut pages = Vec::new();
+    let peeked = r.peek_anchored(key, &mut pages)?;
+    assert_eq!(peeked.len, pages.len(), "one page per matched token");
+    Some(pages)
 }
 
-// Relaxed everywhere below: the versions' fences order these accesses.
-impl Tree {
+/// Where the writer is, for the model's assertions and floors: 0 before
+/// its first change, then as each model says. SeqCst: a witness outside
+/// the protocol, totally ordered with the reader's loads of it.
+struct Stage(AtomicU32);
+
+impl Stage {
     fn new() -> Arc<Self> {
-        Arc::new(Self {
-            nodes: [
-                Node::new(NIL, NIL, 0),
-                Node::new(0, 0, 2),
-                Node::new(NIL, NIL, 0),
-            ],
-            next: [AtomicU32::new(1), AtomicU32::new(NIL)],
-            tokens: [AtomicU32::new(10), AtomicU32::new(11)],
-            table: Version::new(),
-            buckets: [AtomicU32::new(1), AtomicU32::new(NIL)],
-            evicting: AtomicU32::new(0),
-        })
+        Arc::new(Self(AtomicU32::new(0)))
     }
-
-    fn set(a: &AtomicU32, v: u32) {
-        a.store(v, Ordering::Relaxed);
+    fn set(&self, s: u32) {
+        self.0.store(s, Ordering::SeqCst);
     }
-
-    fn write(&self, bump_split: bool) {
-        let (c, m) = (&self.nodes[1], &self.nodes[2]);
-        // Split C before page 1: M takes page 0 and C's place.
-        if bump_split {
-            c.version.begin();
-        }
-        Self::set(&self.next[0], NIL);
-        m.version.begin();
-        Self::set(&m.parent, 0);
-        Self::set(&m.first, 0);
-        Self::set(&m.len, 1);
-        m.version.end();
-        // One change of the table: M filed, C re-filed under M.
-        self.table.begin();
-        Self::set(&self.buckets[0], 2);
-        Self::set(&c.parent, 2);
-        Self::set(&c.first, 1);
-        Self::set(&c.len, 1);
-        Self::set(&self.buckets[1], 1);
-        self.table.end();
-        if bump_split {
-            c.version.end();
-        }
-        // Evict C (its only page), free it, and reuse its page elsewhere.
-        // SeqCst: the witness, ordered with the reader's SeqCst load.
-        self.evicting.store(1, Ordering::SeqCst);
-        c.version.begin();
-        Self::set(&c.len, 0);
-        self.table.begin();
-        Self::set(&self.buckets[1], NIL);
-        self.table.end();
-        Self::set(&c.parent, NIL);
-        c.version.end();
-        Self::set(&self.tokens[1], 99);
-    }
-
-    /// Copies candidate `n` under its version: `Some(Some(pages))` the
-    /// child of `parent` and its pages matching the key from `pos`,
-    /// `Some(None)` not the child, `None` torn.
-    fn copy(&self, parent: u32, n: u32, pos: usize) -> Option<Option<(Vec<u32>, bool, u32)>> {
-        let node = &self.nodes[n as usize];
-        let copy = || {
-            if node.parent.load(Ordering::Relaxed) != parent {
-                return Some(None);
-            }
-            let len = node.len.load(Ordering::Relaxed);
-            let mut page = node.first.load(Ordering::Relaxed);
-            let mut got = Vec::new();
-            for _ in 0..len {
-                if pos + got.len() >= KEY.len() || page > 1 {
-                    break;
-                }
-                if self.tokens[page as usize].load(Ordering::Relaxed) != KEY[pos + got.len()] {
-                    if got.is_empty() {
-                        return Some(None);
-                    }
-                    break;
-                }
-                got.push(page);
-                page = self.next[page as usize].load(Ordering::Relaxed);
-            }
-            let whole = got.len() as u32 == len;
-            Some(Some((got, whole)))
-        };
-        let (r, v) = node.version.read(copy)?;
-        Some(r?.map(|(got, whole)| (got, whole, v)))
-    }
-
-    /// The walk; `None` when it gave up.
-    fn peek(&self, recheck_parent: bool, recheck_table: bool) -> Option<Vec<u32>> {
-        let root = self.nodes[0].version.stable()?;
-        let mut stack = vec![(0u32, root, 0usize)];
-        let mut pages: Vec<u32> = Vec::new();
-        for _ in 0..3 {
-            let &(at, v, pos) = stack.last()?;
-            if pos >= KEY.len() {
-                return Some(pages);
-            }
-            let Some(tv) = self.table.stable() else {
-                loom::thread::yield_now();
-                continue;
-            };
-            let mut found = None;
-            let mut torn = false;
-            for b in &self.buckets {
-                let n = b.load(Ordering::Relaxed);
-                if n == NIL || n > 2 {
-                    continue;
-                }
-                match self.copy(at, n, pos) {
-                    None => torn = true,
-                    Some(Some(hit)) => {
-                        found = Some((n, hit));
-                        break;
-                    }
-                    Some(None) => {}
-                }
-            }
-            let parent_ok = !recheck_parent || self.nodes[at as usize].version.still(v);
-            match found {
-                Some((n, (got, whole, nv))) if parent_ok => {
-                    pages.extend(&got);
-                    if !whole {
-                        return Some(pages);
-                    }
-                    stack.push((n, nv, pos + got.len()));
-                    continue;
-                }
-                None if !torn && parent_ok && (!recheck_table || self.table.still(tv)) => {
-                    return Some(pages);
-                }
-                _ => {}
-            }
-            // Resume at the deepest frame still valid.
-            while let Some(&(n, v, _)) = stack.last() {
-                if self.nodes[n as usize].version.still(v) {
-                    break;
-                }
-                stack.pop();
-            }
-            pages.truncate(stack.last().map_or(0, |f| f.2));
-            loom::thread::yield_now();
-        }
-        None
+    fn get(&self) -> u32 {
+        self.0.load(Ordering::SeqCst)
     }
 }
 
-fn model(bump_split: bool, recheck_parent: bool, recheck_table: bool) {
-    let tree = Tree::new();
-    let writer = {
-        let tree = tree.clone();
-        loom::thread::spawn(move || tree.write(bump_split))
-    };
-    if let Some(pages) = tree.peek(recheck_parent, recheck_table) {
-        // SeqCst: the witness; if the eviction had not started by the end
-        // of the walk, [0, 1] was cached all along.
-        let evicting = tree.evicting.load(Ordering::SeqCst) == 1;
-        assert!(
-            pages == [0, 1] || (pages == [0] && evicting),
-            "{pages:?}: no state the tree was in during the walk"
-        );
-    }
-    writer.join().unwrap();
-    assert_eq!(tree.peek(true, true), Some(vec![0]));
+/// At most one preemption: the race needs one (the reader stopped after
+/// copying X, before looking up X's child; the writer then runs to its
+/// end), and every load still reads any store loom allows. At CI's bound of
+/// two the writer's three operations take 1.09 million executions (109 s on
+/// a 2-core VM); at one, 64 thousand, and removing the parent's re-check
+/// fails it.
+#[test]
+fn a_reader_notices_the_node_it_stands_on_was_reused() {
+    explore_bounded(
+        "a_reader_notices_the_node_it_stands_on_was_reused",
+        30_000,
+        Some(1),
+        || {
+            let (mut e, r) = engine(3);
+            assert_eq!(put(&mut e, &[1], false), [0]);
+            let stage = Stage::new();
+            let writer = {
+                let stage = stage.clone();
+                loom::thread::spawn(move || {
+                    assert_eq!(e.evict(1), 1);
+                    // X's slot (freed, on top of the free stack) holds [5]
+                    // on page 1, then the next slot [2] on page 2 under it.
+                    assert_eq!(put(&mut e, &[5], false), [1]);
+                    assert_eq!(put(&mut e, &[5, 2], false), [1, 2]);
+                    stage.set(1);
+                    e
+                })
+            };
+            let before = stage.get();
+            let got = peek(&r, &[1, 2]);
+            let after = stage.get();
+            if let Some(pages) = &got {
+                assert!(
+                    [&[0][..], &[]].contains(&pages.as_slice()),
+                    "{pages:?}: [1, 2] never mapped to that"
+                );
+            }
+            let e = writer.join().unwrap();
+            assert_eq!(peek(&r, &[5, 2]), Some(vec![1, 2]));
+            assert_eq!(peek(&r, &[1, 2]), Some(vec![]));
+            drop(e);
+            before == 0 && after == 1
+        },
+    );
 }
 
 #[test]
-fn a_walk_survives_a_split_and_an_eviction_underfoot() {
-    explore(
-        "a_walk_survives_a_split_and_an_eviction_underfoot",
-        20_000,
-        || model(true, true, true),
-    );
+fn a_walk_survives_a_split_underfoot() {
+    explore("a_walk_survives_a_split_underfoot", 6_000, || {
+        let (mut e, r) = engine(3);
+        assert_eq!(put(&mut e, &[10, 11], false), [0, 1]);
+        let stage = Stage::new();
+        let writer = {
+            let stage = stage.clone();
+            loom::thread::spawn(move || {
+                assert_eq!(put(&mut e, &[10, 12], false), [0, 2]);
+                stage.set(1);
+                e
+            })
+        };
+        let before = stage.get();
+        let got = peek(&r, &[10, 11]);
+        let after = stage.get();
+        if let Some(pages) = &got {
+            assert_eq!(pages, &[0, 1], "[10, 11] was cached on [0, 1] throughout");
+        }
+        let e = writer.join().unwrap();
+        assert_eq!(peek(&r, &[10, 11]), Some(vec![0, 1]));
+        assert_eq!(peek(&r, &[10, 12]), Some(vec![0, 2]));
+        drop(e);
+        before == 0 && after == 1
+    });
+}
+
+#[test]
+fn a_child_copy_counts_only_once_validated() {
+    explore("a_child_copy_counts_only_once_validated", 3_000, || {
+        let (mut e, r) = engine(3);
+        assert_eq!(put(&mut e, &[7, 7], false), [0, 1]);
+        let stage = Stage::new();
+        let writer = {
+            let stage = stage.clone();
+            loom::thread::spawn(move || {
+                assert_eq!(put(&mut e, &[7, 8], false), [0, 2]);
+                stage.set(1);
+                e
+            })
+        };
+        let before = stage.get();
+        let got = peek(&r, &[7]);
+        let after = stage.get();
+        if let Some(pages) = &got {
+            assert_eq!(pages, &[0], "[7] was cached on page 0 throughout");
+        }
+        let e = writer.join().unwrap();
+        assert_eq!(peek(&r, &[7, 7]), Some(vec![0, 1]));
+        drop(e);
+        before == 0 && after == 1
+    });
+}
+
+/// Two first tokens whose child-table hashes under node 1 (A) share a
+/// home bucket of the 8 an engine of capacity 3 has (found by a search
+/// with `Peeked::next_hash`; the model checks it).
+const D: u32 = 2;
+const E: u32 = 6;
+
+#[test]
+fn a_miss_is_trusted_only_under_a_still_table() {
+    explore("a_miss_is_trusted_only_under_a_still_table", 700, || {
+        let (mut e, r) = engine(3);
+        assert_eq!(put(&mut e, &[1], false), [0]);
+        assert_eq!(home(&r, D), home(&r, E), "D and E share a home bucket");
+        assert_eq!(put(&mut e, &[1, D], false), [0, 1]);
+        // Locked, E and A stay: the eviction takes D.
+        assert_eq!(put(&mut e, &[1, E], true), [0, 2]);
+        let stage = Stage::new();
+        let writer = {
+            let stage = stage.clone();
+            loom::thread::spawn(move || {
+                assert_eq!(e.evict(1), 1);
+                stage.set(1);
+                e
+            })
+        };
+        let before = stage.get();
+        let got = peek(&r, &[1, E]);
+        let after = stage.get();
+        if let Some(pages) = &got {
+            assert_eq!(pages, &[0, 2], "[1, E] was cached on [0, 2] throughout");
+        }
+        let e = writer.join().unwrap();
+        assert_eq!(peek(&r, &[1, E]), Some(vec![0, 2]));
+        assert_eq!(peek(&r, &[1, D]), Some(vec![0]));
+        drop(e);
+        before == 0 && after == 1
+    });
+}
+
+/// The home bucket (of 8) a child of A (the node of [1]) whose first token
+/// is `t` is filed from, read from the reader's answer while A has no such
+/// child.
+fn home(r: &Reader, t: u32) -> u32 {
+    let mut pages = Vec::new();
+    let peeked = r.peek_anchored(&[1, t], &mut pages).expect("peek");
+    assert_eq!(peeked.len, 1, "A has no child starting with {t} yet");
+    peeked
+        .next_hash
+        .expect("the hash A's child would be filed under")
+        & 7
 }

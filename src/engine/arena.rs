@@ -168,10 +168,17 @@ impl<R: Region> Arena<R> {
     /// The child table's version, which readers in other processes check
     /// around a probe (see [`TreeReader`](super::TreeReader)).
     pub fn table_version(&self) -> &Version {
+        #[cfg(loom)]
+        {
+            self.mirror().table_version()
+        }
+        #[cfg(not(loom))]
         // SAFETY: offset 0 of a REGION_ALIGN-aligned region, a cache line
         // the layout leaves to this word alone; `Version` is one atomic,
         // valid for any bits and only ever shared through `&`.
-        unsafe { &self.slice::<Version>(0, 1)[0] }
+        unsafe {
+            &self.slice::<Version>(0, 1)[0]
+        }
     }
 
     /// Node `node`'s version: made odd before and even after every change
@@ -179,14 +186,27 @@ impl<R: Region> Arena<R> {
     /// tokens, its freeing and reuse).
     #[inline]
     pub fn version(&self, node: u32) -> &Version {
+        #[cfg(loom)]
+        let version = self.mirror().version(node);
+        #[cfg(not(loom))]
         // SAFETY: the layout places `node_cap` versions at `versions_at`,
         // aligned; no `&mut` slice ever covers them (they are not inside
         // any record), so a shared reference to the atomic is sound.
-        let all = unsafe {
+        let version = unsafe {
             self.slice::<Version>(self.layout.versions_at, self.layout.node_cap as usize)
-        };
-        all.get(node as usize)
-            .unwrap_or_else(|| corrupt("node index out of range"))
+        }
+        .get(node as usize);
+        version.unwrap_or_else(|| corrupt("node index out of range"))
+    }
+
+    /// Under loom, the region's mirror, with every plain store made so far
+    /// copied into it: each version operation of the writer goes through
+    /// here first (see `engine::mem`).
+    #[cfg(loom)]
+    fn mirror(&self) -> &super::mem::Mirror {
+        self.region
+            .mirror()
+            .unwrap_or_else(|| corrupt("under loom an engine runs on a MirroredRegion"))
     }
 
     /// Runs a change of the child table inside its version.

@@ -25,6 +25,7 @@ mod error;
 mod grace;
 pub mod layout;
 mod lru;
+mod mem;
 mod pool;
 mod reader;
 mod record;
@@ -39,6 +40,9 @@ use std::collections::HashMap;
 pub use error::{AnchorError, ConfigError, HandleError, InvariantError, PageError};
 pub use grace::Grace;
 pub use layout::EngineLayout;
+pub use mem::{Mapped, TreeMem};
+#[cfg(loom)]
+pub use mem::{Mirror, MirroredRegion};
 pub use reader::{Anchor, Peeked, TreeReader};
 pub use record::CacheEvent;
 pub use region::{HeapRegion, Region, REGION_ALIGN};

@@ -59,29 +59,32 @@
 //! reader and every byte of it is a valid record, so torn copies are only
 //! thrown away. Pages a reader returns are kept from reuse for a grace
 //! period by the engine's [`Grace`](super::Grace), when the daemon sets one.
+//!
+//! Every load goes through a [`TreeMem`]: volatile loads of the mapping in
+//! production, a loom-visible mirror of the engine's stores under loom, so
+//! `loom_tests/tests/walk.rs` runs this very walk against the real writer.
 
-use std::mem::size_of;
+use std::mem::{offset_of, size_of};
 use std::ptr::NonNull;
 
 use radixd_ipc::sync::{spin_loop, yield_now};
 use radixd_ipc::Version;
 
 use super::layout::{Bucket, EngineLayout, Node, Page, NIL, NODE_LIVE, PAGE_CACHED, ROOT};
+use super::mem::{Mapped, TreeMem};
 use super::table::child_hash;
 
-/// Reads a region mapped (possibly read-only) from a running engine.
-pub struct TreeReader {
-    base: NonNull<u8>,
+/// Reads a region mapped (possibly read-only) from a running engine,
+/// through `M` (volatile loads of a mapping by default; see
+/// [`TreeMem`]).
+pub struct TreeReader<M = Mapped> {
+    mem: M,
     layout: EngineLayout,
 }
 
 /// Tries on one node (or one lookup) before a reader that keeps colliding
 /// with changes of that very node gives up.
 pub const NODE_TRIES: u32 = 64;
-
-/// Tokens compared per volatile load where there is no SSE2.
-#[cfg(not(target_arch = "x86_64"))]
-const LANES: usize = 8;
 
 /// Where a [`TreeReader::peek_anchored`] match ended: the node holding
 /// its last page, as the reader validated it. The daemon can act on the
@@ -113,89 +116,6 @@ pub struct Peeked {
     /// a child holding it would be filed (none was, when read). The daemon
     /// probes it to see whether such a child came since.
     pub next_hash: Option<u32>,
-}
-
-/// Whether the `key.len()` tokens at `tokens` equal `key`, each read once,
-/// volatile: with SSE2 on x86-64, else eight tokens per volatile load (one
-/// 32-byte vector where the target has one), then the rest one by one.
-///
-/// # Safety
-///
-/// As for [`same_sse2`].
-#[inline]
-unsafe fn same_volatile(tokens: *const u32, key: &[u32]) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: forwarded from the caller.
-        unsafe { same_sse2(tokens, key) }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let mut diff = 0;
-        let mut chunks = key.chunks_exact(LANES);
-        for (c, k) in chunks.by_ref().enumerate() {
-            // SAFETY: `(c + 1) * LANES <= key.len()`: inside what the caller
-            // vouches for; `[u32; LANES]` has u32's alignment and takes any
-            // bits.
-            let t = unsafe { tokens.add(c * LANES).cast::<[u32; LANES]>().read_volatile() };
-            diff |= t.iter().zip(k).fold(0, |d, (x, y)| d | (x ^ y));
-        }
-        let done = key.len() - chunks.remainder().len();
-        for (i, k) in chunks.remainder().iter().enumerate() {
-            // SAFETY: `done + i < key.len()`: inside what the caller vouches
-            // for.
-            let t = unsafe { tokens.add(done + i).read_volatile() };
-            diff |= t ^ k;
-        }
-        diff == 0
-    }
-}
-
-/// Whether the `key.len()` tokens at `tokens` equal `key`, four tokens per
-/// volatile 16-byte load where `tokens` is 16-byte aligned (a page's
-/// tokens are when the page size is a multiple of 4): a volatile load of a
-/// vector type is one instruction, where one of `[u32; 8]` is eight. SSE2
-/// is part of every x86-64.
-///
-/// # Safety
-///
-/// `tokens` must point at `key.len()` readable `u32`s (which another
-/// process may be writing: each is read once, volatile, and judged by the
-/// caller's version check).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-unsafe fn same_sse2(tokens: *const u32, key: &[u32]) -> bool {
-    use std::arch::x86_64::{
-        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128,
-        _mm_setzero_si128, _mm_xor_si128,
-    };
-    let vectors = if (tokens as usize) % 16 == 0 {
-        key.len() / 4
-    } else {
-        0
-    };
-    let mut diff = 0u32;
-    // SAFETY: SSE2 is baseline on x86-64. The vector loads read tokens
-    // `4c..4c + 4` for `c < vectors <= key.len() / 4`, at 16-byte aligned
-    // addresses (`tokens` is, and each step is 16 bytes); the key side is
-    // an unaligned load inside `key`; the scalar loads read the tokens
-    // from `4 * vectors` up to `key.len()`: all inside what the caller
-    // vouches for.
-    unsafe {
-        let mut acc = _mm_setzero_si128();
-        for c in 0..vectors {
-            let stored = tokens.add(c * 4).cast::<__m128i>().read_volatile();
-            let wanted = _mm_loadu_si128(key.as_ptr().add(c * 4).cast::<__m128i>());
-            acc = _mm_or_si128(acc, _mm_xor_si128(stored, wanted));
-        }
-        if _mm_movemask_epi8(_mm_cmpeq_epi8(acc, _mm_setzero_si128())) != 0xffff {
-            return false;
-        }
-        for (i, k) in key.iter().enumerate().skip(vectors * 4) {
-            diff |= tokens.add(i).read_volatile() ^ k;
-        }
-    }
-    diff == 0
 }
 
 /// One step of the walk: a node the reader stands on.
@@ -315,82 +235,75 @@ impl TreeReader {
     /// lives (a shared mapping that stays mapped). Other processes or
     /// threads may write it; this reader only ever copies out of it.
     pub unsafe fn new(base: NonNull<u8>, layout: EngineLayout) -> Self {
-        Self { base, layout }
+        // SAFETY: forwarded from the caller.
+        Self::over(unsafe { Mapped::new(base, layout) })
+    }
+}
+
+impl<M: TreeMem> TreeReader<M> {
+    /// A reader of the region `mem` reads.
+    pub fn over(mem: M) -> Self {
+        let layout = mem.layout();
+        Self { mem, layout }
     }
 
     fn table_version(&self) -> &Version {
-        // SAFETY: offset 0 holds the table's version (see `layout`),
-        // aligned, inside the region (the caller's contract); a shared
-        // reference to an atomic is sound while another process writes it.
-        unsafe { self.base.cast::<Version>().as_ref() }
+        // SAFETY: offset 0 holds the table's version (see `layout`).
+        unsafe { self.mem.version(0) }
     }
 
     fn version(&self, node: u32) -> Option<&Version> {
         if node >= self.layout.node_cap {
             return None;
         }
-        // SAFETY: `node < node_cap` versions lie at `versions_at`, aligned
-        // for the u32 atomic, inside the region; the writer only ever
-        // touches them atomically (never through `&mut`).
+        // SAFETY: `node < node_cap`: the offset of node `node`'s version.
         Some(unsafe {
-            self.base
-                .add(self.layout.versions_at + node as usize * size_of::<Version>())
-                .cast::<Version>()
-                .as_ref()
+            self.mem
+                .version(self.layout.versions_at + node as usize * size_of::<Version>())
         })
     }
 
-    /// A volatile copy of record `index` of the array at `at`, if in range.
-    fn get<T: Copy>(&self, at: usize, len: usize, index: u32) -> Option<T> {
+    /// Word `field` (a byte offset inside the record) of record `index` of
+    /// the array of `len` records of `T` at `at`, if in range.
+    fn field<T>(&self, at: usize, len: usize, index: u32, field: usize) -> Option<u32> {
         let index = index as usize;
         if index >= len {
             return None;
         }
-        // SAFETY: `at + index * size_of::<T>()` lies inside the region (the
-        // layout placed `len` records of `T` at `at`, and `index < len`),
-        // aligned for `T`; `T` is plain integers, so whatever bits a racing
-        // writer left make a valid value, which the version then judges.
-        Some(unsafe {
-            self.base
-                .as_ptr()
-                .add(at + index * size_of::<T>())
-                .cast::<T>()
-                .read_volatile()
-        })
+        debug_assert!(field + size_of::<u32>() <= size_of::<T>() && field % 4 == 0);
+        // SAFETY: the layout placed `len` records of `T` at `at` inside
+        // the region, and `index < len`; `field` is a u32 field of `T` (a
+        // `repr(C)` record of u32s), so the word is inside and aligned.
+        Some(unsafe { self.mem.word(at + index * size_of::<T>() + field) })
     }
 
-    fn node(&self, i: u32) -> Option<Node> {
-        self.get(self.layout.nodes_at, self.layout.node_cap as usize, i)
+    /// Word `field` (an `offset_of!(Node, ..)`) of node `i`, if in range:
+    /// the walk loads a node's fields one by one, each when it needs it.
+    fn node(&self, i: u32, field: usize) -> Option<u32> {
+        let (at, len) = (self.layout.nodes_at, self.layout.node_cap as usize);
+        self.field::<Node>(at, len, i, field)
     }
 
-    /// The state, run and next link of page `i` (volatile loads, not the
-    /// whole record), if in range.
+    /// The state, run and next link of page `i` (one load each), if in
+    /// range.
     fn page_link(&self, i: u32) -> Option<(u32, u32, u32)> {
-        if i >= self.layout.capacity {
-            return None;
-        }
-        let at = self.layout.pages_at + i as usize * size_of::<Page>();
-        // SAFETY: `i < capacity` records of `Page` lie at `pages_at`, so
-        // both fields are inside the region, aligned for u32 (`Page` is
-        // `repr(C)` u32s); u32 takes any bits, which the version judges.
-        unsafe {
-            let rec = self.base.as_ptr().add(at);
-            Some((
-                rec.add(std::mem::offset_of!(Page, state))
-                    .cast::<u32>()
-                    .read_volatile(),
-                rec.add(std::mem::offset_of!(Page, owner_or_run))
-                    .cast::<u32>()
-                    .read_volatile(),
-                rec.add(std::mem::offset_of!(Page, next))
-                    .cast::<u32>()
-                    .read_volatile(),
-            ))
-        }
+        let (at, len) = (self.layout.pages_at, self.layout.capacity as usize);
+        let f = |field| self.field::<Page>(at, len, i, field);
+        Some((
+            f(offset_of!(Page, state))?,
+            f(offset_of!(Page, owner_or_run))?,
+            f(offset_of!(Page, next))?,
+        ))
     }
 
+    /// Bucket `i` of the child table, if in range.
     fn bucket(&self, i: u32) -> Option<Bucket> {
-        self.get(self.layout.buckets_at, self.layout.buckets as usize, i)
+        let (at, len) = (self.layout.buckets_at, self.layout.buckets as usize);
+        let f = |field| self.field::<Bucket>(at, len, i, field);
+        Some(Bucket {
+            hash: f(offset_of!(Bucket, hash))?,
+            node: f(offset_of!(Bucket, node))?,
+        })
     }
 
     /// Whether the `key.len() / p` pages from `first` on, consecutive,
@@ -403,11 +316,9 @@ impl TreeReader {
             return None;
         }
         let at = self.layout.tokens_at + first as usize * p * size_of::<u32>();
-        // SAFETY: `first + pages <= capacity`, so the run's tokens lie
-        // inside the token array, aligned for u32.
-        let tokens = unsafe { self.base.as_ptr().add(at).cast::<u32>() };
-        // SAFETY: `tokens` points at the run's `pages * p` tokens.
-        Some(unsafe { same_volatile(tokens, &key[..pages as usize * p]) })
+        // SAFETY: `first + pages <= capacity`, so the run's `pages * p`
+        // tokens lie inside the token array, aligned for u32.
+        Some(unsafe { self.mem.same(at, &key[..pages as usize * p]) })
     }
 
     /// Whether `page` holds exactly the first page of `key`; `None` if the
@@ -435,15 +346,17 @@ impl TreeReader {
         // `None`: torn; `Some(None)`: not the child; else (generation,
         // matched, whole).
         let copy = || -> Option<Option<(u32, usize, bool)>> {
-            let n = self.node(node)?;
-            if n.state != NODE_LIVE || n.parent != parent {
+            let state = self.node(node, offset_of!(Node, state))?;
+            if state != NODE_LIVE || self.node(node, offset_of!(Node, parent))? != parent {
                 return Some(None);
             }
-            if n.num_pages == 0 || n.num_pages > self.layout.capacity {
+            let num_pages = self.node(node, offset_of!(Node, num_pages))?;
+            if num_pages == 0 || num_pages > self.layout.capacity {
                 return None;
             }
-            let (mut page, mut matched, mut at) = (n.first_page, 0usize, pos);
-            while matched < n.num_pages as usize {
+            let first_page = self.node(node, offset_of!(Node, first_page))?;
+            let (mut page, mut matched, mut at) = (first_page, 0usize, pos);
+            while matched < num_pages as usize {
                 if at + p > key.len() {
                     break;
                 }
@@ -455,7 +368,7 @@ impl TreeReader {
                 // their tokens side by side, their ids without the links.
                 // The node's version vouches for the run as for the links.
                 let run = (run as usize)
-                    .min(n.num_pages as usize - matched)
+                    .min(num_pages as usize - matched)
                     .min((key.len() - at) / p);
                 if run >= 2 && matched > 0 {
                     let mut same = 0;
@@ -488,11 +401,12 @@ impl TreeReader {
                 at += p;
                 page = next;
             }
-            let whole = matched == n.num_pages as usize;
+            let whole = matched == num_pages as usize;
             if whole && page != NIL {
                 return None;
             }
-            Some(Some((n.generation, matched, whole)))
+            let generation = self.node(node, offset_of!(Node, generation))?;
+            Some(Some((generation, matched, whole)))
         };
         match version.read(copy) {
             Some((Some(Some((generation, matched, whole))), v)) => Copied::Child {
@@ -589,14 +503,17 @@ impl TreeReader {
         }
         let v = self.version(index)?;
         for attempt in 0..NODE_TRIES {
-            if let Some((node, version)) = v.read(|| self.node(index)) {
-                let node = node?;
-                let live = node.state == NODE_LIVE && node.generation == generation;
-                return live.then_some(Anchor {
+            let copy = || {
+                let live = self.node(index, offset_of!(Node, state))? == NODE_LIVE
+                    && self.node(index, offset_of!(Node, generation))? == generation;
+                live.then(|| self.node(index, offset_of!(Node, num_pages)))?
+            };
+            if let Some((pages, version)) = v.read(copy) {
+                return Some(Anchor {
                     node: index,
                     generation,
                     version,
-                    pages_into_node: node.num_pages,
+                    pages_into_node: pages?,
                 });
             }
             backoff(attempt);

@@ -29,6 +29,15 @@ pub unsafe trait Region {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Under loom only: copies the writer's plain stores made since the
+    /// last call into the region's loom-visible [`Mirror`](super::mem::Mirror) and returns it
+    /// (see [`super::mem`]); `None` for a region without one, on which an
+    /// engine cannot run under loom.
+    #[cfg(loom)]
+    fn mirror(&self) -> Option<&super::mem::Mirror> {
+        None
+    }
 }
 
 /// A zeroed heap allocation, the region of an in-process engine.

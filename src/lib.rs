@@ -10,6 +10,8 @@
 //! - [`readers`]: the daemon's grace period over the readers' epochs.
 //! - [`daemon`]: `radixd serve`, the engine behind the rings.
 //! - [`events`]: KV events in vLLM's wire format for cluster routers.
+//! - `index` (feature `index`): the cluster router's KV index over those
+//!   events (per-worker overlap scores, as Dynamo's router computes them).
 //! - [`client`]: [`Client`], a scheduler's connection to the daemon.
 //! - [`order`]: cache-aware scheduling order (LPM, DFS-weight) from
 //!   lock-free peeks.
@@ -28,6 +30,8 @@ pub mod client;
 pub mod daemon;
 #[cfg(not(loom))]
 pub mod events;
+#[cfg(all(feature = "index", not(loom)))]
+pub mod index;
 #[cfg(not(loom))]
 pub mod op;
 #[cfg(not(loom))]

@@ -40,6 +40,10 @@ enum Command {
     Bench(BenchArgs),
     /// Subscribe to a daemon's KV events and print them as JSON lines.
     Events(radixd::events::cli::SubscribeArgs),
+    /// The cluster router's KV index: follow workers' KV events, answer
+    /// per-worker overlap scores (`serve`, `query`, `stat`).
+    #[cfg(all(feature = "kv-events", feature = "index"))]
+    Index(radixd::index::cli::IndexArgs),
     /// One client process of `radixd bench` (internal).
     #[command(hide = true)]
     BenchWorker(WorkerArgs),
@@ -220,6 +224,22 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     daemon::serve_reporting(&config, &signal::STOP, announce).map_err(|e| e.to_string())
 }
 
+#[cfg(all(feature = "kv-events", feature = "index"))]
+fn index(args: &radixd::index::cli::IndexArgs) -> Result<(), String> {
+    use radixd::index::cli::{self, IndexCommand};
+    match &args.command {
+        IndexCommand::Serve(a) => {
+            signal::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
+            cli::serve(a, &signal::STOP)
+        }
+        IndexCommand::Query(a) => {
+            // The answer (or the failure, as JSON) is on stdout already.
+            cli::query(a, &mut io::stdout().lock()).map_err(|_| String::new())
+        }
+        IndexCommand::Stat(a) => cli::stat(a, &mut io::stdout().lock()),
+    }
+}
+
 /// Lets a write to a closed pipe end the process quietly, as it does for
 /// other Unix tools (`radixd stat | head -2`), instead of a panic or an
 /// error message. Not for `serve`, whose stderr is not what it serves.
@@ -253,6 +273,8 @@ fn main() -> ExitCode {
                 radixd::events::cli::subscribe(&args, &mut io::stdout().lock())
                     .map_err(|e| e.to_string())
             }),
+        #[cfg(all(feature = "kv-events", feature = "index"))]
+        Command::Index(args) => index(&args),
         Command::Replay(args) => {
             let mut out = io::BufWriter::new(io::stdout().lock());
             replay::run(&args, &mut out).map_err(|e| e.to_string())
@@ -261,7 +283,9 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("radixd: {e}");
+            if !e.is_empty() {
+                eprintln!("radixd: {e}");
+            }
             ExitCode::from(2)
         }
     }

@@ -1,8 +1,10 @@
 //! loom models of the cross-process protocols of `radixd-ipc` (SPSC ring,
 //! futex doorbell, client slot claim/release/reclaim, reader epochs and
 //! the daemon's grace policy, the peek retry loop, per-record versions),
-//! of the engine's tree reader racing the real engine writer, and of the
-//! grace period end to end; see `tests/` and docs/modelcheck.md.
+//! of the engine's tree reader racing the real engine writer, of the grace
+//! period end to end, and of the router index's block table
+//! (`src/index/table.rs`, compiled here by path); see `tests/` and
+//! docs/modelcheck.md.
 //!
 //! Run with `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p loom_tests --release`.
 //! loom is 0.7.2 patched for its load-load blind spot (tokio-rs/loom#392,

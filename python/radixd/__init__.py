@@ -2,6 +2,9 @@
 
 - :class:`Client` connects to a running daemon (``radixd serve``);
   :class:`Engine` is the same cache in-process, for tests and simulation.
+- :class:`KvIndex` is the cluster router's KV index in-process (fed KV
+  event payloads, answering per-worker overlap scores);
+  :class:`radixd.index.IndexClient` asks a running ``radixd index serve``.
 - :class:`PrefixCache` is SGLang's ``RadixCache`` surface over either;
   :mod:`radixd.sglang` adapts it to SGLang's ``BasePrefixCache``.
 - Errors are :class:`RadixdError` subclasses, ``.kind`` the ``radixd exec``
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 from . import _errors
 from ._errors import ERRORS, RadixdError, error_class
-from ._native import Client, Engine, InsertResult, MatchResult
+from ._native import Client, Engine, InsertResult, KvIndex, MatchResult
 from ._native import _error_kinds, _set_error_factory
 
 for _kind in _error_kinds():
@@ -24,11 +27,15 @@ for _cls in ERRORS.values():
     globals()[_cls.__name__] = _cls
 del _kind, _cls
 
+from .index import IndexClient, IndexQueryError  # noqa: E402
 from .prefix_cache import PrefixCache, PrefixMatch, TreeNode  # noqa: E402
 
 __all__ = [
     "Client",
     "Engine",
+    "KvIndex",
+    "IndexClient",
+    "IndexQueryError",
     "MatchResult",
     "InsertResult",
     "PrefixCache",

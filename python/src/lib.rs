@@ -7,12 +7,15 @@
 //! - `Engine`: the same operations on an in-process engine.
 //! - `MatchResult`, `InsertResult`: what `match_prefix`, `insert` and
 //!   `session_commit` answer.
+//! - `KvIndex`: the cluster router's KV index (`radixd::index`), fed KV
+//!   event payloads, answering per-worker overlap scores.
 //!
 //! Errors: a rejected request raises the `radixd.RadixdError` subclass of
 //! its `exec` kind (the factory is registered by `radixd/__init__.py`);
 //! arguments Python cannot express as the request (a value beyond `u32`, a
 //! negative count) raise `ValueError` or `TypeError` before anything is sent.
 
+mod index;
 mod input;
 
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -718,6 +721,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
     m.add_class::<MatchResult>()?;
     m.add_class::<InsertResult>()?;
+    m.add_class::<index::KvIndex>()?;
     m.add_function(wrap_pyfunction!(_set_error_factory, m)?)?;
     m.add_function(wrap_pyfunction!(_error_kinds, m)?)?;
     m.add_function(wrap_pyfunction!(_read_tokens, m)?)?;

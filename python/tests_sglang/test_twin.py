@@ -20,7 +20,7 @@ PAGES = 48
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_in_process(page_size):
-    twin = Twin(page_size, PAGES, lambda p: RadixdPrefixCache(p, radixd.Engine(page_size, PAGES)), seed=page_size)
+    twin = Twin(page_size, PAGES, lambda p: RadixdPrefixCache(p, radixd.Engine(page_size, PAGES)), seed=page_size, lru=True)
     for _ in range(OPS):
         twin.step()
     twin.drain()
@@ -34,7 +34,7 @@ def test_through_daemon(page_size, start_daemon, monkeypatch):
 
     d = start_daemon(page_size=page_size, capacity=PAGES)
     monkeypatch.setenv("RADIXD_NAME", d.name)
-    twin = Twin(page_size, PAGES, radixd_cache, seed=100 + page_size)
+    twin = Twin(page_size, PAGES, radixd_cache, seed=100 + page_size, lru=True)
     assert type(twin.b.cache) is RadixdPrefixCache
     for _ in range(OPS):
         twin.step()
@@ -43,22 +43,12 @@ def test_through_daemon(page_size, start_daemon, monkeypatch):
     assert twin.evictions > OPS // 20 and twin.hits > OPS // 50
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SGLang's match and insert touch a node before splitting it "
-    "(RadixCache._match_prefix_helper/_insert_helper set child.last_access_time, "
-    "then _split_node), so the lower half of a split counts as used; radixd's "
-    "split leaves the lower half at its old LRU place, and a partial eviction "
-    "then trims it first (seed 1, P=1: op 2440 splits [234, 605 | 967, 104], "
-    "op 2441 evicts [967, 104] in radixd, an older parent in SGLang)",
-)
 def test_partial_evictions_follow_sglang_lru():
     twin = Twin(1, PAGES, lambda p: RadixdPrefixCache(p, radixd.Engine(1, PAGES)), seed=1, lru=True)
     for _ in range(OPS):
         twin.step()
 
 
-@pytest.mark.xfail(strict=True, reason="radixd's split leaves the lower half at its old LRU place (see above)")
 def test_a_split_touches_its_lower_half_as_sglang_does():
     from array import array
 

@@ -2,12 +2,13 @@
 //! each round of requests moves what the engine recorded onto the queue,
 //! without ever blocking.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
 
-use super::batch::{BatchLayout, BatchWriter};
+use super::batch::BatchLayout;
+use super::encode::EventEncoder;
 use super::hash::{Scheme, SchemeName};
 use super::publisher::{batch_priority, Msg, Publisher, Shared};
 use super::{CacheEvent, EventsConfig, EventsError};
@@ -65,14 +66,14 @@ impl Feed {
                             pub_socket,
                             replay,
                             topic: config.topic.as_bytes().to_vec(),
-                            scheme: Scheme::new(name, &config.hash_seed),
-                            page_size,
-                            medium: config.medium.clone(),
                             buffer_cap: config.replay_buffer,
                             buffer: VecDeque::new(),
-                            hashes: HashMap::new(),
-                            writer: BatchWriter::with_layout(layout),
-                            scratch: Vec::new(),
+                            encoder: EventEncoder::new(
+                                Scheme::new(name, &config.hash_seed),
+                                page_size,
+                                &config.medium,
+                                layout,
+                            ),
                         }
                         .run();
                         // The sockets closed (lingering on unsent batches)

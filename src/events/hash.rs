@@ -117,19 +117,16 @@ impl Scheme {
         buf.clear();
         match self {
             Self::Xxh3 => {
-                let local = xxh3_64_with_seed(le_bytes(tokens, buf), XXH3_SEED);
+                let local = xxh3_local(tokens, buf);
                 let seq = match parent {
                     None => local,
                     Some(p) => {
-                        let mut both = [0u8; 16];
-                        both[..8].copy_from_slice(&p[..8]);
-                        both[8..].copy_from_slice(&local.to_le_bytes());
-                        xxh3_64_with_seed(&both, XXH3_SEED)
+                        let mut eight = [0u8; 8];
+                        eight.copy_from_slice(&p[..8]);
+                        xxh3_chain(u64::from_le_bytes(eight), local)
                     }
                 };
-                let mut full = [0u8; 32];
-                full[..8].copy_from_slice(&seq.to_le_bytes());
-                full
+                xxh3_full(seq)
             }
             Self::Sha256Cbor { none_hash } => {
                 // cbor2.dumps((parent, tuple(tokens), None), canonical=True):
@@ -179,6 +176,33 @@ impl Scheme {
             })
             .collect()
     }
+}
+
+/// Dynamo's local hash of one block (`compute_block_hash_for_seq`):
+/// `xxh3_64(seed 1337)` of its tokens as little-endian `u32`s. `buf` is
+/// scratch (used on big-endian machines only).
+#[inline]
+pub fn xxh3_local(tokens: &[u32], buf: &mut Vec<u8>) -> u64 {
+    xxh3_64_with_seed(le_bytes(tokens, buf), XXH3_SEED)
+}
+
+/// Dynamo's sequence hash of a block after the block whose sequence hash is
+/// `parent` (`compute_next_seq_hash`): `xxh3_64(seed 1337)` of both as 8
+/// little-endian bytes each.
+#[inline]
+pub fn xxh3_chain(parent: u64, local: u64) -> u64 {
+    let mut both = [0u8; 16];
+    both[..8].copy_from_slice(&parent.to_le_bytes());
+    both[8..].copy_from_slice(&local.to_le_bytes());
+    xxh3_64_with_seed(&both, XXH3_SEED)
+}
+
+/// The [`FullHash`] of an XXH3 sequence hash.
+#[inline]
+pub fn xxh3_full(seq: u64) -> FullHash {
+    let mut full = [0u8; 32];
+    full[..8].copy_from_slice(&seq.to_le_bytes());
+    full
 }
 
 /// `tokens` as little-endian bytes: the tokens' own memory on a

@@ -13,19 +13,23 @@
 //! socket. [`subscriber`] is the consumer side (`radixd events`, tests).
 //!
 //! Only [`EventsConfig`] and [`EventsError`] exist without the `kv-events`
-//! cargo feature, so a daemon configuration names events either way.
+//! cargo feature, so a daemon configuration names events either way; the
+//! codecs ([`hash`], [`msgpack`], [`batch`]) also come with the `index`
+//! feature, which decodes events without ZeroMQ.
 
 use std::fmt;
 
-#[cfg(feature = "kv-events")]
+#[cfg(any(feature = "kv-events", feature = "index"))]
 pub mod batch;
 #[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(any(feature = "kv-events", feature = "index"))]
+pub mod encode;
 #[cfg(feature = "kv-events")]
 mod feed;
-#[cfg(feature = "kv-events")]
+#[cfg(any(feature = "kv-events", feature = "index"))]
 pub mod hash;
-#[cfg(feature = "kv-events")]
+#[cfg(any(feature = "kv-events", feature = "index"))]
 pub mod msgpack;
 #[cfg(feature = "kv-events")]
 pub mod publisher;

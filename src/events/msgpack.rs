@@ -95,6 +95,53 @@ fn container(out: &mut Vec<u8>, n: usize, [fix, m16, m32]: [u8; 3]) {
     }
 }
 
+/// Writes `true` or `false`.
+pub fn boolean(out: &mut Vec<u8>, b: bool) {
+    out.push(if b { 0xc3 } else { 0xc2 });
+}
+
+/// Writes any [`Value`] (integers in their shortest form).
+pub fn encode(out: &mut Vec<u8>, v: &Value) {
+    match v {
+        Value::Nil => nil(out),
+        Value::Bool(b) => boolean(out, *b),
+        Value::Int(i) if *i >= 0 => uint(out, *i as u64),
+        Value::Int(i) => {
+            out.push(0xd3);
+            out.extend_from_slice(&i.to_be_bytes());
+        }
+        Value::UInt(u) => uint(out, *u),
+        Value::Float(x) => float(out, *x),
+        Value::Str(s) => str(out, s),
+        Value::Bin(b) => {
+            let n = b.len();
+            if n <= 0xff {
+                out.extend_from_slice(&[0xc4, n as u8]);
+            } else if n <= 0xffff {
+                out.push(0xc5);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            } else {
+                out.push(0xc6);
+                out.extend_from_slice(&(n as u32).to_be_bytes());
+            }
+            out.extend_from_slice(b);
+        }
+        Value::Array(items) => {
+            array(out, items.len());
+            for x in items {
+                encode(out, x);
+            }
+        }
+        Value::Map(pairs) => {
+            map(out, pairs.len());
+            for (k, x) in pairs {
+                encode(out, k);
+                encode(out, x);
+            }
+        }
+    }
+}
+
 /// A decoded MessagePack value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
@@ -301,6 +348,26 @@ mod tests {
         assert_eq!(items[3], Value::Float(1.5));
         assert_eq!(items[4], Value::Str("GPU".into()));
         assert_eq!(b[1..3], [0xc0, 0x7f]);
+    }
+
+    #[test]
+    fn any_value_round_trips() {
+        let v = Value::Map(vec![
+            (
+                Value::Str("a".into()),
+                Value::Array(vec![Value::Int(-5), Value::UInt(1 << 40)]),
+            ),
+            (Value::Str("b".into()), Value::Bool(true)),
+            (Value::Nil, Value::Bin(vec![1, 2, 3])),
+            (Value::Float(0.5), Value::Str("x".repeat(300))),
+        ]);
+        let mut out = Vec::new();
+        encode(&mut out, &v);
+        let back = decode(&out).unwrap();
+        // Non-negative integers decode as the decoder's integer form.
+        let mut again = Vec::new();
+        encode(&mut again, &back);
+        assert_eq!(out, again);
     }
 
     #[test]

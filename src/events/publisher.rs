@@ -10,11 +10,12 @@
 //!   `start_seq` on, then the end marker `[identity, "", -1 (8 bytes,
 //!   big-endian, signed), ""]`.
 //!
-//! The thread owns both sockets (ZeroMQ sockets are not thread-safe) and a
-//! page → hash table, so a `BlockRemoved` names the hashes of the evicted
-//! pages and a `BlockStored` the hash of its parent page.
+//! The thread owns both sockets (ZeroMQ sockets are not thread-safe) and
+//! the [`EventEncoder`] with its page → hash table, so a `BlockRemoved`
+//! names the hashes of the evicted pages and a `BlockStored` the hash of
+//! its parent page.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -22,8 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_queue::ArrayQueue;
 
-use super::batch::BatchWriter;
-use super::hash::{FullHash, Scheme};
+use super::encode::EventEncoder;
 use super::CacheEvent;
 
 /// vLLM's `END_SEQ`: `(-1).to_bytes(8, "big", signed=True)`.
@@ -94,16 +94,11 @@ pub(crate) struct Publisher {
     pub pub_socket: zmq::Socket,
     pub replay: Option<zmq::Socket>,
     pub topic: Vec<u8>,
-    pub scheme: Scheme,
-    pub page_size: u32,
-    pub medium: String,
     pub buffer_cap: usize,
     /// Recent `(seq, payload)` for replay.
     pub buffer: VecDeque<(u64, Vec<u8>)>,
-    /// Full hash of every cached page.
-    pub hashes: HashMap<u32, FullHash>,
-    pub writer: BatchWriter,
-    pub scratch: Vec<u8>,
+    /// Hashes pages and builds the batch.
+    pub encoder: EventEncoder,
 }
 
 impl Publisher {
@@ -116,7 +111,7 @@ impl Publisher {
             while let Some(msg) = self.shared.queue.pop() {
                 got = true;
                 self.apply(msg);
-                if self.writer.len() >= MAX_BATCH_EVENTS {
+                if self.encoder.len() >= MAX_BATCH_EVENTS {
                     self.flush();
                 }
             }
@@ -176,65 +171,27 @@ impl Publisher {
     }
 
     fn event(&mut self, e: CacheEvent) {
-        match e {
-            CacheEvent::Stored {
-                parent,
-                pages,
-                tokens,
-            } => {
-                let p = self.page_size as usize;
-                // A parent the table does not know cannot happen while the
-                // record is complete; hashing from the root then is the
-                // least wrong answer.
-                let mut prev = parent.and_then(|pg| self.hashes.get(&pg).copied());
-                let parent_ext = prev.as_ref().map(|h| self.scheme.external(h));
-                let mut ext = Vec::with_capacity(pages.len());
-                for (i, &page) in pages.iter().enumerate() {
-                    let Some(toks) = tokens.get(i * p..(i + 1) * p) else {
-                        break;
-                    };
-                    let full = self.scheme.block(prev.as_ref(), toks, &mut self.scratch);
-                    self.hashes.insert(page, full);
-                    ext.push(self.scheme.external(&full));
-                    prev = Some(full);
+        self.encoder.event(&e);
+        if let CacheEvent::Stored { pages, tokens, .. } = e {
+            // Back to the daemon for the next `Stored` (dropped when the
+            // way back is full).
+            for buf in [pages, tokens] {
+                if buf.capacity() <= crate::engine::SPARE_BUFFER_LEN {
+                    let _ = self.shared.spares.push(buf);
                 }
-                let toks = &tokens[..(ext.len() * p).min(tokens.len())];
-                self.writer
-                    .stored(&ext, parent_ext, toks, self.page_size, &self.medium);
-                // Back to the daemon for the next `Stored` (dropped when
-                // the way back is full).
-                for buf in [pages, tokens] {
-                    if buf.capacity() <= crate::engine::SPARE_BUFFER_LEN {
-                        let _ = self.shared.spares.push(buf);
-                    }
-                }
-            }
-            CacheEvent::Removed { pages } => {
-                let ext: Vec<u64> = pages
-                    .iter()
-                    .filter_map(|pg| self.hashes.remove(pg))
-                    .map(|h| self.scheme.external(&h))
-                    .collect();
-                if !ext.is_empty() {
-                    self.writer.removed(&ext, &self.medium);
-                }
-            }
-            CacheEvent::Cleared => {
-                self.hashes.clear();
-                self.writer.cleared();
             }
         }
     }
 
     /// Sends the batch being built, if any.
     fn flush(&mut self) {
-        if self.writer.is_empty() {
+        if self.encoder.is_empty() {
             return;
         }
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        let payload = self.writer.finish(ts, 0);
+        let payload = self.encoder.finish(ts, 0);
         // Relaxed: only this thread writes it; the daemon reads it for
         // `radixd stat`, where a stale figure is fine.
         let seq = self.shared.batches.load(Ordering::Relaxed);

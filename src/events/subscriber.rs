@@ -28,6 +28,12 @@ pub struct Subscriber {
     ready: VecDeque<Received>,
     /// Sequence numbers skipped because no replay could fill them.
     gaps: u64,
+    /// Payloads that did not decode (live or replayed).
+    malformed: u64,
+    /// Replay requests that got no (complete) answer.
+    replay_failures: u64,
+    /// How long a gap's replay may take.
+    replay_timeout: Duration,
     // Sockets first: they close before the context ends.
     _ctx: zmq::Context,
 }
@@ -84,6 +90,9 @@ impl Subscriber {
             next: None,
             ready: VecDeque::new(),
             gaps: 0,
+            malformed: 0,
+            replay_failures: 0,
+            replay_timeout: Duration::from_secs(5),
             _ctx: ctx,
         })
     }
@@ -91,6 +100,21 @@ impl Subscriber {
     /// Sequence numbers lost for want of a replay socket (or buffer).
     pub fn gaps(&self) -> u64 {
         self.gaps
+    }
+
+    /// Payloads that did not decode, live or replayed.
+    pub fn malformed(&self) -> u64 {
+        self.malformed
+    }
+
+    /// Replay requests that timed out or were cut short.
+    pub fn replay_failures(&self) -> u64 {
+        self.replay_failures
+    }
+
+    /// How long the replay of a gap may take (5 s by default).
+    pub fn set_replay_timeout(&mut self, timeout: Duration) {
+        self.replay_timeout = timeout;
     }
 
     /// Starts delivery at `from`: asks the replay socket for every batch it
@@ -140,9 +164,12 @@ impl Subscriber {
                 return Ok(out);
             }
             let seq = seq_of(&seq)?;
-            let batch =
-                decode_batch(&payload).map_err(|e| EventsError::Malformed(e.to_string()))?;
-            out.push(Received { seq, batch });
+            // A batch that does not decode is left out (a gap the caller
+            // counts); the replay goes on.
+            match decode_batch(&payload) {
+                Ok(batch) => out.push(Received { seq, batch }),
+                Err(_) => self.malformed += 1,
+            }
         }
     }
 
@@ -173,11 +200,17 @@ impl Subscriber {
                 Some(n) if seq < n => continue,
                 Some(n) if seq > n => {
                     if self.replay.is_some() {
-                        let timeout = Duration::from_secs(5);
-                        for r in self.fetch(n, timeout)? {
-                            if Some(r.seq) == self.next && r.seq < seq {
-                                n_push(&mut self.ready, &mut self.next, r);
+                        // A replay socket that does not answer costs this
+                        // stream the gap, not the stream.
+                        match self.fetch(n, self.replay_timeout) {
+                            Ok(got) => {
+                                for r in got {
+                                    if Some(r.seq) == self.next && r.seq < seq {
+                                        n_push(&mut self.ready, &mut self.next, r);
+                                    }
+                                }
                             }
+                            Err(_) => self.replay_failures += 1,
                         }
                     }
                     let n = self.next.unwrap_or(seq);
@@ -185,9 +218,18 @@ impl Subscriber {
                 }
                 _ => {}
             }
-            let batch =
-                decode_batch(&payload).map_err(|e| EventsError::Malformed(e.to_string()))?;
-            n_push(&mut self.ready, &mut self.next, Received { seq, batch });
+            // Past this message either way: a payload that does not decode
+            // is reported once, not asked for again as a gap.
+            self.next = Some(seq + 1);
+            match decode_batch(&payload) {
+                Ok(batch) => self.ready.push_back(Received { seq, batch }),
+                Err(e) => {
+                    self.malformed += 1;
+                    if self.ready.is_empty() {
+                        return Err(EventsError::Malformed(e.to_string()));
+                    }
+                }
+            }
             return Ok(self.ready.pop_front());
         }
     }

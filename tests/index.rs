@@ -12,6 +12,8 @@
 
 mod common;
 
+use common::Rng;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -23,20 +25,6 @@ use radixd::events::hash::{Scheme, SchemeName};
 use radixd::index::{ApplyError, IndexConfig, KvIndex, OverlapScores, Worker};
 
 const P: usize = 4;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// A prompt: one of 3 system prompts, one of 4 few-shot blocks, a user
 /// turn: prefixes shared unevenly across prompts (and so across workers).

@@ -22,7 +22,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Duration;
 
-use common::{radixd, Daemon};
+use common::{radixd, Daemon, Rng};
 use radixd::events::batch::KvEvent;
 use radixd::events::hash::{Scheme, SchemeName};
 use radixd::events::subscriber::Subscriber;
@@ -78,20 +78,6 @@ fn python() -> Option<String> {
             );
             None
         }
-    }
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 

@@ -303,3 +303,21 @@ impl Raw {
         slots.poke(self.slot, generation, state);
     }
 }
+
+/// A tiny deterministic generator (xorshift) for randomized tests that
+/// must repeat exactly.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// The next number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}

@@ -56,16 +56,36 @@ fn a_queued_request_of_the_previous_holder_never_runs_for_the_next() {
     new.validate().unwrap();
 }
 
+/// A client holding a lock on 3 pages and 2 more pages of its own (kept
+/// by the caller).
+fn victim_holding(daemon: &Daemon) -> (Client, Vec<u32>) {
+    let mut victim = connect(daemon);
+    let pages = victim.alloc(3).unwrap();
+    let kept = victim.alloc(2).unwrap();
+    victim.insert(&[1, 2, 3], &pages, true).unwrap();
+    (victim, kept)
+}
+
+/// Waits (at most 1 s) until nothing is owned or locked any more.
+fn until_released(other: &mut Client) {
+    let left = Instant::now();
+    loop {
+        let (s, _) = other.stats().unwrap();
+        if (s.owned_pages, s.protected_tokens) == (0, 0) {
+            break;
+        }
+        assert!(left.elapsed() < Duration::from_secs(1), "{s:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// A stray write of FREE over a live client's slot word releases nothing:
 /// the daemon probes the client's liveness lock first. Once the client
 /// really leaves, what it held comes back.
 #[test]
 fn a_stray_free_over_a_live_client_releases_nothing() {
     let daemon = Daemon::start(&["--page-size", "1", "--capacity", "16"]);
-    let mut victim = connect(&daemon);
-    let pages = victim.alloc(3).unwrap();
-    let kept = victim.alloc(2).unwrap();
-    victim.insert(&[1, 2, 3], &pages, true).unwrap();
+    let (victim, kept) = victim_holding(&daemon);
     let mut other = connect(&daemon);
     let (before, _) = other.stats().unwrap();
     assert_eq!((before.owned_pages, before.protected_tokens), (2, 3));
@@ -87,15 +107,7 @@ fn a_stray_free_over_a_live_client_releases_nothing() {
 
     // The client leaves for real: its lock goes, and so does what it held.
     drop(victim);
-    let left = Instant::now();
-    loop {
-        let (s, _) = other.stats().unwrap();
-        if (s.owned_pages, s.protected_tokens) == (0, 0) {
-            break;
-        }
-        assert!(left.elapsed() < Duration::from_secs(1), "{s:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    until_released(&mut other);
     drop(kept);
     other.validate().unwrap();
 }
@@ -108,10 +120,7 @@ fn a_stray_free_over_a_live_client_releases_nothing() {
 #[test]
 fn a_forged_claim_over_a_live_client_releases_nothing() {
     let daemon = Daemon::start(&["--page-size", "1", "--capacity", "16"]);
-    let mut victim = connect(&daemon);
-    let pages = victim.alloc(3).unwrap();
-    let kept = victim.alloc(2).unwrap();
-    victim.insert(&[1, 2, 3], &pages, true).unwrap();
+    let (victim, kept) = victim_holding(&daemon);
     let mut other = connect(&daemon);
     let raw = Raw::new(&daemon.name, &victim);
     for generation in [victim.generation() + 2, victim.generation() + 7] {
@@ -128,15 +137,7 @@ fn a_forged_claim_over_a_live_client_releases_nothing() {
         assert_ne!(third.slot(), victim.slot());
     }
     drop(victim);
-    let left = Instant::now();
-    loop {
-        let (s, _) = other.stats().unwrap();
-        if (s.owned_pages, s.protected_tokens) == (0, 0) {
-            break;
-        }
-        assert!(left.elapsed() < Duration::from_secs(1), "{s:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    until_released(&mut other);
     drop(kept);
     // The slot is reclaimed and serves a new client.
     let left = Instant::now();

@@ -5,8 +5,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::engine::{
-    Anchor, AnchorError, ClientId, Engine, HandleError, Inserted, PageError, Region, SessionError,
-    Stats,
+    Anchor, AnchorError, ClientId, ComponentError, Engine, HandleError, Inserted, PageError,
+    Region, SessionError, Stats,
 };
 
 /// One request to the cache.
@@ -188,11 +188,19 @@ pub enum ErrorKind {
     /// `InsertAt` (nothing changed). The client then sends the full
     /// request, so neither `exec` nor a library caller ever sees it.
     Moved = 18,
+    /// The request names a component the engine was not started with.
+    ComponentOff = 19,
+    /// A state slot the client does not own.
+    StateNotOwned = 20,
+    /// SWA pages that contradict the request's window (`swa_evicted`).
+    SwaMismatch = 21,
+    /// Every state slot is held by a client or a locked node.
+    InsufficientStates = 22,
 }
 
 impl ErrorKind {
     /// Every kind, for decoding.
-    pub const ALL: [ErrorKind; 18] = [
+    pub const ALL: [ErrorKind; 22] = [
         Self::UnknownOp,
         Self::Malformed,
         Self::PageOutOfRange,
@@ -211,6 +219,10 @@ impl ErrorKind {
         Self::Invariant,
         Self::NotPermitted,
         Self::Moved,
+        Self::ComponentOff,
+        Self::StateNotOwned,
+        Self::SwaMismatch,
+        Self::InsufficientStates,
     ];
 
     /// The wire name.
@@ -234,6 +246,10 @@ impl ErrorKind {
             Self::Invariant => "invariant",
             Self::NotPermitted => "not_permitted",
             Self::Moved => "moved",
+            Self::ComponentOff => "component_off",
+            Self::StateNotOwned => "state_not_owned",
+            Self::SwaMismatch => "swa_mismatch",
+            Self::InsufficientStates => "insufficient_states",
         }
     }
 
@@ -275,9 +291,22 @@ impl From<PageError> for Rejection {
             PageError::NotOwned { .. } => ErrorKind::PageNotOwned,
             PageError::CountMismatch { .. } => ErrorKind::PageCountMismatch,
             // Its own message, the same kind: a client retries either.
-            PageError::Insufficient { .. } | PageError::HeldByReaders { .. } => {
-                ErrorKind::InsufficientPages
-            }
+            PageError::Insufficient { .. }
+            | PageError::HeldByReaders { .. }
+            | PageError::SwaInsufficient { .. } => ErrorKind::InsufficientPages,
+            PageError::SwaEvicted { .. } | PageError::SwaPairing { .. } => ErrorKind::SwaMismatch,
+            PageError::Component(c) => return c.into(),
+        };
+        Self::new(kind, e.to_string())
+    }
+}
+
+impl From<ComponentError> for Rejection {
+    fn from(e: ComponentError) -> Self {
+        let kind = match e {
+            ComponentError::NotEnabled(_) => ErrorKind::ComponentOff,
+            ComponentError::StateNotOwned { .. } => ErrorKind::StateNotOwned,
+            ComponentError::NoFreeState => ErrorKind::InsufficientStates,
         };
         Self::new(kind, e.to_string())
     }

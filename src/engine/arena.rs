@@ -4,6 +4,7 @@ use std::mem::size_of;
 
 use super::error::ConfigError;
 use super::grace::Retirement;
+use super::hybrid::Hybrid;
 use super::layout::{
     Bucket, EngineLayout, Header, Node, Page, ENGINE_VERSION, NIL, NODE_FREE, NODE_LIVE, PAGE_FREE,
     ROOT,
@@ -41,6 +42,8 @@ pub(crate) struct Arena<R> {
     pub(crate) retire: Option<Retirement>,
     /// Last uses and the unlocked leaves eviction may take (`lru`).
     pub(crate) lru: Lru,
+    /// The secondary components (`hybrid`); `None` when only FULL is on.
+    pub(crate) hybrid: Option<Box<Hybrid>>,
 }
 
 impl<R: Region> Arena<R> {
@@ -71,6 +74,7 @@ impl<R: Region> Arena<R> {
             spares: Vec::new(),
             retire: None,
             lru: Lru::new(layout.node_cap),
+            hybrid: None,
         };
         arena.format();
         Ok(arena)
@@ -90,6 +94,9 @@ impl<R: Region> Arena<R> {
         self.format_inner();
         self.forget_limbo();
         self.lru.clear();
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            h.clear();
+        }
         for i in 0..nodes {
             self.version(i).end();
         }

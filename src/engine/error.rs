@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use super::hybrid::ComponentError;
+
 /// Why an engine could not be built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConfigError {
@@ -67,6 +69,16 @@ pub enum PageError {
         free: u64,
         held: u64,
     },
+    /// The SWA pool cannot pair `requested` new pages even after evicting
+    /// every unlocked SWA page: only `available` are free.
+    SwaInsufficient { requested: u64, available: u64 },
+    /// An insert's `swa_evicted` is not page-aligned or runs past the key.
+    SwaEvicted { tokens: u64, len: u64 },
+    /// A page of an insert whose SWA pairing contradicts the window: one
+    /// before `swa_evicted` still paired, or one after it unpaired.
+    SwaPairing { page: u32, paired: bool },
+    /// A component field of the request the engine cannot take.
+    Component(ComponentError),
 }
 
 impl fmt::Display for PageError {
@@ -99,6 +111,32 @@ impl fmt::Display for PageError {
                  are still held by readers (they come back when the readers move on or are \
                  expired)"
             ),
+            Self::SwaInsufficient {
+                requested,
+                available,
+            } => write!(
+                f,
+                "cannot pair {requested} pages with SWA pages: only {available} are free or \
+                 evictable"
+            ),
+            Self::SwaEvicted { tokens, len } => write!(
+                f,
+                "swa_evicted {tokens} must be page-aligned and at most the key's {len} tokens"
+            ),
+            Self::SwaPairing { page, paired: true } => write!(
+                f,
+                "page {page} lies before swa_evicted but still holds its SWA page (free_swa it \
+                 first)"
+            ),
+            Self::SwaPairing {
+                page,
+                paired: false,
+            } => write!(
+                f,
+                "page {page} lies inside the SWA window but its SWA page was freed (pass \
+                 swa_evicted)"
+            ),
+            Self::Component(e) => e.fmt(f),
         }
     }
 }

@@ -23,6 +23,7 @@ mod arena;
 pub use arena::CORRUPT;
 mod error;
 mod grace;
+mod hybrid;
 pub mod layout;
 mod lru;
 mod mem;
@@ -39,6 +40,10 @@ use std::collections::HashMap;
 
 pub use error::{AnchorError, ConfigError, HandleError, InvariantError, PageError};
 pub use grace::Grace;
+pub use hybrid::{
+    Component, ComponentError, ComponentStats, Components, ComponentsError, Evicted, InsertExtra,
+    InsertedExtra, MambaConfig, MatchExtra, SwaConfig, MAX_STATES,
+};
 pub use layout::EngineLayout;
 pub use mem::{Mapped, TreeMem};
 #[cfg(loom)]
@@ -49,6 +54,7 @@ pub use region::{HeapRegion, Region, REGION_ALIGN};
 pub use session::{SessionError, SessionStatus};
 
 use arena::Arena;
+use hybrid::Hybrid;
 use layout::{NIL, NODE_LIVE, PAGE_CLAIMED, PAGE_OWNED, ROOT};
 use session::Session;
 use tree::Walk;
@@ -196,7 +202,42 @@ impl Engine<HeapRegion> {
     }
 }
 
+impl Engine<HeapRegion> {
+    /// An empty engine on the heap caching `components` beside FULL.
+    pub fn with_components(
+        config: Config,
+        components: Components,
+    ) -> Result<Self, ComponentsError> {
+        let mut e = Self::new(config).map_err(|e| ComponentsError(e.to_string()))?;
+        e.set_components(components)?;
+        Ok(e)
+    }
+}
+
 impl<R: Region> Engine<R> {
+    /// Empties the cache and from now on caches `components` beside FULL
+    /// (their pools start empty of data: every SWA page and state free).
+    pub fn set_components(&mut self, components: Components) -> Result<(), ComponentsError> {
+        components.check()?;
+        let l = self.arena.layout;
+        self.arena.hybrid = Hybrid::new(components, l.node_cap, l.capacity);
+        self.reset();
+        Ok(())
+    }
+
+    /// The components this engine caches.
+    pub fn components(&self) -> Components {
+        self.arena
+            .hybrid
+            .as_deref()
+            .map_or_else(Components::full, Hybrid::components)
+    }
+
+    /// Figures of the secondary components; `None` when only FULL is on.
+    pub fn component_stats(&self) -> Option<ComponentStats> {
+        self.arena.hybrid.as_deref().map(Hybrid::stats)
+    }
+
     /// An empty engine formatted over `region`, which must be at least
     /// `layout.size()` bytes.
     pub fn in_region(region: R, layout: EngineLayout) -> Result<Self, ConfigError> {
@@ -283,7 +324,28 @@ impl<R: Region> Engine<R> {
                 });
             }
         }
+        if let Some(free) = self.arena.swa().map(|s| s.free.len() as u64) {
+            // SGLang's SWA allocator pairs each page with an SWA page,
+            // evicting SWA data when its pool is short.
+            if n > free {
+                self.arena.hy_tally_reset();
+                let p = u64::from(self.page_size());
+                self.arena.hy_swa_evict((n - free) * p);
+                let free = self.arena.swa().map_or(0, |s| s.free.len() as u64);
+                if n > free {
+                    return Err(PageError::SwaInsufficient {
+                        requested: n,
+                        available: free,
+                    });
+                }
+            }
+        }
         pages.extend((0..n).map(|_| self.arena.pool_take(client)));
+        if self.arena.swa().is_some() {
+            for &page in pages.iter() {
+                self.arena.hy_pair(page);
+            }
+        }
         Ok(())
     }
 
@@ -370,11 +432,27 @@ impl<R: Region> Engine<R> {
         pages: &[u32],
         lock: bool,
     ) -> Result<Inserted, PageError> {
-        let (node, mut inserted) = self.insert_node(client, tokens, pages)?;
+        self.insert_with(client, tokens, pages, lock, InsertExtra::default())
+            .map(|(inserted, _)| inserted)
+    }
+
+    /// [`Engine::insert`] with the extras of a hybrid engine: a state to
+    /// checkpoint at the key's end and the tokens whose SWA pages the
+    /// client already freed. Either extra on an engine without its
+    /// component fails with [`PageError::Component`], changing nothing.
+    pub fn insert_with(
+        &mut self,
+        client: ClientId,
+        tokens: &[u32],
+        pages: &[u32],
+        lock: bool,
+        extra: InsertExtra,
+    ) -> Result<(Inserted, InsertedExtra), PageError> {
+        let (node, mut inserted, ie) = self.insert_node(client, tokens, pages, extra)?;
         if lock && node != ROOT {
             inserted.handle = Some(self.lock_node(client, node));
         }
-        Ok(inserted)
+        Ok((inserted, ie))
     }
 
     /// `insert` without the lock: returns the node that covers the key.
@@ -383,7 +461,8 @@ impl<R: Region> Engine<R> {
         client: ClientId,
         tokens: &[u32],
         pages: &[u32],
-    ) -> Result<(u32, Inserted), PageError> {
+        extra: InsertExtra,
+    ) -> Result<(u32, Inserted, InsertedExtra), PageError> {
         let len = self.aligned(tokens.len());
         let key = &tokens[..len];
         self.check_pages(len / self.page_size() as usize, pages)?;
@@ -391,7 +470,7 @@ impl<R: Region> Engine<R> {
         walked.clear();
         let walk = self.arena.walk(key, &mut walked);
         let cached = walk.pages * self.page_size() as usize;
-        let node = self.insert_walked(client, walk, walked, key, 0, pages)?;
+        let (node, ie) = self.insert_walked(client, walk, walked, key, 0, pages, extra)?;
         Ok((
             node,
             Inserted {
@@ -399,6 +478,7 @@ impl<R: Region> Engine<R> {
                 len,
                 handle: None,
             },
+            ie,
         ))
     }
 
@@ -426,12 +506,24 @@ impl<R: Region> Engine<R> {
         key: &[u32],
         base: usize,
         pages: &[u32],
-    ) -> Result<u32, PageError> {
+        extra: InsertExtra,
+    ) -> Result<(u32, InsertedExtra), PageError> {
         let cached = walk.pages;
         let same = |i: usize, page: u32| i < cached && walked[i] == page;
+        let hybrid = self.arena.hybrid.is_some() || extra != InsertExtra::default();
+        if hybrid {
+            if let Err(e) = self.check_extra(client, pages, same, extra) {
+                self.walked = walked;
+                return Err(e);
+            }
+        }
         if let Err(e) = self.claim(client, pages, same) {
             self.walked = walked;
             return Err(e);
+        }
+        let mut node = self.arena.settle(walk);
+        if hybrid && self.arena.swa().is_some() {
+            self.recover_swa(node, &walked[..cached], pages, extra.swa_evicted);
         }
         for (i, &page) in pages[..cached].iter().enumerate() {
             if walked[i] != page {
@@ -439,15 +531,111 @@ impl<R: Region> Engine<R> {
             }
         }
         self.walked = walked;
-        let mut node = self.arena.settle(walk);
+        let p = self.page_size() as usize;
         if cached < pages.len() {
-            let p = self.page_size() as usize;
             node = self
                 .arena
                 .add_leaf(node, &key[(cached - base) * p..], &pages[cached..]);
+            if hybrid {
+                let live_from = (extra.swa_evicted as usize / p).max(cached) - cached;
+                self.arena.hy_swa_commit_leaf(node, live_from as u32);
+            }
         }
         self.arena.touch(node);
-        Ok(node)
+        let mut ie = InsertedExtra::default();
+        if hybrid {
+            if let Some(state) = extra.mamba_state {
+                ie.mamba_exist = self.arena.hy_mamba_commit(node, state);
+            }
+            self.arena.hy_refresh(node, false);
+        }
+        Ok((node, ie))
+    }
+
+    /// The checks of an insert's extras, before anything changes: a state
+    /// the client owns, `swa_evicted` page-aligned and within the key, and
+    /// the client's pages paired exactly from `swa_evicted` on. Pages the
+    /// claim will refuse are left to it.
+    fn check_extra(
+        &self,
+        client: ClientId,
+        pages: &[u32],
+        same: impl Fn(usize, u32) -> bool,
+        extra: InsertExtra,
+    ) -> Result<(), PageError> {
+        if let Some(state) = extra.mamba_state {
+            let Some(m) = self.arena.mamba() else {
+                return Err(PageError::Component(ComponentError::NotEnabled(
+                    Component::Mamba,
+                )));
+            };
+            if !m.owns(client, u64::from(state)) {
+                return Err(PageError::Component(ComponentError::StateNotOwned {
+                    state: u64::from(state),
+                }));
+            }
+        }
+        let Some(s) = self.arena.swa() else {
+            if extra.swa_evicted > 0 {
+                return Err(PageError::Component(ComponentError::NotEnabled(
+                    Component::Swa,
+                )));
+            }
+            return Ok(());
+        };
+        let p = u64::from(self.page_size());
+        let len = pages.len() as u64 * p;
+        if extra.swa_evicted % p != 0 || extra.swa_evicted > len {
+            return Err(PageError::SwaEvicted {
+                tokens: extra.swa_evicted,
+                len,
+            });
+        }
+        for (i, &page) in pages.iter().enumerate() {
+            let pg = &self.arena.pages()[page as usize];
+            if same(i, page) || pg.state != PAGE_OWNED || pg.owner_or_run != client {
+                continue;
+            }
+            let paired = s.pair[page as usize] != NIL;
+            if paired != (i as u64 * p >= extra.swa_evicted) {
+                return Err(PageError::SwaPairing { page, paired });
+            }
+        }
+        Ok(())
+    }
+
+    /// SGLang's tombstone recovery: each SWA tombstone on the path to
+    /// `node` (whose pages are `walked`) inside the window takes the SWA
+    /// pages of the client's `pages` at its place, from `swa_evicted` on
+    /// (splitting the tombstone there), where every one of them is a
+    /// paired duplicate.
+    fn recover_swa(&mut self, node: u32, walked: &[u32], pages: &[u32], swa_evicted: u64) {
+        let p = u64::from(self.page_size());
+        let from = (swa_evicted / p) as usize;
+        let path = self.arena.path_up(node);
+        let mut end = walked.len();
+        let mut spans = Vec::with_capacity(path.len());
+        for &n in &path {
+            let start = end - self.arena.nodes()[n as usize].num_pages as usize;
+            spans.push((n, start, end));
+            end = start;
+        }
+        for (n, start, end) in spans.into_iter().rev() {
+            let Some(s) = self.arena.swa() else { return };
+            if s.live[n as usize] {
+                continue;
+            }
+            let live = from.max(start);
+            let usable =
+                (live..end).all(|i| walked[i] != pages[i] && s.pair[pages[i] as usize] != NIL);
+            if live >= end || !usable {
+                continue;
+            }
+            if live > start {
+                self.arena.split_at(n, (live - start) as u32);
+            }
+            self.arena.hy_swa_recover(n, &pages[live..end]);
+        }
     }
 
     /// Where `anchor` (from a [`TreeReader::peek_anchored`] of a key whose
@@ -612,20 +800,28 @@ impl<R: Region> Engine<R> {
                 return Err(AnchorError::Moved);
             }
         }
-        if let Some(out) = pages {
+        let mut out = pages;
+        if let Some(out) = out.as_deref_mut() {
             out.clear();
             self.path_pages(anchor.node, anchor.pages_into_node, out);
         }
-        let node = self.arena.settle(walk);
+        let mut node = self.arena.settle(walk);
+        let mut len_pages = matched_pages;
+        if self.arena.hybrid.is_some() {
+            (node, len_pages) = self.arena.hy_match(node);
+            if let Some(out) = out {
+                out.truncate(len_pages);
+            }
+        }
         self.arena.touch(node);
-        let handle = if lock {
-            self.lock_node(client, node)
-        } else {
-            self.handle_of(node)
+        let handle = match (node == ROOT, lock) {
+            (true, _) => None,
+            (false, true) => Some(self.lock_node(client, node)),
+            (false, false) => Some(self.handle_of(node)),
         };
         Ok(Matched {
-            len: matched_pages * self.page_size() as usize,
-            handle: Some(handle),
+            len: len_pages * self.page_size() as usize,
+            handle,
         })
     }
 
@@ -656,7 +852,15 @@ impl<R: Region> Engine<R> {
         self.path_pages(anchor.node, anchor.pages_into_node, &mut walked);
         let walk = self.arena.walk_on(start, key, &mut walked);
         let cached = walk.pages * p;
-        let node = self.insert_walked(client, walk, walked, key, matched_pages, pages)?;
+        let (node, _) = self.insert_walked(
+            client,
+            walk,
+            walked,
+            key,
+            matched_pages,
+            pages,
+            InsertExtra::default(),
+        )?;
         let handle = lock.then(|| self.lock_node(client, node));
         Ok(Inserted {
             cached,
@@ -689,20 +893,51 @@ impl<R: Region> Engine<R> {
         lock: bool,
         pages: &mut Vec<u32>,
     ) -> Matched {
+        self.match_with(client, tokens, lock, pages).0
+    }
+
+    /// [`Engine::match_prefix`] with the hybrid parts of the answer: the
+    /// match is cut back to where every component can serve it (SWA: the
+    /// last `window` tokens hold SWA pages; MAMBA: the node holds a
+    /// state), and the extras say how far FULL alone reached and which
+    /// state the match ends at.
+    pub fn match_with(
+        &mut self,
+        client: ClientId,
+        tokens: &[u32],
+        lock: bool,
+        pages: &mut Vec<u32>,
+    ) -> (Matched, MatchExtra) {
         let key = &tokens[..self.aligned(tokens.len())];
         pages.clear();
         let walk = self.arena.walk(key, pages);
-        let node = self.arena.settle(walk);
+        let mut node = self.arena.settle(walk);
+        let p = self.page_size() as usize;
+        let mut extra = MatchExtra {
+            full_len: walk.pages * p,
+            mamba_state: None,
+        };
+        let mut len_pages = walk.pages;
+        if self.arena.hybrid.is_some() {
+            (node, len_pages) = self.arena.hy_match(node);
+            pages.truncate(len_pages);
+            extra.mamba_state = self
+                .arena
+                .mamba()
+                .map(|m| m.state[node as usize])
+                .filter(|&s| s != NIL && node != ROOT);
+        }
         self.arena.touch(node);
         let handle = match (node == ROOT, lock) {
             (true, _) => None,
             (false, true) => Some(self.lock_node(client, node)),
             (false, false) => Some(self.handle_of(node)),
         };
-        Matched {
-            len: walk.pages * self.page_size() as usize,
+        let matched = Matched {
+            len: len_pages * p,
             handle,
-        }
+        };
+        (matched, extra)
     }
 
     /// The longest cached prefix of `tokens`, without touching anything.
@@ -778,6 +1013,87 @@ impl<R: Region> Engine<R> {
         evicted
     }
 
+    /// Evicts per component, as SGLang's `evict(EvictParams)`: FULL first
+    /// (`tokens`, leaves least recently used first, with their SWA pages
+    /// and states), then SWA until `swa_tokens` SWA tokens went in this
+    /// call, then MAMBA until `mamba_states` states did; each walk counts
+    /// what the earlier ones freed. A nonzero request for a component the
+    /// engine lacks fails, changing nothing.
+    pub fn evict_components(
+        &mut self,
+        tokens: u64,
+        swa_tokens: u64,
+        mamba_states: u64,
+    ) -> Result<Evicted, ComponentError> {
+        if swa_tokens > 0 && self.arena.swa().is_none() {
+            return Err(ComponentError::NotEnabled(Component::Swa));
+        }
+        if mamba_states > 0 && self.arena.mamba().is_none() {
+            return Err(ComponentError::NotEnabled(Component::Mamba));
+        }
+        if self.arena.hybrid.is_none() {
+            return Ok(Evicted {
+                tokens: self.evict(tokens),
+                ..Evicted::default()
+            });
+        }
+        let p = u64::from(self.page_size());
+        self.arena.reclaim();
+        self.arena.hy_tally_reset();
+        self.arena.evict_pages(tokens.div_ceil(p));
+        self.arena.hy_swa_evict(swa_tokens);
+        self.arena.hy_mamba_evict(mamba_states);
+        self.arena.reclaim();
+        let t = self.arena.hy_tally();
+        Ok(Evicted {
+            tokens: t.full_pages * p,
+            swa_tokens: t.swa_tokens,
+            mamba_states: t.mamba_states,
+        })
+    }
+
+    /// Hands a free state slot to `client`, evicting one state (least
+    /// recently used, unlocked) when none is free.
+    pub fn alloc_state(&mut self, client: ClientId) -> Result<u32, ComponentError> {
+        if self.arena.mamba().is_none() {
+            return Err(ComponentError::NotEnabled(Component::Mamba));
+        }
+        if self.arena.mamba().is_some_and(|m| m.free.is_empty()) {
+            self.arena.reclaim();
+            self.arena.hy_tally_reset();
+            self.arena.hy_mamba_evict(1);
+            self.arena.reclaim();
+        }
+        self.arena
+            .hy_take_state(client)
+            .ok_or(ComponentError::NoFreeState)
+    }
+
+    /// Returns the state slot `client` owns to the pool.
+    pub fn free_state(&mut self, client: ClientId, state: u64) -> Result<(), ComponentError> {
+        self.arena.hy_free_state(client, state)
+    }
+
+    /// Frees the SWA pages paired with `pages` (which `client` owns), as
+    /// SGLang frees a running request's SWA pages that slid out of its
+    /// window; returns how many SWA pages went. An insert of these pages
+    /// then names them with `swa_evicted`.
+    pub fn free_swa(&mut self, client: ClientId, pages: &[u32]) -> Result<u64, PageError> {
+        if self.arena.swa().is_none() {
+            return Err(PageError::Component(ComponentError::NotEnabled(
+                Component::Swa,
+            )));
+        }
+        self.check_range(pages)?;
+        for &page in pages {
+            let pg = &self.arena.pages()[page as usize];
+            if pg.state != PAGE_OWNED || pg.owner_or_run != client {
+                return Err(PageError::NotOwned { page });
+            }
+        }
+        Ok(pages.iter().filter(|&&p| self.arena.hy_unpair(p)).count() as u64)
+    }
+
     /// Drops every lock, session and page `client` holds, as when it dies.
     pub fn release_client(&mut self, client: ClientId) {
         self.release_client_sessions(client);
@@ -802,6 +1118,7 @@ impl<R: Region> Engine<R> {
         for page in owned {
             self.arena.pool_release_owned(page);
         }
+        self.arena.hy_release_states(client);
     }
 
     /// Empties the cache: every page free, every lock and handle gone.

@@ -40,6 +40,7 @@ impl<R: Region> Arena<R> {
 
     /// Frees a page `client` owns.
     pub fn pool_release_owned(&mut self, page: u32) {
+        self.hy_release_page(page);
         self.hdr_mut().owned_pages -= 1;
         self.pool_put(page);
     }

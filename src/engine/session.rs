@@ -78,7 +78,7 @@ impl<R: Region> Engine<R> {
             Some(s) => Some(s.node),
             None => None,
         };
-        let (node, inserted) = self.insert_node(client, tokens, pages)?;
+        let (node, inserted, _) = self.insert_node(client, tokens, pages, Default::default())?;
         if node != ROOT {
             self.arena.lock_path(node);
         }

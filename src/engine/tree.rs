@@ -154,7 +154,19 @@ impl<R: Region> Arena<R> {
     /// pages (and the child's place under its parent, key and lock count);
     /// `child` keeps the rest, its identity and its handles.
     fn split(&mut self, child: u32, at: u32, upper: u32) -> u32 {
-        self.node_change(child, |a| a.split_inner(child, at, upper))
+        let m = self.node_change(child, |a| a.split_inner(child, at, upper));
+        self.hy_split(m, child);
+        m
+    }
+
+    /// Cuts `node` after its first `upper` pages (`0 < upper <` its pages)
+    /// and returns the new upper node; `node` keeps the rest.
+    pub(crate) fn split_at(&mut self, node: u32, upper: u32) -> u32 {
+        let mut at = self.nodes()[node as usize].first_page;
+        for _ in 0..upper {
+            at = self.pages()[at as usize].next;
+        }
+        self.split(node, at, upper)
     }
 
     fn split_inner(&mut self, child: u32, at: u32, upper: u32) -> u32 {
@@ -266,6 +278,7 @@ impl<R: Region> Arena<R> {
     /// tokens from evictable to protected on each 0 → 1 transition.
     pub fn lock_path(&mut self, node: u32) {
         self.lock_path_inner(node);
+        self.hy_lock(node, true);
         // Only `node` can be a leaf: its ancestors have children.
         self.refile(node);
     }
@@ -290,6 +303,7 @@ impl<R: Region> Arena<R> {
     /// The mirror of [`Self::lock_path`].
     pub fn unlock_path(&mut self, node: u32) {
         self.unlock_path_inner(node);
+        self.hy_lock(node, false);
         self.refile(node);
     }
 
@@ -324,40 +338,47 @@ impl<R: Region> Arena<R> {
                 break;
             };
             visited += 1;
-            let n = self.nodes()[victim as usize];
-            let take = (want - freed).min(u64::from(n.num_pages));
-            let mut gone = if self.recording() {
-                Vec::with_capacity(take as usize)
-            } else {
-                Vec::new()
-            };
-            // One change of the leaf: readers standing on it retry.
-            self.version(victim).begin();
-            for _ in 0..take {
-                let page = self.trim_last_page(victim);
-                if self.recording() {
-                    gone.push(page);
-                }
-            }
-            let whole = take == u64::from(n.num_pages);
-            if whole {
-                self.node_remove(victim);
-            }
-            self.version(victim).end();
-            // Exactly the pages trimmed from this leaf's end.
-            self.record(|_| CacheEvent::Removed { pages: gone });
+            let n = u64::from(self.nodes()[victim as usize].num_pages);
+            let take = (want - freed).min(n);
+            self.evict_leaf(victim, take);
             freed += take;
-            if whole {
-                self.lru.remove(victim);
-                // Usually the next victim: its stamp is the next after its
-                // last child's under root-MRU chains.
-                self.refile(n.parent);
-            }
         }
         let h = self.hdr_mut();
         h.evict_scanned += visited;
-        h.evicted_pages += freed;
         freed
+    }
+
+    /// Trims `take` pages from the end of the unlocked leaf `victim`,
+    /// removing it when that is all of them (its parent may then become a
+    /// candidate: usually the next victim, its stamp being the next after
+    /// its last child's under root-MRU chains).
+    pub(crate) fn evict_leaf(&mut self, victim: u32, take: u64) {
+        let n = self.nodes()[victim as usize];
+        let mut gone = if self.recording() {
+            Vec::with_capacity(take as usize)
+        } else {
+            Vec::new()
+        };
+        // One change of the leaf: readers standing on it retry.
+        self.version(victim).begin();
+        for _ in 0..take {
+            let page = self.trim_last_page(victim);
+            if self.recording() {
+                gone.push(page);
+            }
+        }
+        let whole = take == u64::from(n.num_pages);
+        if whole {
+            self.node_remove(victim);
+        }
+        self.version(victim).end();
+        // Exactly the pages trimmed from this leaf's end.
+        self.record(|_| CacheEvent::Removed { pages: gone });
+        if whole {
+            self.lru.remove(victim);
+            self.refile(n.parent);
+        }
+        self.hdr_mut().evicted_pages += take;
     }
 
     /// Returns the last page of the unlocked leaf `node` to the pool (or to
@@ -377,6 +398,7 @@ impl<R: Region> Arena<R> {
                 n.first_page = NIL;
             }
         }
+        self.hy_trim(node, last);
         self.release_evicted_page(last);
         let p = self.page_size() as u64;
         let h = self.hdr_mut();
@@ -389,6 +411,7 @@ impl<R: Region> Arena<R> {
     /// node's version), and frees it or retires it to limbo. The caller
     /// takes it out of the LRU heap.
     fn node_remove(&mut self, node: u32) {
+        self.hy_remove(node);
         self.table_remove(node);
         let parent = self.nodes()[node as usize].parent;
         self.nodes_mut()[parent as usize].children -= 1;

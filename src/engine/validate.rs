@@ -295,6 +295,200 @@ impl<R: Region> Engine<R> {
             "{leaves} unlocked leaves, {} LRU candidates",
             heap.len()
         );
+        self.validate_components()
+    }
+
+    /// The secondary components' invariants: SWA pages paired with exactly
+    /// the cached pages of SWA-holding nodes (and clients' pages), each
+    /// SWA page once, the lists holding exactly the nodes with data, lock
+    /// counts as the holders' windows say, sizes as the nodes add up.
+    fn validate_components(&self) -> Result<(), InvariantError> {
+        let a = &self.arena;
+        let nodes = a.nodes();
+        let p = u64::from(a.layout.page_size);
+        let holders: Vec<(u32, u32)> = self
+            .locks
+            .iter()
+            .map(|(&(_, node), &count)| (node, count))
+            .chain(self.session_locks())
+            .collect();
+        let live_node = |i: usize| i as u32 != ROOT && nodes[i].state == NODE_LIVE;
+        if let Some(s) = a.swa() {
+            let mut seen = vec![false; s.capacity as usize];
+            for &sp in &s.free {
+                ensure!(
+                    (sp as usize) < seen.len(),
+                    "SWA free page {sp} out of range"
+                );
+                ensure!(!seen[sp as usize], "SWA page {sp} twice in the free list");
+                seen[sp as usize] = true;
+            }
+            let mut paired_pages = vec![false; a.layout.capacity as usize];
+            let (mut evictable, mut protected) = (0u64, 0u64);
+            for i in 0..nodes.len() {
+                if !live_node(i) {
+                    ensure!(
+                        !s.live[i] && !s.list.contains(i as u32),
+                        "free node {i} holds SWA"
+                    );
+                    continue;
+                }
+                let pages = a.node_page_list(i as u32);
+                for &pg in &pages {
+                    let sp = s.pair[pg as usize];
+                    ensure!(
+                        (sp != NIL) == s.live[i],
+                        "page {pg} of node {i} paired {} but the node's SWA is {}",
+                        sp != NIL,
+                        s.live[i]
+                    );
+                    paired_pages[pg as usize] = true;
+                }
+                ensure!(
+                    s.live[i] == s.list.contains(i as u32),
+                    "SWA list membership of node {i}"
+                );
+                if s.live[i] {
+                    let t = pages.len() as u64 * p;
+                    if s.lock[i] > 0 {
+                        protected += t;
+                    } else {
+                        evictable += t;
+                    }
+                }
+            }
+            for (pg, page) in a.pages().iter().enumerate() {
+                let sp = s.pair[pg];
+                if sp == NIL {
+                    continue;
+                }
+                ensure!(
+                    paired_pages[pg] || page.state == PAGE_OWNED,
+                    "page {pg} (state {}) holds SWA page {sp}",
+                    page.state
+                );
+                ensure!((sp as usize) < seen.len(), "SWA page {sp} out of range");
+                ensure!(
+                    !seen[sp as usize],
+                    "SWA page {sp} paired twice or also free"
+                );
+                seen[sp as usize] = true;
+            }
+            ensure!(
+                seen.iter().all(|&x| x),
+                "an SWA page is neither free nor paired"
+            );
+            ensure!(
+                s.list.len() as usize == s.list.order().len(),
+                "SWA list length {} but {} linked",
+                s.list.len(),
+                s.list.order().len()
+            );
+            ensure!(
+                (evictable, protected) == (s.evictable, s.protected),
+                "SWA sizes {}/{} but nodes add up to {evictable}/{protected}",
+                s.evictable,
+                s.protected
+            );
+            let mut expect = vec![0u32; nodes.len()];
+            let mut held = std::collections::HashMap::new();
+            for &(node, count) in &holders {
+                *held.entry(node).or_insert(0u32) += count;
+            }
+            for (&node, reach) in &s.receipts {
+                ensure!(
+                    held.get(&node) == Some(&(reach.len() as u32)),
+                    "node {node} has {} SWA receipts for {:?} locks",
+                    reach.len(),
+                    held.get(&node)
+                );
+                for &r in reach {
+                    let (mut cur, mut covered, mut hops) = (node, 0u64, 0);
+                    while cur != ROOT && covered < r {
+                        hops = a.hop(hops);
+                        expect[cur as usize] += 1;
+                        covered += a.node_tokens(cur);
+                        cur = nodes[cur as usize].parent;
+                    }
+                    ensure!(
+                        covered == r,
+                        "node {node}'s SWA receipt {r} ends mid-edge at {covered}"
+                    );
+                }
+            }
+            ensure!(
+                held.keys().all(|n| s.receipts.contains_key(n)),
+                "a locked node has no SWA receipt"
+            );
+            for (i, &e) in expect.iter().enumerate() {
+                ensure!(
+                    s.lock[i] == e,
+                    "node {i} SWA lock {} but windows say {e}",
+                    s.lock[i]
+                );
+            }
+        }
+        if let Some(m) = a.mamba() {
+            let mut held = vec![false; m.capacity as usize];
+            for &slot in &m.free {
+                ensure!(
+                    (slot as usize) < held.len(),
+                    "free state {slot} out of range"
+                );
+                ensure!(
+                    m.is_free(slot) && !held[slot as usize],
+                    "state {slot} free twice or owned"
+                );
+                held[slot as usize] = true;
+            }
+            let (mut evictable, mut protected) = (0u64, 0u64);
+            for i in 0..nodes.len() {
+                let st = m.state[i];
+                ensure!(
+                    (st != NIL) == m.list.contains(i as u32),
+                    "MAMBA list membership of node {i}"
+                );
+                if st == NIL {
+                    continue;
+                }
+                ensure!(live_node(i), "free node {i} holds state {st}");
+                ensure!(m.cached(st), "state {st} of node {i} not marked cached");
+                ensure!(!held[st as usize], "state {st} held twice");
+                held[st as usize] = true;
+                if m.lock[i] > 0 {
+                    protected += 1;
+                } else {
+                    evictable += 1;
+                }
+            }
+            for slot in 0..m.capacity {
+                if !held[slot as usize] {
+                    ensure!(
+                        !m.is_free(slot) && !m.cached(slot),
+                        "state {slot} lost (neither free, cached nor owned)"
+                    );
+                }
+            }
+            ensure!(
+                (evictable, protected) == (m.evictable, m.protected),
+                "MAMBA sizes {}/{} but nodes add up to {evictable}/{protected}",
+                m.evictable,
+                m.protected
+            );
+            let mut expect = vec![0u32; nodes.len()];
+            for &(node, count) in &holders {
+                if node != ROOT {
+                    expect[node as usize] += count;
+                }
+            }
+            for (i, &e) in expect.iter().enumerate() {
+                ensure!(
+                    m.lock[i] == e,
+                    "node {i} MAMBA lock {} but holders say {e}",
+                    m.lock[i]
+                );
+            }
+        }
         Ok(())
     }
 }

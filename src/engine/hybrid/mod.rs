@@ -312,6 +312,10 @@ pub(crate) struct Swa {
     pub evictable: u64,
     pub protected: u64,
     pub scanned: u64,
+    /// Per locked node, the tokens each of its locks covers (SGLang's lock
+    /// receipt): a release walks up exactly that far, so the halves of a
+    /// node split under a lock are both released.
+    pub receipts: std::collections::HashMap<u32, Vec<u64>>,
 }
 
 /// The MAMBA component's state.
@@ -363,6 +367,7 @@ impl Hybrid {
             evictable: 0,
             protected: 0,
             scanned: 0,
+            receipts: Default::default(),
         });
         let mamba = c.mamba.map(|m| Mamba {
             capacity: m.capacity,
@@ -390,6 +395,7 @@ impl Hybrid {
             s.live.fill(false);
             s.lock.fill(0);
             s.list.clear();
+            s.receipts.clear();
             s.evictable = 0;
             s.protected = 0;
             s.scanned = 0;

@@ -139,10 +139,26 @@ impl<R: Region> Arena<R> {
             return;
         }
         if let Some(window) = self.swa().map(|s| u64::from(s.window)) {
+            // A release walks as far as its lock did (splits since keep
+            // the sum of the covered edges).
+            let reach = if up {
+                window
+            } else {
+                self.swa_mut()
+                    .and_then(|s| {
+                        let r = s.receipts.get_mut(&node)?;
+                        let c = r.pop();
+                        if r.is_empty() {
+                            s.receipts.remove(&node);
+                        }
+                        c
+                    })
+                    .unwrap_or(window)
+            };
             let mut covered = 0;
             let mut cur = node;
             let mut hops = 0;
-            while cur != ROOT && covered < window {
+            while cur != ROOT && covered < reach {
                 hops = self.hop(hops);
                 let t = self.node_tokens(cur);
                 let parent = self.nodes()[cur as usize].parent;
@@ -164,6 +180,11 @@ impl<R: Region> Arena<R> {
                 }
                 covered += t;
                 cur = parent;
+            }
+            if up {
+                if let Some(s) = self.swa_mut() {
+                    s.receipts.entry(node).or_default().push(covered);
+                }
             }
         }
         if let Some(m) = self.mamba_mut() {

@@ -1,0 +1,579 @@
+//! The SWA and MAMBA components of the engine: SGLang 0.5.23's
+//! `UnifiedRadixCache` rules (tombstones, windows, cascades), seed 000's
+//! scan bounds per component, typed errors that change nothing, and a
+//! randomized run that checks every invariant after every operation.
+
+mod common;
+
+use common::Rng;
+use radixd::engine::{
+    Component, ComponentError, Components, Config, Engine, InsertExtra, MambaConfig, PageError,
+    SwaConfig,
+};
+
+const C: u32 = 1;
+
+fn swa(page_size: u32, capacity: u32, window: u32) -> Engine {
+    let comps = Components {
+        swa: Some(SwaConfig { window, capacity }),
+        mamba: None,
+    };
+    Engine::with_components(
+        Config {
+            page_size,
+            capacity,
+        },
+        comps,
+    )
+    .unwrap()
+}
+
+fn mamba(page_size: u32, capacity: u32, states: u32) -> Engine {
+    let comps = Components {
+        swa: None,
+        mamba: Some(MambaConfig { capacity: states }),
+    };
+    Engine::with_components(
+        Config {
+            page_size,
+            capacity,
+        },
+        comps,
+    )
+    .unwrap()
+}
+
+fn put(e: &mut Engine, tokens: &[u32]) {
+    put_with(e, tokens, InsertExtra::default());
+}
+
+fn put_with(e: &mut Engine, tokens: &[u32], extra: InsertExtra) -> bool {
+    let p = e.page_size() as usize;
+    let pages = e.alloc(C, (tokens.len() / p) as u64).unwrap();
+    let (_, ie) = e.insert_with(C, tokens, &pages, false, extra).unwrap();
+    e.validate().unwrap();
+    ie.mamba_exist
+}
+
+fn matched(e: &mut Engine, tokens: &[u32]) -> usize {
+    let mut pages = Vec::new();
+    let m = e.match_prefix(C, tokens, false, &mut pages);
+    assert_eq!(pages.len() * e.page_size() as usize, m.len);
+    e.validate().unwrap();
+    m.len
+}
+
+fn stats(e: &Engine) -> radixd::engine::ComponentStats {
+    e.component_stats().unwrap()
+}
+
+#[test]
+fn a_tombstone_inside_the_window_cuts_the_match_back() {
+    // W = 4 tokens: an 8-token leaf is capped at one window, [1..4] above
+    // [5..8], both with SWA pages.
+    let mut e = swa(1, 32, 4);
+    put(&mut e, &[1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(e.stats().nodes, 2);
+    assert_eq!(stats(&e).swa_evictable_tokens, 8);
+    // The window chain was refreshed leaf first, so the upper node is the
+    // least recently used: SWA eviction makes it a tombstone.
+    let ev = e.evict_components(0, 4, 0).unwrap();
+    assert_eq!((ev.tokens, ev.swa_tokens), (0, 4));
+    assert_eq!(stats(&e).swa_evictable_tokens, 4);
+    assert_eq!(e.stats().total_tokens, 8, "FULL pages stay");
+    // The last 4 tokens still hold SWA pages: the whole prompt matches.
+    assert_eq!(matched(&mut e, &[1, 2, 3, 4, 5, 6, 7, 8, 9]), 8);
+    // [1..6] ends 2 tokens past the tombstone: too short a window.
+    assert_eq!(matched(&mut e, &[1, 2, 3, 4, 5, 6]), 0);
+    let mut pages = Vec::new();
+    let (m, extra) = e.match_with(C, &[1, 2, 3, 4, 5, 6], false, &mut pages);
+    assert_eq!((m.len, extra.full_len), (0, 6));
+}
+
+#[test]
+fn swa_eviction_takes_whole_leaves_and_tombstones_inner_nodes() {
+    let mut e = swa(1, 32, 2);
+    put(&mut e, &[1, 2]);
+    put(&mut e, &[1, 2, 3, 4]);
+    // Chain [1,2] -> [3,4]; refreshed leaf first: [1,2] is older.
+    let ev = e.evict_components(0, 2, 0).unwrap();
+    assert_eq!((ev.tokens, ev.swa_tokens), (0, 2), "inner node: tombstone");
+    assert_eq!(matched(&mut e, &[1, 2]), 0);
+    assert_eq!(matched(&mut e, &[1, 2, 3, 4]), 4);
+    let ev = e.evict_components(0, 2, 0).unwrap();
+    assert_eq!((ev.tokens, ev.swa_tokens), (2, 2), "leaf: gone whole");
+    assert_eq!(e.stats().total_tokens, 2);
+    assert_eq!(stats(&e).swa_free_pages, 32 - 0, "every SWA page free");
+}
+
+#[test]
+fn full_eviction_frees_swa_pages_and_states_with_its_leaves() {
+    let mut e = swa(1, 16, 8);
+    put(&mut e, &[1, 2, 3]);
+    assert_eq!(stats(&e).swa_free_pages, 13);
+    let ev = e.evict_components(3, 0, 0).unwrap();
+    assert_eq!((ev.tokens, ev.swa_tokens), (3, 3));
+    assert_eq!(stats(&e).swa_free_pages, 16);
+    e.validate().unwrap();
+
+    let mut e = mamba(1, 16, 4);
+    let s = e.alloc_state(C).unwrap();
+    put_with(
+        &mut e,
+        &[1, 2],
+        InsertExtra {
+            mamba_state: Some(s),
+            swa_evicted: 0,
+        },
+    );
+    assert_eq!(stats(&e).mamba_evictable_states, 1);
+    let ev = e.evict_components(1, 0, 0).unwrap();
+    assert_eq!(
+        (ev.tokens, ev.mamba_states),
+        (1, 1),
+        "a trimmed node loses its state"
+    );
+    assert_eq!(stats(&e).mamba_free_states, 4);
+    e.validate().unwrap();
+}
+
+#[test]
+fn an_insert_over_a_tombstone_in_the_window_recovers_its_swa_pages() {
+    let mut e = swa(1, 32, 2);
+    put(&mut e, &[1, 2]);
+    put(&mut e, &[1, 2, 3, 4]);
+    e.evict_components(0, 2, 0).unwrap();
+    assert_eq!(matched(&mut e, &[1, 2]), 0);
+    let free = e.stats().free_pages;
+    // Re-inserting [1, 2] with fresh pages gives the tombstone SWA pages
+    // again; the fresh FULL pages are duplicates and go back.
+    put(&mut e, &[1, 2]);
+    assert_eq!(e.stats().free_pages, free);
+    assert_eq!(matched(&mut e, &[1, 2]), 2);
+    assert_eq!(stats(&e).swa_evictable_tokens, 4);
+}
+
+#[test]
+fn swa_evicted_leaves_a_tombstone_above_the_window() {
+    let mut e = swa(1, 32, 2);
+    let tokens = [1, 2, 3, 4, 5, 6];
+    let pages = e.alloc(C, 6).unwrap();
+    // Decode slid past the first 4 tokens: their SWA pages are freed.
+    assert_eq!(e.free_swa(C, &pages[..4]).unwrap(), 4);
+    let bad = e.insert_with(C, &tokens, &pages, false, InsertExtra::default());
+    assert_eq!(
+        bad,
+        Err(PageError::SwaPairing {
+            page: pages[0],
+            paired: false
+        })
+    );
+    let bad = e.insert_with(
+        C,
+        &tokens,
+        &pages,
+        false,
+        InsertExtra {
+            mamba_state: None,
+            swa_evicted: 3 + 0 * 1,
+        },
+    );
+    assert_eq!(
+        bad,
+        Err(PageError::SwaPairing {
+            page: pages[3],
+            paired: false
+        })
+    );
+    let extra = InsertExtra {
+        mamba_state: None,
+        swa_evicted: 4,
+    };
+    e.insert_with(C, &tokens, &pages, false, extra).unwrap();
+    e.validate().unwrap();
+    assert_eq!(stats(&e).swa_evictable_tokens, 2);
+    assert_eq!(matched(&mut e, &tokens), 6);
+    assert_eq!(
+        matched(&mut e, &tokens[..5]),
+        0,
+        "[5] alone is short of the window"
+    );
+}
+
+#[test]
+fn locks_hold_swa_over_the_window_only() {
+    let mut e = swa(1, 64, 4);
+    for k in 1..=4u32 {
+        let key: Vec<u32> = (1..=2 * k).collect();
+        put(&mut e, &key);
+    }
+    // A chain of four 2-token nodes; lock the deepest: SWA over its last 4
+    // tokens (two nodes), FULL over all 8.
+    let mut pages = Vec::new();
+    let m = e.match_prefix(C, &(1..=8).collect::<Vec<_>>(), true, &mut pages);
+    assert_eq!(m.len, 8);
+    e.validate().unwrap();
+    assert_eq!(stats(&e).swa_protected_tokens, 4);
+    assert_eq!(e.stats().protected_tokens, 8);
+    let ev = e.evict_components(0, 100, 0).unwrap();
+    assert_eq!(
+        (ev.tokens, ev.swa_tokens),
+        (0, 4),
+        "only outside the window"
+    );
+    assert_eq!(matched(&mut e, &(1..=8).collect::<Vec<_>>()), 8);
+    e.unlock(C, m.handle.unwrap().to_raw()).unwrap();
+    assert_eq!(stats(&e).swa_protected_tokens, 0);
+    e.validate().unwrap();
+}
+
+#[test]
+fn a_mamba_match_ends_at_the_deepest_state() {
+    let mut e = mamba(1, 32, 8);
+    let s1 = e.alloc_state(C).unwrap();
+    put_with(
+        &mut e,
+        &[1, 2],
+        InsertExtra {
+            mamba_state: Some(s1),
+            swa_evicted: 0,
+        },
+    );
+    // [1..4] cached without a state: FULL only.
+    put(&mut e, &[1, 2, 3, 4]);
+    let mut pages = Vec::new();
+    let (m, x) = e.match_with(C, &[1, 2, 3, 4], false, &mut pages);
+    assert_eq!((m.len, x.full_len, x.mamba_state), (2, 4, Some(s1)));
+    // A state given where one exists goes back to the pool.
+    let s2 = e.alloc_state(C).unwrap();
+    let free = stats(&e).mamba_free_states;
+    assert!(put_with(
+        &mut e,
+        &[1, 2],
+        InsertExtra {
+            mamba_state: Some(s2),
+            swa_evicted: 0
+        }
+    ));
+    assert_eq!(stats(&e).mamba_free_states, free + 1);
+    assert_eq!(
+        e.free_state(C, u64::from(s2)),
+        Err(ComponentError::StateNotOwned {
+            state: u64::from(s2)
+        })
+    );
+    // MAMBA eviction: [1,2] is inner, so it becomes a tombstone.
+    let ev = e.evict_components(0, 0, 1).unwrap();
+    assert_eq!((ev.tokens, ev.mamba_states), (0, 1));
+    assert_eq!(matched(&mut e, &[1, 2, 3, 4]), 0);
+    assert_eq!(e.stats().total_tokens, 4);
+}
+
+#[test]
+fn a_mamba_leaf_goes_whole_and_a_lock_protects_its_state() {
+    let mut e = mamba(1, 32, 2);
+    let a = e.alloc_state(C).unwrap();
+    let b = e.alloc_state(C).unwrap();
+    assert_eq!(e.alloc_state(C), Err(ComponentError::NoFreeState));
+    put_with(
+        &mut e,
+        &[1, 2],
+        InsertExtra {
+            mamba_state: Some(a),
+            swa_evicted: 0,
+        },
+    );
+    put_with(
+        &mut e,
+        &[5, 6],
+        InsertExtra {
+            mamba_state: Some(b),
+            swa_evicted: 0,
+        },
+    );
+    let mut pages = Vec::new();
+    let m = e.match_prefix(C, &[5, 6], true, &mut pages);
+    assert_eq!(stats(&e).mamba_protected_states, 1);
+    // alloc_state evicts the unlocked one: [1, 2] is a leaf, so it goes.
+    let c = e.alloc_state(C).unwrap();
+    assert_eq!(c, a);
+    assert_eq!(e.stats().total_tokens, 2);
+    assert_eq!(e.alloc_state(C), Err(ComponentError::NoFreeState));
+    e.unlock(C, m.handle.unwrap().to_raw()).unwrap();
+    e.validate().unwrap();
+}
+
+#[test]
+fn alloc_pairs_swa_pages_and_evicts_swa_when_short() {
+    // 16 FULL pages, 6 SWA pages.
+    let mut e = swa(1, 16, 8);
+    let comps = Components {
+        swa: Some(SwaConfig {
+            window: 8,
+            capacity: 6,
+        }),
+        mamba: None,
+    };
+    e.set_components(comps).unwrap();
+    let pages = e.alloc(C, 4).unwrap();
+    assert_eq!(stats(&e).swa_free_pages, 2);
+    e.insert(C, &[1, 2, 3, 4], &pages, false).unwrap();
+    // Four more need SWA pages the cache holds: its leaf goes whole.
+    let more = e.alloc(C, 4).unwrap();
+    assert_eq!(e.stats().total_tokens, 0, "the unlocked leaf went whole");
+    assert_eq!(stats(&e).swa_free_pages, 2);
+    e.validate().unwrap();
+    e.free(C, &more).unwrap();
+    assert_eq!(stats(&e).swa_free_pages, 6);
+    e.validate().unwrap();
+}
+
+#[test]
+fn component_requests_the_engine_lacks_change_nothing() {
+    let mut e = common::engine(1, 16);
+    assert_eq!(
+        e.alloc_state(C),
+        Err(ComponentError::NotEnabled(Component::Mamba))
+    );
+    assert_eq!(
+        e.evict_components(0, 4, 0),
+        Err(ComponentError::NotEnabled(Component::Swa))
+    );
+    let pages = e.alloc(C, 2).unwrap();
+    assert_eq!(
+        e.free_swa(C, &pages),
+        Err(PageError::Component(ComponentError::NotEnabled(
+            Component::Swa
+        )))
+    );
+    let extra = InsertExtra {
+        mamba_state: Some(0),
+        swa_evicted: 0,
+    };
+    let before = e.stats();
+    assert!(matches!(
+        e.insert_with(C, &[1, 2], &pages, false, extra),
+        Err(PageError::Component(_))
+    ));
+    assert_eq!(e.stats(), before);
+
+    let mut e = mamba(1, 16, 2);
+    let pages = e.alloc(C, 2).unwrap();
+    let extra = InsertExtra {
+        mamba_state: Some(1),
+        swa_evicted: 0,
+    };
+    let err = e.insert_with(C, &[1, 2], &pages, false, extra);
+    assert_eq!(
+        err,
+        Err(PageError::Component(ComponentError::StateNotOwned {
+            state: 1
+        }))
+    );
+    assert_eq!(e.stats().total_tokens, 0);
+    assert_eq!(
+        e.free_state(7, 0),
+        Err(ComponentError::StateNotOwned { state: 0 })
+    );
+    assert_eq!(
+        e.free_state(C, 99),
+        Err(ComponentError::StateNotOwned { state: 99 })
+    );
+
+    let mut e = swa(4, 16, 8);
+    let pages = e.alloc(C, 2).unwrap();
+    let extra = InsertExtra {
+        mamba_state: None,
+        swa_evicted: 3,
+    };
+    let err = e.insert_with(C, &[1; 8], &pages, false, extra);
+    assert_eq!(err, Err(PageError::SwaEvicted { tokens: 3, len: 8 }));
+    assert_eq!(
+        e.free_swa(9, &pages),
+        Err(PageError::NotOwned { page: pages[0] })
+    );
+    assert_eq!(stats(&e).swa_free_pages, 14);
+    e.validate().unwrap();
+}
+
+/// Seed 000, proposal 1: K locked nodes interleaved with M victims cost
+/// M + K visits, not M * K.
+#[test]
+fn skips_are_visited_once_per_eviction() {
+    for (m_victims, k_skips) in [(50u32, 50u32), (200, 10), (10, 200)] {
+        let n = m_victims + k_skips;
+        let mut e = swa(1, 4 * n, 1);
+        let mut locks = Vec::new();
+        // Oldest first: a skip every (n / k) keys.
+        for i in 0..n {
+            let key = [i + 1];
+            put(&mut e, &key);
+            if (i as u64 * u64::from(k_skips)) / u64::from(n)
+                != ((i as u64 + 1) * u64::from(k_skips)) / u64::from(n)
+            {
+                let mut pages = Vec::new();
+                locks.push(e.match_prefix(C, &key, true, &mut pages).handle.unwrap());
+            }
+        }
+        assert_eq!(locks.len() as u32, k_skips);
+        let before = stats(&e).evict_scanned_swa;
+        let ev = e.evict_components(0, u64::from(m_victims), 0).unwrap();
+        assert_eq!(ev.swa_tokens, u64::from(m_victims));
+        let scanned = stats(&e).evict_scanned_swa - before;
+        assert!(
+            scanned <= u64::from(n),
+            "{scanned} visits for M={m_victims} K={k_skips}"
+        );
+        assert!(scanned >= u64::from(m_victims));
+        e.validate().unwrap();
+    }
+}
+
+/// Seed 000, proposal 2's case: N touched chains of depth D evicted whole
+/// cost N * D visits, for SWA and MAMBA alike.
+#[test]
+fn touched_chains_cost_one_visit_per_node() {
+    let (n, d) = (20u32, 8u32);
+    let mut s = swa(1, n * d * 2, d + 1);
+    let mut m = mamba(1, n * d * 2, n * d + 1);
+    for c in 0..n {
+        for depth in 1..=d {
+            let key: Vec<u32> = std::iter::once(1000 + c).chain(1..depth).collect();
+            put(&mut s, &key);
+            let st = m.alloc_state(C).unwrap();
+            put_with(
+                &mut m,
+                &key,
+                InsertExtra {
+                    mamba_state: Some(st),
+                    swa_evicted: 0,
+                },
+            );
+        }
+        // Touch the chain.
+        let key: Vec<u32> = std::iter::once(1000 + c).chain(1..d).collect();
+        assert_eq!(matched(&mut s, &key), d as usize);
+        assert_eq!(matched(&mut m, &key), d as usize);
+    }
+    let ev = s.evict_components(0, u64::from(n * d), 0).unwrap();
+    assert_eq!(ev.swa_tokens, u64::from(n * d));
+    assert_eq!(stats(&s).evict_scanned_swa, u64::from(n * d));
+    let ev = m.evict_components(0, 0, u64::from(n * d)).unwrap();
+    assert_eq!(ev.mamba_states, u64::from(n * d));
+    assert_eq!(stats(&m).evict_scanned_mamba, u64::from(n * d));
+    s.validate().unwrap();
+    m.validate().unwrap();
+}
+
+/// Random operations on hybrid engines, every invariant checked after
+/// each; and FULL+SWA with a window longer than any key and an SWA pool
+/// as large as FULL's answers exactly as FULL alone.
+#[test]
+fn random_operations_keep_every_invariant() {
+    for seed in 1..=6u64 {
+        let mut rng = Rng(seed * 7919);
+        let p = [1u32, 4][seed as usize % 2];
+        let cap = 48;
+        let mut full = common::engine(p, cap);
+        let mut wide = swa(p, cap, 64 * p);
+        let mut narrow = swa(p, cap, 2 * p);
+        let comps = Components {
+            swa: Some(SwaConfig {
+                window: 2 * p,
+                capacity: cap / 2,
+            }),
+            mamba: None,
+        };
+        narrow.set_components(comps).unwrap();
+        let mut mam = mamba(p, cap, 6);
+        let mut locks: Vec<Vec<u64>> = vec![Vec::new(); 4];
+        for step in 0..1500 {
+            let len = (1 + rng.below(6)) as usize * p as usize;
+            let key: Vec<u32> = (0..len)
+                .map(|i| (rng.below(3) as u32) * 10 + i as u32 % 3)
+                .collect();
+            let op = rng.below(10);
+            let (coin, lock, amount) = (rng.below(2) == 0, rng.below(3) == 0, 1 + rng.below(8));
+            let engines: [&mut Engine; 4] = [&mut full, &mut wide, &mut narrow, &mut mam];
+            let mut answers = Vec::new();
+            for (k, e) in engines.into_iter().enumerate() {
+                let a = match op {
+                    0..=3 => {
+                        let n = (len / p as usize) as u64;
+                        match e.alloc(C, n) {
+                            Ok(pages) => {
+                                let state = if k == 3 && coin {
+                                    e.alloc_state(C).ok()
+                                } else {
+                                    None
+                                };
+                                let extra = InsertExtra {
+                                    mamba_state: state,
+                                    swa_evicted: 0,
+                                };
+                                let r = e
+                                    .insert_with(C, &key, &pages, false, extra)
+                                    .map(|(i, _)| i.cached);
+                                if r.is_err() {
+                                    e.free(C, &pages).unwrap();
+                                }
+                                format!("{r:?}")
+                            }
+                            Err(err) => format!("{err:?}"),
+                        }
+                    }
+                    4..=5 => {
+                        let mut pages = Vec::new();
+                        let m = e.match_prefix(C, &key, lock, &mut pages);
+                        if let (true, Some(h)) = (lock, m.handle) {
+                            locks[k].push(h.to_raw());
+                        }
+                        format!("{} {:?}", m.len, pages)
+                    }
+                    6 => match locks[k].pop() {
+                        Some(h) => format!("{:?}", e.unlock(C, h)),
+                        None => String::new(),
+                    },
+                    7 => format!(
+                        "{:?}",
+                        e.evict_components(amount * u64::from(p), 0, 0)
+                            .map(|x| x.tokens)
+                    ),
+                    8 => {
+                        if k == 2 {
+                            e.evict_components(0, amount * u64::from(p), 0).unwrap();
+                        }
+                        if k == 3 {
+                            e.evict_components(0, 0, amount / 3).unwrap();
+                        }
+                        String::new()
+                    }
+                    _ => format!("{:?}", e.evict(u64::from(p))),
+                };
+                e.validate().unwrap_or_else(|err| {
+                    panic!("seed {seed} step {step} engine {k} op {op}: {err}")
+                });
+                answers.push(a);
+            }
+            assert_eq!(
+                answers[0], answers[1],
+                "seed {seed} step {step}: FULL+SWA without pressure differs"
+            );
+            let (f, w) = (full.stats(), wide.stats());
+            assert_eq!(
+                (
+                    f.total_tokens,
+                    f.evictable_tokens,
+                    f.protected_tokens,
+                    f.free_pages
+                ),
+                (
+                    w.total_tokens,
+                    w.evictable_tokens,
+                    w.protected_tokens,
+                    w.free_pages
+                )
+            );
+        }
+    }
+}

@@ -209,6 +209,24 @@ def test_insert_recovery_respects_swa_evicted_seqlen():
     check(c)
 
 
+def test_insert_recovery_under_locked_full_keeps_full_slots():
+    c = make_swa_cache(1, 64, 64, 4)
+    v, (upper, leaf) = chain16(c)
+    evict(c, swa_tokens=1)
+    r = lock(c, leaf)  # FULL-locks upper too; its SWA lock stops at leaf
+    w = alloc_kv(c, 16)
+    ws = swa_of(c, w)
+    assert insert(c, list(range(16)), w)["prefix_len"] == 16
+    # The locked FULL slots stay; the incoming SWA slots are re-pointed at
+    # them and the incoming FULL slots are freed (FULL-only).
+    assert full_value(c, upper) == v[:12] and swa_value(c, upper) == ws[:12]
+    assert swa_of(c, v[:12]) == ws[:12] and swa_of(c, w) == [0] * 16
+    assert (full_available(c), swa_available(c)) == (48, 48)
+    assert sizes(c) == {"full_evictable": 0, "full_protected": 16, "swa_evictable": 12, "swa_protected": 4}
+    unlock(c, leaf, r)
+    check(c)
+
+
 def test_insert_frees_duplicates_above_prev_prefix_len():
     c = make_swa_cache(1, 64, 64, 4)
     v = alloc_kv(c, 8)
@@ -383,6 +401,17 @@ def test_swa_lru_window_refresh():
     check(c)
 
 
+def test_page4_swa_window_refresh_spans_w_plus_p():
+    c = make_swa_cache(4, 32, 32, 6)
+    v = alloc_kv(c, 20)
+    ns = [insert(c, list(range(4 * n)), v[: 4 * n], prev_prefix_len=4 * n - 4)["node"] for n in range(1, 6)]
+    assert lru_order(c, SWA) == ns[::-1]
+    match(c, list(range(4)))
+    assert lru_order(c, SWA) == [ns[0], ns[4], ns[3], ns[2], ns[1]]
+    match(c, list(range(20)))  # W+P = 10: nodes below 0, 4, 8 tokens deep
+    assert lru_order(c, SWA) == [ns[4], ns[3], ns[2], ns[0], ns[1]]
+
+
 def test_mamba_lru_touches_only_best():
     c = make_mamba_cache(1, 64, 8)
     v, (s1, s2), (a, b) = mamba_pair(c)
@@ -392,6 +421,19 @@ def test_mamba_lru_touches_only_best():
     assert lru_order(c, MAMBA) == [b, a]
     insert(c, list(range(12)), v, mamba_slot=alloc_mamba(c), prev_prefix_len=12)
     assert lru_order(c, MAMBA) == [b, a]
+
+
+def test_page4_mamba_state_only_at_insert_end():
+    c = make_mamba_cache(4, 16, 8)
+    v = alloc_kv(c, 12)
+    s1 = alloc_mamba(c)
+    leaf = insert(c, list(range(12)), v, mamba_slot=s1)["node"]
+    assert match(c, list(range(12)))["mamba"] == s1
+    m = match(c, list(range(10)))  # key cut to 8; split at 8: no state there
+    assert (m["len"], m["full_kv_hit_length"]) == (0, 8)
+    up = parent(c, leaf)
+    assert (tokens_of(c, up), mamba_value(c, up), tokens_of(c, leaf)) == (list(range(8)), None, [8, 9, 10, 11])
+    check(c)
 
 
 # ----- (h) split -----

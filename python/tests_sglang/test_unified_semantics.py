@@ -499,3 +499,97 @@ def test_swa_allocator_pairing():
     free_kv(c, v[2:])
     a.free_full(__import__("torch").tensor(v[:2]))
     assert (a.full_available_size(), a.swa_available_size()) == (8, 4)
+
+
+# ----- request hooks (checkpoint_into_tree, release_kv_cache) -----
+
+
+def _request(cache, tokens, max_new=8):
+    """A request as the scheduler admits it: matched, locked, given a row
+    (and, under Mamba, its own state slot)."""
+    from array import array
+
+    import torch
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.common import match_kv_cache
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from unified_sim import publish_runtime
+
+    publish_runtime(cache.page_size)
+    req = Req("r", "", array("q", tokens), SamplingParams(max_new_tokens=max_new))
+    req.refresh_fill_ids()
+    match_kv_cache(req, cache)
+    req.lock = cache.lock(req.last_node)
+    cache.req_to_token_pool.alloc([req])
+    n = req.kv.cache_protected_len
+    if n:
+        cache.req_to_token_pool.write((req.kv.req_pool_idx, slice(0, n)), cache.prefix_device_indices(req))
+    v = alloc_kv(cache, len(tokens) - n)
+    cache.req_to_token_pool.write((req.kv.req_pool_idx, slice(n, len(tokens))), torch.tensor(v))
+    req.kv.kv_committed_len = req.kv.kv_allocated_len = len(tokens)
+    return req
+
+
+def _decode(cache, req, outputs):
+    import torch
+
+    for t in outputs:
+        n = req.kv.kv_committed_len
+        cache.req_to_token_pool.write((req.kv.req_pool_idx, slice(n, n + 1)), torch.tensor(alloc_kv(cache, 1)))
+        req.output_ids.append(t)
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = n + 1
+    req.refresh_fill_ids()
+
+
+def _finish(cache, req):
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    req.finished_reason = FINISH_LENGTH(length=len(req.output_ids))
+    release_kv_cache(req, cache, checkpoint=True)
+
+
+def test_swa_unfinished_checkpoint_frees_out_of_window_and_tombstones():
+    c = make_swa_cache(1, 64, 64, 4)
+    req = _request(c, list(range(12)))
+    c.checkpoint(req, up_to=12)
+    # pre_len = 11: the request freed its SWA for [0, 11 - 4) before the
+    # insert, which then stores [0..6] as a tombstone, [7] and the capped
+    # window [8..11] live; the request now locks [8..11].
+    assert req.kv.get_evicted_seqlen(SWA) == 7 and req.kv.cache_protected_len == 12
+    leaf = req.last_node
+    mid = parent(c, leaf)
+    low = parent(c, mid)
+    assert [tokens_of(c, n) for n in (low, mid, leaf)] == [list(range(7)), [7], [8, 9, 10, 11]]
+    assert [swa_value(c, n) is None for n in (low, mid, leaf)] == [True, False, False]
+    assert (full_available(c), swa_available(c)) == (52, 59)
+    assert sizes(c) == {"full_evictable": 0, "full_protected": 12, "swa_evictable": 1, "swa_protected": 4}
+    _decode(c, req, [100, 101, 102, 103])
+    c.checkpoint(req, up_to=16)
+    # The tree owns [0, 12) now, so the floor jumps to 12 without a free.
+    assert req.kv.get_evicted_seqlen(SWA) == 12 and req.kv.cache_protected_len == 16
+    assert tokens_of(c, req.last_node) == [100, 101, 102, 103] and parent(c, req.last_node) == leaf
+    assert sizes(c) == {"full_evictable": 0, "full_protected": 16, "swa_evictable": 5, "swa_protected": 4}
+    _finish(c, req)
+    assert sizes(c) == {"full_evictable": 16, "full_protected": 0, "swa_evictable": 9, "swa_protected": 0}
+    assert (full_available(c), swa_available(c)) == (48, 55)
+    assert match(c, list(range(12)) + [100, 101, 102, 103])["len"] == 16
+    check(c)
+
+
+def test_mamba_finished_request_donates_its_state():
+    c = make_mamba_cache(1, 64, 8)
+    req = _request(c, list(range(8)))
+    slot = int(req.kv.mamba_pool_idx)
+    _decode(c, req, [50, 51])
+    _finish(c, req)
+    (leaf,) = all_nodes(c)
+    assert mamba_value(c, leaf) == slot and mamba_available(c) == 7
+    # The same sequence again: the tree keeps its state (mamba_exist) and
+    # the second request's slot goes back to the pool.
+    req = _request(c, list(range(8)))
+    assert mamba_available(c) == 6
+    _decode(c, req, [50, 51])
+    _finish(c, req)
+    assert mamba_available(c) == 7 and sizes(c)["mamba_evictable"] == 1
+    check(c)

@@ -45,6 +45,15 @@ def _server_args(page_size: int) -> None:
     set_global_server_args_for_scheduler(args)
 
 
+def publish_runtime(page_size: int = 1) -> None:
+    """What a scheduler publishes before its request hooks run
+    (``match_kv_cache``, ``checkpoint``, ``release_kv_cache`` read it)."""
+    from sglang.srt import runtime_context
+    from sglang.srt.server_args import ServerArgs
+
+    runtime_context.publish(ServerArgs(model_path="dummy", page_size=page_size), role="scheduler")
+
+
 def _build(params: CacheInitParams) -> UnifiedRadixCache:
     cache = UnifiedRadixCache(params=params)
     assert cache._tree_core_backend == "python", cache._tree_core_backend

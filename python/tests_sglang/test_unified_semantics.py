@@ -46,6 +46,18 @@ from unified_sim import (  # noqa: E402
 )
 
 
+@pytest.fixture(autouse=True)
+def _restore_runtime():
+    """The harness publishes its own server args (as a scheduler would);
+    put back whatever the session had published, for the other suites."""
+    from sglang.srt import runtime_context
+
+    before = getattr(runtime_context._CONTEXT, "server_args", None)
+    yield
+    if before is not None:
+        runtime_context.publish(before, role="scheduler")
+
+
 def chain16(c):
     """Inserts tokens 0..15 in one go; returns (slots, [upper, leaf]): a
     fresh 16-token leaf is capped at one window (W=4), so the tree holds
@@ -487,6 +499,8 @@ def test_evict_counts_cascade():
 
 
 def test_swa_allocator_pairing():
+    import torch
+
     c = make_swa_cache(1, 8, 4, 4)
     a = c.token_to_kv_pool_allocator
     assert (a.full_available_size(), a.swa_available_size(), a.available_size()) == (8, 4, 4)
@@ -497,7 +511,7 @@ def test_swa_allocator_pairing():
     with pytest.raises(MemoryError):
         alloc_kv(c, 4)  # SWA side has 3
     free_kv(c, v[2:])
-    a.free_full(__import__("torch").tensor(v[:2]))
+    a.free_full(torch.tensor(v[:2]))
     assert (a.full_available_size(), a.swa_available_size()) == (8, 4)
 
 

@@ -607,3 +607,26 @@ def test_mamba_finished_request_donates_its_state():
     _finish(c, req)
     assert mamba_available(c) == 7 and sizes(c)["mamba_evictable"] == 1
     check(c)
+
+
+def test_mamba_unfinished_checkpoint_donates_a_copy():
+    c = make_mamba_cache(1, 64, 8)
+    req = _request(c, list(range(8)))
+    own = int(req.kv.mamba_pool_idx)
+    c.checkpoint(req, up_to=8)
+    # A new slot (holding a copy of the live state) goes to the tree; the
+    # request keeps its own and now locks the new node, MAMBA included.
+    (a,) = all_nodes(c)
+    assert mamba_value(c, a) not in (None, own) and int(req.kv.mamba_pool_idx) == own
+    assert lock_ref(c, a, MAMBA) == 1 and mamba_available(c) == 6
+    _decode(c, req, [50, 51])
+    c.checkpoint(req, up_to=10)
+    b = req.last_node
+    assert parent(c, b) == a and mamba_value(c, b) is not None
+    assert (lock_ref(c, a, MAMBA), lock_ref(c, b, MAMBA)) == (0, 1) and mamba_available(c) == 5
+    c.checkpoint(req, up_to=10)  # nothing new: the copy is made, then freed (mamba_exist)
+    assert mamba_available(c) == 5
+    _finish(c, req)  # the state at 10 exists: the request's own slot is freed
+    assert mamba_available(c) == 6
+    assert sizes(c) == {"full_evictable": 10, "full_protected": 0, "mamba_evictable": 2, "mamba_protected": 0}
+    check(c)

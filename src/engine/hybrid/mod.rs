@@ -268,7 +268,8 @@ pub struct ComponentStats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InsertExtra {
     /// A state slot the client owns, checkpointed at the end of the key:
-    /// the tree takes it (or frees it when the node has one already).
+    /// the tree takes it, unless the node has one already (then it stays
+    /// the client's: [`InsertedExtra::mamba_exist`]).
     pub mamba_state: Option<u32>,
     /// Leading tokens whose SWA pages the client already freed
     /// (`free_swa`; SGLang's `swa_evicted_seqlen`): page-aligned; the
@@ -289,8 +290,8 @@ pub struct MatchExtra {
 /// The hybrid parts of an insert's answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InsertedExtra {
-    /// The key's node held a state already, so the one given went back to
-    /// the pool (SGLang's `mamba_exist`).
+    /// The key's node held a state already, so the one given stays the
+    /// client's (SGLang's `mamba_exist`; its scheduler then frees it).
     pub mamba_exist: bool,
 }
 

@@ -336,20 +336,18 @@ impl<R: Region> Arena<R> {
     }
 
     /// Stores `state` (owned by the inserting client) at `node`, the end of
-    /// an insert's key; `true` when the node had one and `state` went back
-    /// to the pool instead (SGLang's `mamba_exist`).
+    /// an insert's key; `true` when the node had one already (SGLang's
+    /// `mamba_exist`): then `state` stays the client's, to free or reuse.
     pub(crate) fn hy_mamba_commit(&mut self, node: u32, state: u32) -> bool {
         let Some(m) = self.mamba_mut() else {
             return false;
         };
         let i = node as usize;
         if node == ROOT {
-            m.put(state);
             return true;
         }
         if m.state[i] != NIL {
             m.list.to_mru(node);
-            m.put(state);
             return true;
         }
         m.adopt(state);

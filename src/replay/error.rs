@@ -60,6 +60,8 @@ pub enum ReplayError {
     /// The `radix` policy's engine could not be built at this capacity
     /// (for example, not enough memory for it).
     Engine(crate::engine::ConfigError),
+    /// `--components` and its companions do not make a configuration.
+    Components(String),
     /// Drawing the plot failed.
     Plot {
         /// The plot file.
@@ -82,6 +84,7 @@ impl fmt::Display for ReplayError {
             }
             Self::ZeroBlockSize => write!(f, "block size must be at least 1 token, got 0"),
             Self::Engine(e) => write!(f, "radix policy: {e}"),
+            Self::Components(e) => write!(f, "radix policy: {e}"),
             Self::SmallQueueTooSmall {
                 capacity,
                 small_cap,

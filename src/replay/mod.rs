@@ -27,6 +27,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::Components;
 pub use error::ReplayError;
 pub use lfu::Lfu;
 pub use lru::Lru;
@@ -59,6 +60,49 @@ pub struct ReplayArgs {
     /// Draw hit rate against capacity, one line per policy, as SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// Components the radix policy caches (a hybrid model): full,
+    /// full,swa or full,mamba; its lines are then named radix+swa or
+    /// radix+mamba.
+    #[arg(long, default_value = "full")]
+    pub components: String,
+    /// SWA window in tokens (rounded up to whole blocks).
+    #[arg(long, value_name = "TOKENS")]
+    pub swa_window: Option<u64>,
+    /// SWA pool in blocks (default: the capacity).
+    #[arg(long, value_name = "BLOCKS")]
+    pub swa_capacity: Option<u32>,
+    /// State slots of the MAMBA pool.
+    #[arg(long, value_name = "SLOTS")]
+    pub mamba_capacity: Option<u32>,
+}
+
+/// The radix policy's components for `capacity` blocks.
+fn components(args: &ReplayArgs, capacity: usize) -> Result<Components, ReplayError> {
+    let window = args
+        .swa_window
+        .map(|w| u32::try_from(w.div_ceil(args.block_size.max(1))).unwrap_or(u32::MAX));
+    let cap = u32::try_from(capacity).unwrap_or(u32::MAX);
+    Components::parse(
+        &args.components,
+        window,
+        args.swa_capacity,
+        args.mamba_capacity,
+        cap,
+    )
+    .map_err(|e| ReplayError::Components(e.to_string()))
+}
+
+/// [`make_policy`], with the radix policy caching `components`.
+fn make_policy_with(
+    name: &str,
+    capacity: usize,
+    components: Components,
+) -> Result<Box<dyn Policy>, ReplayError> {
+    let policy = make_policy(name, capacity)?;
+    if name == "radix" && !components.is_full_only() {
+        return Ok(Box::new(Radix::with_components(capacity, components)?));
+    }
+    Ok(policy)
 }
 
 /// Result of one `(policy, capacity)` replay: one output line, fields in
@@ -182,7 +226,7 @@ pub fn run(args: &ReplayArgs, out: &mut impl Write) -> Result<(), ReplayError> {
     }
     for name in &args.policy {
         for &capacity in &args.capacity {
-            make_policy(name.trim(), capacity)?;
+            make_policy_with(name.trim(), capacity, components(args, capacity)?)?;
         }
     }
 
@@ -204,7 +248,8 @@ pub fn run(args: &ReplayArgs, out: &mut impl Write) -> Result<(), ReplayError> {
     let mut summaries = Vec::with_capacity(args.policy.len() * args.capacity.len());
     for name in &args.policy {
         for &capacity in &args.capacity {
-            let mut policy = make_policy(name.trim(), capacity)?;
+            let comps = components(args, capacity)?;
+            let mut policy = make_policy_with(name.trim(), capacity, comps)?;
             let summary = match per_request.as_mut() {
                 Some((path, writer)) => {
                     replay_with(&requests, policy.as_mut(), capacity, args.block_size, |o| {

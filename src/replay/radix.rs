@@ -11,7 +11,7 @@ use super::hash::{id_map, IdMap};
 use super::policy::Policy;
 use super::ReplayError;
 use crate::engine::ConfigError;
-use crate::engine::{Config, Engine};
+use crate::engine::{Components, Config, Engine, InsertExtra};
 
 /// The only client of the replay engine.
 const SCHEDULER: u32 = 0;
@@ -23,9 +23,28 @@ pub struct Radix {
     tokens_of: IdMap<u32>,
     tokens: Vec<u32>,
     pages: Vec<u32>,
+    name: &'static str,
 }
 
 impl Radix {
+    /// [`Radix::new`] caching `components` beside FULL, as a hybrid
+    /// model's scheduler does: SWA pages paired with every page (the SWA
+    /// pool evicts on its own), or a state checkpointed at the end of
+    /// every prompt cached whole.
+    pub fn with_components(capacity: usize, components: Components) -> Result<Self, ReplayError> {
+        let mut r = Self::new(capacity)?;
+        r.engine
+            .set_components(components)
+            .map_err(|e| ReplayError::Components(e.to_string()))?;
+        r.name = match (components.swa.is_some(), components.mamba.is_some()) {
+            (false, false) => "radix",
+            (true, false) => "radix+swa",
+            (false, true) => "radix+mamba",
+            (true, true) => "radix+swa+mamba",
+        };
+        Ok(r)
+    }
+
     /// An empty engine of `capacity` one-token pages.
     pub fn new(capacity: usize) -> Result<Self, ReplayError> {
         let too_large = || ReplayError::CapacityTooLarge {
@@ -46,13 +65,14 @@ impl Radix {
             tokens_of: id_map(0),
             tokens: Vec::new(),
             pages: Vec::new(),
+            name: "radix",
         })
     }
 }
 
 impl Policy for Radix {
     fn name(&self) -> &'static str {
-        "radix"
+        self.name
     }
 
     fn request(&mut self, blocks: &[u64]) -> usize {
@@ -62,18 +82,38 @@ impl Policy for Radix {
             self.tokens.push(*self.tokens_of.entry(id).or_insert(fresh));
         }
         let e = &mut self.engine;
-        let matched = e.match_prefix(SCHEDULER, &self.tokens, true, &mut self.pages);
+        let (matched, _) = e.match_with(SCHEDULER, &self.tokens, true, &mut self.pages);
         let hit = matched.len;
         let stats = e.stats();
         let room = stats.free_pages + stats.evictable_tokens;
-        let want = ((self.tokens.len() - hit) as u64).min(room);
-        // Neither call can fail: `want` fits what can be freed, and every
-        // page is the matched one at its place or freshly owned.
+        let rest = (self.tokens.len() - hit) as u64;
+        let want = rest.min(room);
+        // `want` fits what can be freed and every page is the matched one
+        // at its place or freshly owned; only a short SWA pool can refuse.
         if let Ok(fresh) = e.alloc(SCHEDULER, want) {
             self.pages.extend_from_slice(&fresh);
             let key = &self.tokens[..self.pages.len()];
-            if e.insert(SCHEDULER, key, &self.pages, false).is_err() {
-                let _ = e.free(SCHEDULER, &fresh);
+            // A recurrent state is a checkpoint of the whole prompt.
+            let state = (want == rest)
+                .then(|| e.alloc_state(SCHEDULER).ok())
+                .flatten();
+            let extra = InsertExtra {
+                mamba_state: state,
+                swa_evicted: 0,
+            };
+            match e.insert_with(SCHEDULER, key, &self.pages, false, extra) {
+                Ok((_, x)) if x.mamba_exist => {
+                    if let Some(s) = state {
+                        let _ = e.free_state(SCHEDULER, u64::from(s));
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = e.free(SCHEDULER, &fresh);
+                    if let Some(s) = state {
+                        let _ = e.free_state(SCHEDULER, u64::from(s));
+                    }
+                }
             }
         }
         if let Some(handle) = matched.handle {
@@ -104,6 +144,37 @@ mod tests {
         assert_eq!(r.request(&[7, 8, 9]), 0);
         assert_eq!(r.resident_blocks(), 2);
         assert_eq!(r.request(&[7, 8, 9]), 2);
+        r.engine.validate().unwrap();
+    }
+
+    #[test]
+    fn hybrid_models_hit_only_where_every_component_can_serve() {
+        use crate::engine::{MambaConfig, SwaConfig};
+        let swa = Components {
+            swa: Some(SwaConfig {
+                window: 1,
+                capacity: 2,
+            }),
+            mamba: None,
+        };
+        let mut r = Radix::with_components(8, swa).unwrap();
+        assert_eq!(r.name(), "radix+swa");
+        assert_eq!(r.request(&[1, 2]), 0);
+        assert_eq!(r.request(&[1, 2, 3]), 2);
+        // Two SWA pages for three cached blocks: block 1 lost its SWA
+        // page, but the one-block window ending at 2 still holds.
+        assert_eq!(r.request(&[1, 2]), 2);
+        assert_eq!(r.request(&[1]), 0);
+        r.engine.validate().unwrap();
+        let mamba = Components {
+            swa: None,
+            mamba: Some(MambaConfig { capacity: 4 }),
+        };
+        let mut r = Radix::with_components(8, mamba).unwrap();
+        assert_eq!(r.request(&[1, 2, 3]), 0);
+        // A state at [1, 2, 3] only: [1, 2, 4] cannot resume at [1, 2].
+        assert_eq!(r.request(&[1, 2, 4]), 0);
+        assert_eq!(r.request(&[1, 2, 3, 5]), 3);
         r.engine.validate().unwrap();
     }
 }

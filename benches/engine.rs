@@ -20,7 +20,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use radixd::engine::{Config, Engine};
+use radixd::engine::{Components, Config, Engine, InsertExtra, MambaConfig, SwaConfig};
 
 const PAGE_SIZES: [u32; 3] = [1, 16, 64];
 const LENGTHS: [usize; 3] = [1024, 4096, 32768];
@@ -332,9 +332,74 @@ fn bench_evict_locked(c: &mut Criterion) {
     g.finish();
 }
 
+/// A cached 4K prompt, built as eight 512-token turns (a path of eight
+/// nodes, SWA leaves capped at one window), matched at P=16: FULL alone
+/// against FULL+SWA (W = 512 and 4096 tokens) and FULL+MAMBA (a state at
+/// every turn's end).
+fn bench_match_hybrid(c: &mut Criterion) {
+    let mut g = c.benchmark_group("match/hybrid");
+    let (p, n) = (16u32, 4096usize);
+    let cap = (n / p as usize) as u32 + 1;
+    let swa = |window| Components {
+        swa: Some(SwaConfig {
+            window,
+            capacity: cap,
+        }),
+        mamba: None,
+    };
+    let mamba = Components {
+        swa: None,
+        mamba: Some(MambaConfig { capacity: 16 }),
+    };
+    let configs = [
+        ("full", Components::full()),
+        ("swa_W512", swa(512)),
+        ("swa_W4096", swa(4096)),
+        ("mamba", mamba),
+    ];
+    let prompt = tokens(1, n);
+    for (label, comps) in configs {
+        let mut e = Engine::with_components(
+            Config {
+                page_size: p,
+                capacity: cap,
+            },
+            comps,
+        )
+        .unwrap();
+        for turn in 1..=8 {
+            let key = &prompt[..turn * 512];
+            let mut ids = Vec::new();
+            let cached = e.peek(key, &mut ids);
+            let fresh = (key.len() - cached) / p as usize;
+            ids.extend(e.alloc(CLIENT, fresh as u64).unwrap());
+            let state = comps
+                .mamba
+                .is_some()
+                .then(|| e.alloc_state(CLIENT).unwrap());
+            let extra = InsertExtra {
+                mamba_state: state,
+                swa_evicted: 0,
+            };
+            e.insert_with(CLIENT, key, &ids, false, extra).unwrap();
+        }
+        let mut pages = Vec::with_capacity(n / p as usize);
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_function(BenchmarkId::new(label, n), |b| {
+            b.iter(|| {
+                let m = e.match_prefix(CLIENT, black_box(&prompt), false, &mut pages);
+                debug_assert_eq!(m.len, n);
+                m
+            })
+        });
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     bench_match,
+    bench_match_hybrid,
     bench_peek,
     bench_insert,
     bench_evict,

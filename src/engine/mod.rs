@@ -498,6 +498,7 @@ impl<R: Region> Engine<R> {
     /// one per page of the whole key (count and range checked). Claims the
     /// pages not already cached at their place, returns duplicates to the
     /// pool, hangs the uncached rest as a new leaf; all or nothing.
+    #[allow(clippy::too_many_arguments)] // one call per insert form; a struct would only rename them
     fn insert_walked(
         &mut self,
         client: ClientId,

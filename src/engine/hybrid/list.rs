@@ -118,7 +118,7 @@ impl List {
     }
 
     /// Moves `node` (on the list) to the most recently used end.
-    pub fn to_mru(&mut self, node: u32) {
+    pub fn promote(&mut self, node: u32) {
         self.unlink(node);
         self.link_after(self.head(), node);
     }
@@ -126,7 +126,7 @@ impl List {
     /// Moves the listed nodes of `chain` (a node, then its ancestors) to
     /// the most recently used end in that order: the first is newest, each
     /// next one just behind it (SGLang's `reset_node_and_*_mru`).
-    pub fn to_mru_chain(&mut self, chain: &[u32]) {
+    pub fn promote_chain(&mut self, chain: &[u32]) {
         let mut at = self.head();
         for &node in chain {
             if self.contains(node) {
@@ -183,9 +183,9 @@ mod tests {
         assert_eq!(l.order(), [4, 3, 2, 1]);
         l.insert_after(3, 5);
         assert_eq!(l.order(), [4, 3, 5, 2, 1]);
-        l.to_mru_chain(&[2, 7, 1]);
+        l.promote_chain(&[2, 7, 1]);
         assert_eq!(l.order(), [2, 1, 4, 3, 5]);
-        l.to_mru(3);
+        l.promote(3);
         assert_eq!(l.order(), [3, 2, 1, 4, 5]);
         l.walk_begin();
         assert_eq!(l.walk_next(), Some(5));

@@ -347,6 +347,9 @@ pub(crate) struct Hybrid {
     pub swa: Option<Swa>,
     pub mamba: Option<Mamba>,
     pub tally: Tally,
+    /// Reused buffers for the paths a match walks (no allocation per call).
+    pub path: Vec<u32>,
+    pub chain: Vec<u32>,
 }
 
 impl Hybrid {
@@ -385,6 +388,8 @@ impl Hybrid {
             swa,
             mamba,
             tally: Tally::default(),
+            path: Vec::new(),
+            chain: Vec::new(),
         }))
     }
 

@@ -25,15 +25,21 @@ impl<R: Region> Arena<R> {
     }
 
     /// `node` and its ancestors, `node` first, the root excluded.
-    pub(crate) fn path_up(&self, mut node: u32) -> Vec<u32> {
+    pub(crate) fn path_up(&self, node: u32) -> Vec<u32> {
         let mut out = Vec::new();
+        self.path_into(node, &mut out);
+        out
+    }
+
+    /// [`Self::path_up`] into `out` (cleared first).
+    fn path_into(&self, mut node: u32, out: &mut Vec<u32>) {
+        out.clear();
         let mut hops = 0;
         while node != ROOT {
             hops = self.hop(hops);
             out.push(node);
             node = self.nodes()[node as usize].parent;
         }
-        out
     }
 
     pub(crate) fn swa(&self) -> Option<&Swa> {
@@ -213,7 +219,11 @@ impl<R: Region> Arena<R> {
     /// `_match_prefix_helper`), with its depth in pages. Then marks it
     /// used in each component's list (`MATCH_END`).
     pub(crate) fn hy_match(&mut self, deepest: u32) -> (u32, usize) {
-        let path = self.path_up(deepest);
+        let mut path = self
+            .hybrid_mut()
+            .map(|h| std::mem::take(&mut h.path))
+            .unwrap_or_default();
+        self.path_into(deepest, &mut path);
         let window = self.swa().map(|s| u64::from(s.window));
         let mamba = self.mamba().is_some();
         // SWA: tokens since the last tombstone; "infinite" before one.
@@ -239,6 +249,9 @@ impl<R: Region> Arena<R> {
                 best_pages = pages;
             }
         }
+        if let Some(h) = self.hybrid_mut() {
+            h.path = path;
+        }
         self.hy_refresh(best, true);
         (best, best_pages)
     }
@@ -255,7 +268,11 @@ impl<R: Region> Arena<R> {
             .swa()
             .map(|s| u64::from(s.window) + u64::from(self.layout.page_size))
         {
-            let mut chain = Vec::new();
+            let mut chain = self
+                .hybrid_mut()
+                .map(|h| std::mem::take(&mut h.chain))
+                .unwrap_or_default();
+            chain.clear();
             let (mut cur, mut covered, mut hops) = (node, 0, 0);
             while cur != ROOT && covered < span {
                 hops = self.hop(hops);
@@ -263,14 +280,17 @@ impl<R: Region> Arena<R> {
                 covered += self.node_tokens(cur);
                 cur = self.nodes()[cur as usize].parent;
             }
-            if let Some(s) = self.swa_mut() {
-                s.list.to_mru_chain(&chain);
+            if let Some(h) = self.hybrid_mut() {
+                if let Some(s) = h.swa.as_mut() {
+                    s.list.promote_chain(&chain);
+                }
+                h.chain = chain;
             }
         }
         if matched {
             if let Some(m) = self.mamba_mut() {
                 if m.state[node as usize] != NIL {
-                    m.list.to_mru(node);
+                    m.list.promote(node);
                 }
             }
         }
@@ -347,7 +367,7 @@ impl<R: Region> Arena<R> {
             return true;
         }
         if m.state[i] != NIL {
-            m.list.to_mru(node);
+            m.list.promote(node);
             return true;
         }
         m.adopt(state);

@@ -525,7 +525,16 @@ fn random_operations_keep_every_invariant() {
                     }
                     4..=5 => {
                         let mut pages = Vec::new();
-                        let m = e.match_prefix(C, &key, lock, &mut pages);
+                        // The lock-free read predicts the match exactly.
+                        let mut read = Vec::new();
+                        let usable = e.peek_usable(&key, &mut read).unwrap();
+                        let (m, x) = e.match_with(C, &key, lock, &mut pages);
+                        assert_eq!(
+                            (usable.len, usable.mamba_state),
+                            (m.len, x.mamba_state),
+                            "seed {seed} step {step} engine {k}"
+                        );
+                        assert_eq!(read, pages);
                         if let (true, Some(h)) = (lock, m.handle) {
                             locks[k].push(h.to_raw());
                         }

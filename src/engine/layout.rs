@@ -34,7 +34,7 @@ pub const MAX_PAGE_SIZE: u32 = 1024;
 pub const MAX_CAPACITY: u32 = 1 << 30;
 
 /// Identifies this layout; bumped whenever a record changes shape.
-pub const ENGINE_VERSION: u32 = 5;
+pub const ENGINE_VERSION: u32 = 6;
 
 /// Engine-wide scalars at the start of the region.
 #[repr(C)]
@@ -53,8 +53,11 @@ pub(crate) struct Header {
     pub node_free: u32,
     /// Live nodes, root included.
     pub nodes_live: u32,
-    /// Unused (the LRU order is the writer's private memory, see `lru`).
-    pub _unused: [u32; 2],
+    /// The secondary components on (`COMPONENT_SWA`, `COMPONENT_MAMBA`
+    /// bits; 0: FULL only), for readers (see `hybrid`).
+    pub components: u32,
+    /// The SWA window in tokens (0 without SWA).
+    pub swa_window: u32,
     /// Pages owned by clients (allocated, not yet inserted or freed).
     pub owned_pages: u32,
     pub _pad: u32,
@@ -94,13 +97,16 @@ pub(crate) struct Node {
     pub children: u32,
     /// Locks held on this node or any descendant (SGLang's `lock_ref`).
     pub lock_ref: u32,
-    pub _unused: u32,
+    /// 1 while the node holds SWA pages (SWA on), else 0: a tombstone.
+    /// The rest of the SWA component is the writer's private memory.
+    pub swa: u32,
     /// While free: the next node of the free-node stack, or of its limbo
     /// batch while it waits for readers (see `grace`). `NIL` while live.
     pub link: u32,
     /// Child-table hash of `(parent, first page's tokens)`.
     pub hash: u32,
-    pub _pad: u32,
+    /// The MAMBA state slot checkpointed at this node, plus one; 0: none.
+    pub mamba: u32,
 }
 
 impl Node {
@@ -115,13 +121,17 @@ impl Node {
             num_pages: 0,
             children: 0,
             lock_ref: 0,
-            _unused: 0,
+            swa: 0,
             link,
             hash: 0,
-            _pad: 0,
+            mamba: 0,
         }
     }
 }
+
+/// `Header::components` bits.
+pub(crate) const COMPONENT_SWA: u32 = 1;
+pub(crate) const COMPONENT_MAMBA: u32 = 2;
 
 /// Page state word values.
 pub(crate) const PAGE_FREE: u32 = 0;

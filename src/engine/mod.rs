@@ -48,7 +48,7 @@ pub use layout::EngineLayout;
 pub use mem::{Mapped, TreeMem};
 #[cfg(loom)]
 pub use mem::{Mirror, MirroredRegion};
-pub use reader::{Anchor, Peeked, TreeReader};
+pub use reader::{Anchor, Peeked, TreeReader, Usable};
 pub use record::CacheEvent;
 pub use region::{HeapRegion, Region, REGION_ALIGN};
 pub use session::{SessionError, SessionStatus};
@@ -884,6 +884,15 @@ impl<R: Region> Engine<R> {
         // process's writers out meanwhile, and the reader only copies.
         let reader = unsafe { TreeReader::new(base, self.arena.layout) };
         reader.peek_anchored(tokens, pages)
+    }
+
+    /// [`TreeReader::peek_usable`] on this engine's own region: what a
+    /// match would answer (cut back by the components), touching nothing.
+    pub fn peek_usable(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<Usable> {
+        let base = std::ptr::NonNull::new(self.arena.region().as_ptr())?;
+        // SAFETY: as in `peek_anchored`.
+        let reader = unsafe { TreeReader::new(base, self.arena.layout) };
+        reader.peek_usable(tokens, pages).map(|(u, _)| u)
     }
 
     /// Finds the longest cached page-aligned prefix of `tokens`, writes its

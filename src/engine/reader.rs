@@ -70,7 +70,10 @@ use std::ptr::NonNull;
 use radixd_ipc::sync::{spin_loop, yield_now};
 use radixd_ipc::Version;
 
-use super::layout::{Bucket, EngineLayout, Node, Page, NIL, NODE_LIVE, PAGE_CACHED, ROOT};
+use super::layout::{
+    Bucket, EngineLayout, Header, Node, Page, COMPONENT_MAMBA, COMPONENT_SWA, NIL, NODE_LIVE,
+    PAGE_CACHED, ROOT,
+};
 use super::mem::{Mapped, TreeMem};
 use super::table::child_hash;
 
@@ -129,6 +132,71 @@ struct Frame {
     pages: u32,
     /// Key tokens matched down to and including this node.
     pos: usize,
+    /// Hybrid engines: tokens since the last SWA tombstone on the path
+    /// (`u64::MAX` before one), and the deepest node of the path every
+    /// component can serve (see [`TreeReader::peek_usable`]).
+    since: u64,
+    usable: Usable,
+}
+
+/// What a hybrid engine would answer a match with: the deepest point of the
+/// FULL match every component can serve (SWA: the last `window` tokens
+/// hold SWA pages; MAMBA: a state there).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usable {
+    /// Tokens of the usable prefix.
+    pub len: usize,
+    /// The MAMBA state slot at its end, if any.
+    pub mamba_state: Option<u32>,
+}
+
+/// The components a region's header names, for the reader.
+#[derive(Clone, Copy, Debug, Default)]
+struct Comps {
+    swa: bool,
+    mamba: bool,
+    window: u64,
+}
+
+impl Comps {
+    fn any(&self) -> bool {
+        self.swa || self.mamba
+    }
+
+    /// The frame below `top` at `pos` for a node with component words
+    /// `swa` and `mamba` (a node cut by a split: no state).
+    fn step(
+        &self,
+        top: &Frame,
+        matched_tokens: usize,
+        pos: usize,
+        swa: u32,
+        mamba: u32,
+    ) -> (u64, Usable) {
+        let mut since = top.since;
+        let mut valid = true;
+        if self.swa {
+            if swa != 0 {
+                since = since.saturating_add(matched_tokens as u64);
+                valid &= since >= self.window;
+            } else {
+                since = 0;
+                valid = false;
+            }
+        }
+        if self.mamba {
+            valid &= mamba != 0;
+        }
+        let usable = if valid {
+            Usable {
+                len: pos,
+                mamba_state: mamba.checked_sub(1),
+            }
+        } else {
+            top.usable
+        };
+        (since, usable)
+    }
 }
 
 /// The walk's frames, on the stack of the caller: the deepest
@@ -194,6 +262,7 @@ enum Copied {
         version: u32,
         matched: usize,
         whole: bool,
+        comps: (u32, u32),
     },
 }
 
@@ -206,6 +275,8 @@ enum Lookup {
         version: u32,
         matched: usize,
         whole: bool,
+        /// The node's `swa` and `mamba` words (0 when not read).
+        comps: (u32, u32),
     },
     /// No child holds the key's next page (validated under the table),
     /// whose child-table hash this is.
@@ -337,6 +408,7 @@ impl<M: TreeMem> TreeReader<M> {
         key: &[u32],
         pos: usize,
         out: &mut Vec<u32>,
+        comps: Comps,
     ) -> Copied {
         let Some(version) = self.version(node) else {
             return Copied::Torn;
@@ -344,8 +416,8 @@ impl<M: TreeMem> TreeReader<M> {
         let p = self.layout.page_size as usize;
         let start = out.len();
         // `None`: torn; `Some(None)`: not the child; else (generation,
-        // matched, whole).
-        let copy = || -> Option<Option<(u32, usize, bool)>> {
+        // matched, whole, component words).
+        let copy = || -> Option<Option<(u32, usize, bool, (u32, u32))>> {
             let state = self.node(node, offset_of!(Node, state))?;
             if state != NODE_LIVE || self.node(node, offset_of!(Node, parent))? != parent {
                 return Some(None);
@@ -406,14 +478,25 @@ impl<M: TreeMem> TreeReader<M> {
                 return None;
             }
             let generation = self.node(node, offset_of!(Node, generation))?;
-            Some(Some((generation, matched, whole)))
+            // Read only for hybrid engines: a FULL-only walk loads what it
+            // always did.
+            let words = if comps.any() {
+                (
+                    self.node(node, offset_of!(Node, swa))?,
+                    self.node(node, offset_of!(Node, mamba))?,
+                )
+            } else {
+                (0, 0)
+            };
+            Some(Some((generation, matched, whole, words)))
         };
         match version.read(copy) {
-            Some((Some(Some((generation, matched, whole))), v)) => Copied::Child {
+            Some((Some(Some((generation, matched, whole, words))), v)) => Copied::Child {
                 generation,
                 version: v,
                 matched,
                 whole,
+                comps: words,
             },
             Some((Some(None), _)) => {
                 out.truncate(start);
@@ -428,7 +511,14 @@ impl<M: TreeMem> TreeReader<M> {
 
     /// The child of `parent` whose first page is `key[pos..pos + p]`,
     /// copied; retries the probe (not the child) while the table moves.
-    fn lookup(&self, parent: u32, key: &[u32], pos: usize, out: &mut Vec<u32>) -> Lookup {
+    fn lookup(
+        &self,
+        parent: u32,
+        key: &[u32],
+        pos: usize,
+        out: &mut Vec<u32>,
+        comps: Comps,
+    ) -> Lookup {
         let p = self.layout.page_size as usize;
         let hash = child_hash(parent, &key[pos..pos + p]);
         let mask = self.layout.buckets - 1;
@@ -445,12 +535,13 @@ impl<M: TreeMem> TreeReader<M> {
                     break;
                 }
                 if b.hash == hash {
-                    match self.copy_child(parent, b.node, key, pos, out) {
+                    match self.copy_child(parent, b.node, key, pos, out, comps) {
                         Copied::Child {
                             generation,
                             version,
                             matched,
                             whole,
+                            comps,
                         } => {
                             return Lookup::Found {
                                 node: b.node,
@@ -458,6 +549,7 @@ impl<M: TreeMem> TreeReader<M> {
                                 version,
                                 matched,
                                 whole,
+                                comps,
                             };
                         }
                         Copied::NotChild => {}
@@ -474,18 +566,32 @@ impl<M: TreeMem> TreeReader<M> {
         Lookup::Torn
     }
 
-    /// The root's frame, once its version is stable.
-    fn root(&self) -> Option<Frame> {
+    /// The root's frame, and the components the header names, read while
+    /// the root's version stood still (only `format`, which rewrites the
+    /// header, moves it).
+    fn root(&self) -> Option<(Frame, Comps)> {
         let v = self.version(ROOT)?;
+        let header = |field| self.field::<Header>(self.layout.header_at, 1, 0, field);
         for attempt in 0..NODE_TRIES {
-            if let Some(version) = v.stable() {
-                return Some(Frame {
+            let copy = || -> Option<Comps> {
+                let bits = header(offset_of!(Header, components))?;
+                Some(Comps {
+                    swa: bits & COMPONENT_SWA != 0,
+                    mamba: bits & COMPONENT_MAMBA != 0,
+                    window: u64::from(header(offset_of!(Header, swa_window))?),
+                })
+            };
+            if let Some((Some(comps), version)) = v.read(copy) {
+                let frame = Frame {
                     node: ROOT,
                     generation: 0,
                     version,
                     pages: 0,
                     pos: 0,
-                });
+                    since: u64::MAX,
+                    usable: Usable::default(),
+                };
+                return Some((frame, comps));
             }
             backoff(attempt);
         }
@@ -531,11 +637,38 @@ impl<M: TreeMem> TreeReader<M> {
     /// [`TreeReader::peek`], also naming where the match ended (the same
     /// walk: the anchor is the frame or copy the answer came from).
     pub fn peek_anchored(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<Peeked> {
+        self.walk(tokens, pages).map(|(peeked, _)| peeked)
+    }
+
+    /// What a hybrid engine (SWA or MAMBA on) would match: the FULL walk of
+    /// [`TreeReader::peek_anchored`], cut back to the deepest point every
+    /// component serves, `pages` cut with it; the same as `peek` on a
+    /// FULL-only engine. Returns the usable prefix and the FULL answer.
+    pub fn peek_usable(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<(Usable, Peeked)> {
+        let (peeked, usable) = self.walk(tokens, pages)?;
+        pages.truncate(usable.len / self.layout.page_size as usize);
+        Some((usable, peeked))
+    }
+
+    /// The walk of every peek: the FULL answer and the usable one.
+    fn walk(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<(Peeked, Usable)> {
         let p = self.layout.page_size as usize;
         let key = &tokens[..tokens.len() / p * p];
         pages.clear();
         pages.reserve(key.len() / p);
-        let mut stack = FrameStack::new(self.root()?);
+        let (root, comps) = self.root()?;
+        // FULL-only: the usable prefix is the FULL one.
+        let usable = |full: usize, u: Usable| {
+            if comps.any() {
+                u
+            } else {
+                Usable {
+                    len: full,
+                    mamba_state: None,
+                }
+            }
+        };
+        let mut stack = FrameStack::new(root);
         // Failures since the walk last went deeper.
         let mut tries = 0u32;
         // Every iteration goes deeper (at most once per key page) or counts
@@ -543,18 +676,19 @@ impl<M: TreeMem> TreeReader<M> {
         let steps = (key.len() / p + 1).saturating_mul(NODE_TRIES as usize + 1);
         for _ in 0..steps {
             let Some(&top) = stack.last() else {
-                stack.push(self.root()?);
+                stack.push(self.root()?.0);
                 continue;
             };
             if top.pos + p > key.len() {
-                return Some(Peeked {
+                let peeked = Peeked {
                     len: top.pos,
                     anchor: top.anchor(),
                     next_hash: None,
-                });
+                };
+                return Some((peeked, usable(top.pos, top.usable)));
             }
             let before = pages.len();
-            let found = self.lookup(top.node, key, top.pos, pages);
+            let found = self.lookup(top.node, key, top.pos, pages, comps);
             let parent_still = || self.version(top.node).is_some_and(|v| v.still(top.version));
             match found {
                 Lookup::Found {
@@ -563,6 +697,7 @@ impl<M: TreeMem> TreeReader<M> {
                     version,
                     matched,
                     whole,
+                    comps: (swa, mamba),
                 } if parent_still() => {
                     let pos = top.pos + matched * p;
                     if !whole {
@@ -573,29 +708,37 @@ impl<M: TreeMem> TreeReader<M> {
                             // matched <= num_pages, a u32.
                             pages_into_node: matched as u32,
                         };
-                        return Some(Peeked {
+                        // The engine splits the node here: the upper half
+                        // keeps its SWA pages, the state stays below.
+                        let (_, u) = comps.step(&top, matched * p, pos, swa, 0);
+                        let peeked = Peeked {
                             len: pos,
                             anchor: Some(anchor),
                             next_hash: None,
-                        });
+                        };
+                        return Some((peeked, usable(pos, u)));
                     }
+                    let (since, u) = comps.step(&top, matched * p, pos, swa, mamba);
                     stack.push(Frame {
                         node,
                         generation,
                         version,
                         pages: matched as u32,
                         pos,
+                        since,
+                        usable: u,
                     });
                     tries = 0;
                     continue;
                 }
                 Lookup::Miss { hash } if parent_still() => {
                     let anchor = top.anchor();
-                    return Some(Peeked {
+                    let peeked = Peeked {
                         len: top.pos,
                         anchor,
                         next_hash: anchor.map(|_| hash),
-                    });
+                    };
+                    return Some((peeked, usable(top.pos, top.usable)));
                 }
                 Lookup::Torn => {}
                 // The parent changed: resume at the deepest frame whose

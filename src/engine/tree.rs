@@ -184,6 +184,8 @@ impl<R: Region> Arena<R> {
             n.children = 1;
             n.lock_ref = c.lock_ref;
             n.hash = c.hash;
+            // SWA pages split with the edge; a state stays below.
+            n.swa = c.swa;
         }
         // The upper half is complete before the table can lead to it.
         self.version(m).end();

@@ -313,6 +313,24 @@ impl<R: Region> Engine<R> {
             .chain(self.session_locks())
             .collect();
         let live_node = |i: usize| i as u32 != ROOT && nodes[i].state == NODE_LIVE;
+        // What readers see: each live node's component words.
+        for (i, n) in nodes.iter().enumerate() {
+            if !live_node(i) {
+                continue;
+            }
+            let swa = a.swa().is_some_and(|s| s.live[i]);
+            let state = a.mamba().map_or(NIL, |m| m.state[i]);
+            ensure!(
+                n.swa == u32::from(swa),
+                "node {i}: swa word {} but SWA {swa}",
+                n.swa
+            );
+            ensure!(
+                n.mamba == state.wrapping_add(1),
+                "node {i}: mamba word {} but state {state}",
+                n.mamba
+            );
+        }
         if let Some(s) = a.swa() {
             let mut seen = vec![false; s.capacity as usize];
             for &sp in &s.free {

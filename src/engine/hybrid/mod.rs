@@ -419,6 +419,23 @@ impl Hybrid {
         self.tally = Tally::default();
     }
 
+    /// `Header::components` for these components.
+    pub fn header_bits(&self) -> u32 {
+        use crate::engine::layout::{COMPONENT_MAMBA, COMPONENT_SWA};
+        let swa = if self.swa.is_some() { COMPONENT_SWA } else { 0 };
+        let mamba = if self.mamba.is_some() {
+            COMPONENT_MAMBA
+        } else {
+            0
+        };
+        swa | mamba
+    }
+
+    /// The SWA window (0 without SWA).
+    pub fn window(&self) -> u32 {
+        self.swa.as_ref().map_or(0, |s| s.window)
+    }
+
     /// The components this state was built with.
     pub fn components(&self) -> Components {
         Components {

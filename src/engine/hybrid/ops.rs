@@ -108,6 +108,8 @@ impl<R: Region> Arena<R> {
                 m.list.remove(node);
                 m.evictable -= 1;
                 h.tally.mamba_states += 1;
+                // Inside the leaf's version (the trim's change).
+                self.nodes_mut()[node as usize].mamba = 0;
             }
         }
     }
@@ -124,6 +126,10 @@ impl<R: Region> Arena<R> {
             m.lock[node as usize] = 0;
             m.list.remove(node);
         }
+        // Inside the node's version (its removal).
+        let n = &mut self.nodes_mut()[node as usize];
+        n.swa = 0;
+        n.mamba = 0;
     }
 
     /// A client's `page` went back to the pool: its SWA page goes too
@@ -305,16 +311,20 @@ impl<R: Region> Arena<R> {
     pub(crate) fn hy_swa_recover(&mut self, node: u32, incoming: &[u32]) {
         let cached = self.node_page_list(node);
         let t = self.node_tokens(node);
+        let _ = t;
         let Some(s) = self.swa_mut() else { return };
         for (&c, &i) in cached.iter().zip(incoming) {
             let sp = std::mem::replace(&mut s.pair[i as usize], NIL);
             s.pair[c as usize] = sp;
         }
-        Self::swa_publish(s, node, t);
+        self.swa_publish(node);
     }
 
-    /// `node` now holds SWA pages: it joins the list at the front.
-    pub(crate) fn swa_publish(s: &mut Swa, node: u32, tokens: u64) {
+    /// `node` now holds SWA pages: it joins the list at the front, and
+    /// readers see it (one change of the node).
+    pub(crate) fn swa_publish(&mut self, node: u32) {
+        let tokens = self.node_tokens(node);
+        let Some(s) = self.swa_mut() else { return };
         let i = node as usize;
         s.live[i] = true;
         s.list.insert_mru(node);
@@ -323,6 +333,7 @@ impl<R: Region> Arena<R> {
         } else {
             s.evictable += tokens;
         }
+        self.node_change(node, |a| a.nodes_mut()[i].swa = 1);
     }
 
     /// Publishes a new leaf's SWA pages from `from_page` on (those before
@@ -348,10 +359,7 @@ impl<R: Region> Arena<R> {
             upper = Some(self.split_at(leaf, live - tail));
         }
         for node in upper.into_iter().chain([leaf]) {
-            let t = self.node_tokens(node);
-            if let Some(s) = self.swa_mut() {
-                Self::swa_publish(s, node, t);
-            }
+            self.swa_publish(node);
         }
     }
 
@@ -378,6 +386,7 @@ impl<R: Region> Arena<R> {
         } else {
             m.evictable += 1;
         }
+        self.node_change(node, |a| a.nodes_mut()[i].mamba = state + 1);
         false
     }
 
@@ -428,6 +437,7 @@ impl<R: Region> Arena<R> {
                 s.evictable -= t;
                 h.tally.swa_tokens += t;
             }
+            self.node_change(x, |a| a.nodes_mut()[x as usize].swa = 0);
         }
         if let Some(s) = self.swa_mut() {
             s.list.walk_end();
@@ -466,6 +476,7 @@ impl<R: Region> Arena<R> {
                 m.evictable -= 1;
                 h.tally.mamba_states += 1;
             }
+            self.node_change(x, |a| a.nodes_mut()[x as usize].mamba = 0);
         }
         if let Some(m) = self.mamba_mut() {
             m.list.walk_end();

@@ -248,6 +248,10 @@ impl Frame {
     }
 }
 
+/// A validated child copy: generation, pages matched, whether all of
+/// them, and the node's component words.
+type ChildCopy = (u32, usize, bool, (u32, u32));
+
 /// What copying a candidate child found.
 enum Copied {
     /// The node changed (or was mid-change) while copied.
@@ -417,7 +421,7 @@ impl<M: TreeMem> TreeReader<M> {
         let start = out.len();
         // `None`: torn; `Some(None)`: not the child; else (generation,
         // matched, whole, component words).
-        let copy = || -> Option<Option<(u32, usize, bool, (u32, u32))>> {
+        let copy = || -> Option<Option<ChildCopy>> {
             let state = self.node(node, offset_of!(Node, state))?;
             if state != NODE_LIVE || self.node(node, offset_of!(Node, parent))? != parent {
                 return Some(None);

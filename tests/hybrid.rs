@@ -587,3 +587,37 @@ fn random_operations_keep_every_invariant() {
         }
     }
 }
+
+#[test]
+fn sessions_and_dead_clients_hold_and_release_components() {
+    let mut e = swa(1, 32, 2);
+    let pages = e.alloc(C, 6).unwrap();
+    e.session_commit(C, "s", &[1, 2, 3, 4, 5, 6], &pages)
+        .unwrap();
+    e.validate().unwrap();
+    // The session's lock holds the window: two SWA tokens protected.
+    assert_eq!(stats(&e).swa_protected_tokens, 2);
+    e.release_client(C);
+    e.validate().unwrap();
+    assert_eq!(stats(&e).swa_protected_tokens, 0);
+
+    let mut e = mamba(1, 32, 4);
+    let a = e.alloc_state(C).unwrap();
+    let _b = e.alloc_state(C).unwrap();
+    put_with(
+        &mut e,
+        &[1, 2],
+        InsertExtra {
+            mamba_state: Some(a),
+            swa_evicted: 0,
+        },
+    );
+    let mut pages = Vec::new();
+    e.match_prefix(C, &[1, 2], true, &mut pages);
+    assert_eq!(stats(&e).mamba_protected_states, 1);
+    e.release_client(C);
+    e.validate().unwrap();
+    // The client's own slot came back; the cached one stays cached.
+    assert_eq!(stats(&e).mamba_free_states, 3);
+    assert_eq!(stats(&e).mamba_evictable_states, 1);
+}

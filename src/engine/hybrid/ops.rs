@@ -310,8 +310,6 @@ impl<R: Region> Arena<R> {
     /// back to the pool as duplicates). SGLang's tombstone recovery.
     pub(crate) fn hy_swa_recover(&mut self, node: u32, incoming: &[u32]) {
         let cached = self.node_page_list(node);
-        let t = self.node_tokens(node);
-        let _ = t;
         let Some(s) = self.swa_mut() else { return };
         for (&c, &i) in cached.iter().zip(incoming) {
             let sp = std::mem::replace(&mut s.pair[i as usize], NIL);

@@ -3,18 +3,76 @@
 //! before the next request is read). Every scenario runs three times: on
 //! the in-process engine, and with `--connect` through a real daemon, once
 //! with anchored match and insert (the default) and once with
-//! `--full-requests`; the answers must be the same.
+//! `--full-requests`; the answers must be the same. Each also runs with
+//! `--components full,swa` (no SWA pressure: every answer is the
+//! full-only one plus its hybrid fields) and, where the MAMBA match rule
+//! (a match ends at a node holding a state) leaves the answers alone,
+//! `--components full,mamba`, in-process and through a daemon.
 
 mod common;
 
-use common::{Daemon, Exec};
+use common::{Daemon, Exec, Hybrid};
 use serde_json::{json, Value};
+
+/// The flags of a configuration with a secondary component.
+fn component_args(component: Hybrid) -> Vec<String> {
+    let a: &[&str] = match component {
+        // A window longer than any key: SWA splits a new leaf one window
+        // from its end (SGLang's `_maybe_split_leaf_for_swa_lock`), which
+        // would change the node counts the scenarios check.
+        Hybrid::Swa => &["--components", "full,swa", "--swa-window", "8192"],
+        Hybrid::Mamba => &["--components", "full,mamba", "--mamba-capacity", "16"],
+    };
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+/// `$scenario` with `component` on: in-process and through a daemon.
+macro_rules! hybrid {
+    ($scenario:ident, $args:ident, $component:expr) => {
+        #[test]
+        fn in_process() {
+            let mut a = super::$args();
+            a.extend(component_args($component));
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            super::super::$scenario(&mut Exec::start(&a).hybrid($component));
+        }
+
+        #[test]
+        fn through_the_daemon() {
+            let mut a = super::$args();
+            a.extend(component_args($component));
+            let mut a: Vec<&str> = a.iter().map(String::as_str).collect();
+            a.push("--allow-reset");
+            let daemon = Daemon::start(&a);
+            let x = Exec::start(&["--connect", &daemon.name]);
+            super::super::$scenario(&mut x.hybrid($component));
+        }
+    };
+}
 
 /// Runs `$scenario(&mut Exec)` against every backend.
 macro_rules! both {
     ($scenario:ident, $page_size:expr, $capacity:expr) => {
+        both!($scenario, $page_size, $capacity, {
+            mod mamba {
+                use super::*;
+                hybrid!($scenario, args, Hybrid::Mamba);
+            }
+        });
+    };
+    ($scenario:ident, $page_size:expr, $capacity:expr, swa) => {
+        both!($scenario, $page_size, $capacity, {});
+    };
+    ($scenario:ident, $page_size:expr, $capacity:expr, { $($extra:tt)* }) => {
         mod $scenario {
             use super::*;
+
+            mod swa {
+                use super::*;
+                hybrid!($scenario, args, Hybrid::Swa);
+            }
+
+            $($extra)*
 
             fn args() -> Vec<String> {
                 let (p, c): (u32, u32) = ($page_size, $capacity);
@@ -55,11 +113,13 @@ macro_rules! both {
     };
 }
 
-both!(every_op_answers_as_the_design_says, 2, 8);
+// Those whose matches end inside an edge or at a node without a state
+// answer otherwise under MAMBA: they run full-only and with SWA.
+both!(every_op_answers_as_the_design_says, 2, 8, swa);
 both!(sessions_over_exec, 2, 16);
-both!(errors_are_typed_and_change_nothing, 1, 4);
+both!(errors_are_typed_and_change_nothing, 1, 4, swa);
 both!(session_ids_follow_one_rule, 2, 8);
-both!(shared_prefixes_split_dedupe_and_extend, 2, 16);
+both!(shared_prefixes_split_dedupe_and_extend, 2, 16, swa);
 both!(evictions_of_any_size_answer_alike, 1, 4500);
 
 /// An `evict` and an `alloc` much larger than a quarter of the pool, past

@@ -18,9 +18,14 @@ use radixd_ipc::{
     RingError, Scratch, ScratchError, Segment, Spin, INFO_OFFSET,
 };
 
-use crate::engine::{Anchor, Handle, Peeked, Stats, TreeReader};
+use crate::engine::{
+    Anchor, ComponentStats, Components, Evicted, Handle, InsertExtra, InsertedExtra, MatchExtra,
+    Peeked, Stats, TreeReader,
+};
 use crate::op::{ErrorKind, Rejection, Reply, Request};
-use crate::shared::{read_info, Info, LiveStats, SharedLayout, PROTOCOL_VERSION, RING_CAPACITY};
+use crate::shared::{
+    read_components, read_info, Info, LiveStats, SharedLayout, PROTOCOL_VERSION, RING_CAPACITY,
+};
 use crate::wire::{self, BadReply, Call, WireReply, WireRequest};
 
 /// How long a client spins for an answer before it sleeps (when the host
@@ -175,6 +180,8 @@ pub struct InsertResult {
 pub struct Client {
     segment: Segment,
     layout: SharedLayout,
+    /// The components the daemon's engine keeps (from `Info`).
+    components: Components,
     slot: u32,
     /// Generation of this client's claim: the high half of every `seq`, so
     /// the daemon drops records of another holder of the slot.
@@ -235,6 +242,8 @@ struct Sent {
 struct Returns {
     pages: Vec<u32>,
     handles: Vec<u64>,
+    /// State slots of abandoned `alloc_state`s.
+    states: Vec<u64>,
 }
 
 impl Returns {
@@ -248,14 +257,23 @@ impl Returns {
             })
             | Ok(Reply::Inserted {
                 handle: Some(h), ..
+            })
+            | Ok(Reply::MatchedWith {
+                handle: Some(h), ..
+            })
+            | Ok(Reply::InsertedWith {
+                handle: Some(h),
+                locked: true,
+                ..
             }) => self.handles.push(*h),
+            Ok(Reply::State { state }) => self.states.push(u64::from(*state)),
             Ok(Reply::Done) => self.handles.extend(locks),
             _ => {}
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.pages.is_empty() && self.handles.is_empty()
+        self.pages.is_empty() && self.handles.is_empty() && self.states.is_empty()
     }
 }
 
@@ -312,6 +330,7 @@ impl Client {
             });
         }
         let config = read_info(info).ok_or(ClientError::LayoutMismatch)?;
+        let components = read_components(info).ok_or(ClientError::LayoutMismatch)?;
         let layout = SharedLayout::new(config).map_err(|_| ClientError::LayoutMismatch)?;
         if layout.ipc.hash != segment.info().layout_hash || layout.ipc.total_size != segment.len() {
             return Err(ClientError::LayoutMismatch);
@@ -330,6 +349,7 @@ impl Client {
         let client = Self {
             segment,
             layout,
+            components,
             slot: claim.index,
             generation: claim.generation,
             next: 0,
@@ -396,6 +416,11 @@ impl Client {
         self.layout.config.capacity
     }
 
+    /// The components the daemon's engine keeps beside FULL.
+    pub fn components(&self) -> Components {
+        self.components
+    }
+
     /// The `seq` of the request `n` requests after the next one.
     fn seq(&self, n: usize) -> u64 {
         let low = self.next.wrapping_add(n as u32);
@@ -434,12 +459,17 @@ impl Client {
         if self.to_return.is_empty() {
             return Ok(());
         }
-        let Returns { pages, handles } = std::mem::take(&mut self.to_return);
-        let mut giving = Vec::with_capacity(handles.len() + 1);
+        let Returns {
+            pages,
+            handles,
+            states,
+        } = std::mem::take(&mut self.to_return);
+        let mut giving = Vec::with_capacity(handles.len() + states.len() + 1);
         if !pages.is_empty() {
             giving.push(Request::Free { pages });
         }
         giving.extend(handles.into_iter().map(|handle| Request::Unlock { handle }));
+        giving.extend(states.into_iter().map(|state| Request::FreeState { state }));
         let (encoded, half) = self.encode(&giving);
         // Answers ignored: a page or lock already gone changes nothing.
         let mut ignored = Vec::new();
@@ -883,11 +913,18 @@ impl Client {
         };
         match self.call_anchored(call)? {
             None => Ok(None),
-            Some(Reply::Matched { len, handle, .. }) => Ok(Some(MatchResult {
-                len: len as usize,
-                pages,
-                handle: handle.map(Handle::from_raw),
-            })),
+            Some(Reply::Matched { len, handle, .. }) => {
+                // A hybrid engine cuts the match back to where every
+                // component serves it (SWA window, MAMBA state): the pages
+                // read are FULL's, so only those of the answer's length
+                // are the match's.
+                pages.truncate(len as usize / p);
+                Ok(Some(MatchResult {
+                    len: len as usize,
+                    pages,
+                    handle: handle.map(Handle::from_raw),
+                }))
+            }
             Some(other) => Err(unexpected(other)),
         }
     }
@@ -952,12 +989,146 @@ impl Client {
         pages: &[u32],
         lock: bool,
     ) -> Result<InsertResult, ClientError> {
-        if self.anchoring.on {
+        // A hybrid insert also recovers SWA tombstones along the whole key
+        // and checks the pages' SWA pairing: it goes whole, as
+        // `insert_with` does, so its answer never depends on the path.
+        if self.anchoring.on && self.components.is_full_only() {
             if let Some(r) = self.insert_anchored(tokens, pages, lock)? {
                 return Ok(r);
             }
         }
         inserted(self.send(Call::Insert(tokens, pages, lock))?)
+    }
+
+    /// [`Client::insert`] with the extras of a hybrid engine (see
+    /// [`crate::engine::Engine::insert_with`]): a state slot this client
+    /// owns to checkpoint at the key's end, and the leading tokens whose
+    /// SWA pages it freed. Always the full request.
+    pub fn insert_with(
+        &mut self,
+        tokens: &[u32],
+        pages: &[u32],
+        lock: bool,
+        extra: InsertExtra,
+    ) -> Result<(InsertResult, InsertedExtra), ClientError> {
+        self.last_match = None;
+        let call = Call::InsertWith {
+            tokens,
+            pages,
+            lock,
+            mamba_state: extra.mamba_state,
+            swa_evicted: extra.swa_evicted,
+        };
+        match self.send(call)? {
+            Reply::InsertedWith {
+                cached,
+                len,
+                handle,
+                mamba_exist,
+                ..
+            } => Ok((
+                InsertResult {
+                    cached: cached as usize,
+                    len: len as usize,
+                    handle: handle.map(Handle::from_raw),
+                },
+                InsertedExtra { mamba_exist },
+            )),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// [`Client::match_prefix`] with the hybrid parts of the answer: how
+    /// far FULL alone matched and the state slot the match ends at (see
+    /// [`crate::engine::Engine::match_with`]). Always the full request.
+    pub fn match_with(
+        &mut self,
+        tokens: &[u32],
+        lock: bool,
+    ) -> Result<(MatchResult, MatchExtra), ClientError> {
+        match self.send(Call::MatchWith(tokens, lock))? {
+            Reply::MatchedWith {
+                len,
+                pages,
+                handle,
+                full_len,
+                mamba_state,
+            } => {
+                let handle = handle.map(Handle::from_raw);
+                self.remember_match(tokens, (len as usize).min(tokens.len()), handle);
+                let m = MatchResult {
+                    len: len as usize,
+                    pages,
+                    handle,
+                };
+                let extra = MatchExtra {
+                    full_len: full_len as usize,
+                    mamba_state,
+                };
+                Ok((m, extra))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Evicts per component: `tokens` FULL tokens (leaves, with their SWA
+    /// pages and states), then SWA tokens and MAMBA states until the call
+    /// freed `swa_tokens` and `mamba_states` (see
+    /// [`crate::engine::Engine::evict_components`]).
+    pub fn evict_components(
+        &mut self,
+        tokens: u64,
+        swa_tokens: u64,
+        mamba_states: u64,
+    ) -> Result<Evicted, ClientError> {
+        let call = Call::EvictComponents {
+            tokens,
+            swa_tokens,
+            mamba_states,
+        };
+        match self.send(call)? {
+            Reply::EvictedComponents {
+                tokens,
+                swa_tokens,
+                mamba_states,
+            } => Ok(Evicted {
+                tokens,
+                swa_tokens,
+                mamba_states,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Takes a MAMBA state slot from the pool (evicting a cached state
+    /// when none is free).
+    pub fn alloc_state(&mut self) -> Result<u32, ClientError> {
+        match self.send(Call::AllocState)? {
+            Reply::State { state } => Ok(state),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Returns a state slot this client owns to the pool.
+    pub fn free_state(&mut self, state: u64) -> Result<(), ClientError> {
+        self.done(Call::FreeState(state))
+    }
+
+    /// Frees the SWA pages paired with `pages` (owned FULL pages whose
+    /// tokens slid out of the window); returns how many SWA pages went.
+    pub fn free_swa(&mut self, pages: &[u32]) -> Result<u64, ClientError> {
+        match self.send(Call::FreeSwa(pages))? {
+            Reply::SwaFreed { n } => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The secondary components' figures; `None` when only FULL is on.
+    pub fn component_stats(&mut self) -> Result<Option<ComponentStats>, ClientError> {
+        match self.send(Call::StatsWith)? {
+            Reply::StatsWith { components, .. } => Ok(components),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Remembers where the match of `tokens` that answered `len` tokens
@@ -1224,5 +1395,9 @@ impl crate::op::Backend for Client {
             ClientError::TooLarge { .. } => Rejection::new(ErrorKind::TooLarge, e.to_string()),
             e => Rejection::new(ErrorKind::Protocol, e.to_string()),
         })
+    }
+
+    fn components(&self) -> Components {
+        self.components
     }
 }

@@ -20,11 +20,11 @@ use radixd_ipc::{
     RingError, Scratch, Segment, SlotLocks, SlotTable, Spin, Tenancy, INFO_OFFSET,
 };
 
-use crate::engine::{ClientId, ConfigError, Engine, CORRUPT};
+use crate::engine::{ClientId, Components, ComponentsError, ConfigError, Engine, CORRUPT};
 use crate::op::{self, ErrorKind, Rejection, Request};
 use crate::shared::{
-    bucket_of, write_info, Info, LayoutProblem, LiveStats, SegmentConfig, SharedLayout, ShmGrace,
-    ShmRegion, HISTOGRAM_BUCKETS,
+    bucket_of, write_components, write_info, Info, LayoutProblem, LiveStats, SegmentConfig,
+    SharedLayout, ShmGrace, ShmRegion, HISTOGRAM_BUCKETS,
 };
 use crate::wire::{self, ScratchWindow, WireReply, WireRequest};
 
@@ -76,6 +76,9 @@ pub struct ServeConfig {
     pub reader_expiry: Duration,
     /// Publish KV events (`--kv-events`); `None`: nothing is recorded.
     pub events: Option<crate::events::EventsConfig>,
+    /// The components cached beside FULL (`--components`; FULL alone by
+    /// default).
+    pub components: Components,
 }
 
 impl Default for ServeConfig {
@@ -93,6 +96,7 @@ impl Default for ServeConfig {
             allow_reset: false,
             reader_expiry: READER_EXPIRY,
             events: None,
+            components: Components::full(),
         }
     }
 }
@@ -117,6 +121,8 @@ pub enum ServeError {
     Region(RegionError),
     Ring(RingError),
     Engine(ConfigError),
+    /// The components (`--components` and its companions) are refused.
+    Components(ComponentsError),
     /// The engine met shared data it cannot trust (a process wrote the
     /// segment behind the daemon's back): the daemon stopped serving and
     /// removed the segment.
@@ -138,6 +144,7 @@ impl fmt::Display for ServeError {
             Self::Region(e) => write!(f, "segment layout broken: {e}"),
             Self::Ring(e) => write!(f, "ring setup failed: {e}"),
             Self::Engine(e) => write!(f, "cannot build the engine: {e}"),
+            Self::Components(e) => write!(f, "bad components: {e}"),
             Self::Corrupted(m) => write!(
                 f,
                 "stopped: {m}; the segment was removed (restart the daemon)"
@@ -193,6 +200,9 @@ pub fn serve_reporting(
         clients: config.max_clients,
         scratch_bytes: config.scratch_bytes,
     };
+    // Checked before the segment exists: a refused configuration leaves
+    // nothing behind.
+    config.components.check().map_err(ServeError::Components)?;
     let layout = SharedLayout::new(seg_config).map_err(ServeError::Layout)?;
     let segment = Segment::create(
         &config.name,
@@ -219,6 +229,11 @@ pub fn serve_reporting(
         },
     ))?;
     let mut engine = Engine::in_region(region, layout.engine).map_err(ServeError::Engine)?;
+    if !config.components.is_full_only() {
+        engine
+            .set_components(config.components)
+            .map_err(ServeError::Components)?;
+    }
     // SAFETY: this daemon created the segment and is its only collector;
     // `engine`, which owns the grace, is declared after `segment` and so
     // dropped before it.
@@ -238,7 +253,8 @@ pub fn serve_reporting(
         .get(layout.ipc.daemon_doorbell)
         .map_err(ServeError::Region)?;
     write_info(info, &seg_config);
-    live.set_engine(&engine.stats(), 0);
+    write_components(info, &engine.components());
+    publish_figures(live, &engine);
     // Release: publishes the configuration and the formatted engine; pairs
     // with the Acquire load of `ready` in `Client::connect`.
     info.serving.store(1, Ordering::Release);
@@ -314,7 +330,7 @@ pub fn serve_reporting(
             last_publish = now;
             unpublished = false;
             service.tally.publish(live);
-            live.set_engine(&engine.stats(), engine.sessions() as u64);
+            publish_figures(live, &engine);
         }
         if now.duration_since(last_sweep) >= SWEEP {
             last_sweep = now;
@@ -325,7 +341,7 @@ pub fn serve_reporting(
             if let Some(ttl) = config.session_ttl {
                 guarded(|| engine.expire_sessions(ttl, now)).map_err(ServeError::Corrupted)?;
             }
-            live.set_engine(&engine.stats(), engine.sessions() as u64);
+            publish_figures(live, &engine);
             // An idle daemon has nothing to spin for: no need to look.
             if now.duration_since(last_work) < SWEEP {
                 load.sample();
@@ -359,6 +375,14 @@ pub fn serve_reporting(
     // Relaxed: informational; clients notice the dead daemon by its lock.
     info.stopping.store(1, Ordering::Relaxed);
     Ok(())
+}
+
+/// Publishes the engine's figures (and its components') for `radixd stat`.
+fn publish_figures<R: crate::engine::Region>(live: &LiveStats, engine: &Engine<R>) {
+    live.set_engine(&engine.stats(), engine.sessions() as u64);
+    if let Some(c) = engine.component_stats() {
+        live.set_components(&c);
+    }
 }
 
 fn peer<'s>(

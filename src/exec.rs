@@ -5,6 +5,7 @@ use std::io::{self, BufRead, Write};
 
 use serde_json::{json, Map, Value};
 
+use crate::engine::Components;
 use crate::op::{Backend, ErrorKind, Rejection, Reply, Request};
 
 /// Reads requests from `input` until it ends, answering each on `output`.
@@ -17,6 +18,7 @@ pub fn run(
 ) -> io::Result<()> {
     let mut input = input;
     let mut line = Vec::new();
+    let components = backend.components();
     loop {
         line.clear();
         if input.read_until(b'\n', &mut line)? == 0 {
@@ -25,8 +27,8 @@ pub fn run(
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let answer = match parse(&line) {
-            Ok(request) => render(backend.call(request)),
+        let answer = match parse_for(&line, &components) {
+            Ok(request) => render_for(backend.call(request), &components),
             Err(rejection) => render(Err(rejection)),
         };
         output.write_all(answer.as_bytes())?;
@@ -42,8 +44,18 @@ fn malformed(message: impl Into<String>) -> Rejection {
     Rejection::new(ErrorKind::Malformed, message)
 }
 
-/// Parses one request line.
+/// Parses one request line (for a full-only cache).
 pub fn parse(line: &[u8]) -> Result<Request, Rejection> {
+    parse_for(line, &Components::full())
+}
+
+/// Parses one request line for a cache keeping `components`: with a
+/// secondary component on, `match`, `insert`, `evict` and `stats` ask for
+/// the hybrid parts of their answers; on a full-only cache they are
+/// today's requests unless they name a component (which then fails with
+/// `component_off`).
+pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Rejection> {
+    let hybrid = !components.is_full_only();
     let value: Value =
         serde_json::from_slice(line).map_err(|e| malformed(format!("invalid JSON: {e}")))?;
     let Value::Object(obj) = value else {
@@ -58,24 +70,59 @@ pub fn parse(line: &[u8]) -> Result<Request, Rejection> {
     Ok(match op {
         "alloc" => Request::Alloc { n: f.u64("n")? },
         "free" => Request::Free { pages: f.pages()? },
-        "insert" => Request::Insert {
-            tokens: f.tokens()?,
-            pages: f.pages()?,
-            lock: f.flag("lock")?,
-        },
-        "match" => Request::Match {
-            tokens: f.tokens()?,
-            lock: f.flag("lock")?,
-        },
+        "insert" => {
+            let (tokens, pages, lock) = (f.tokens()?, f.pages()?, f.flag("lock")?);
+            let mamba_state = f.state_opt("mamba_state")?;
+            let swa_evicted = f.u64_or_zero("swa_evicted")?;
+            if hybrid || mamba_state.is_some() || swa_evicted > 0 {
+                Request::InsertWith {
+                    tokens,
+                    pages,
+                    lock,
+                    mamba_state,
+                    swa_evicted,
+                }
+            } else {
+                Request::Insert {
+                    tokens,
+                    pages,
+                    lock,
+                }
+            }
+        }
+        "match" => {
+            let (tokens, lock) = (f.tokens()?, f.flag("lock")?);
+            if hybrid {
+                Request::MatchWith { tokens, lock }
+            } else {
+                Request::Match { tokens, lock }
+            }
+        }
         "lock" => Request::Lock {
             handle: f.u64("handle")?,
         },
         "unlock" => Request::Unlock {
             handle: f.u64("handle")?,
         },
-        "evict" => Request::Evict {
-            tokens: f.u64("tokens")?,
+        "evict" => {
+            let tokens = f.u64("tokens")?;
+            let swa_tokens = f.u64_or_zero("swa_tokens")?;
+            let mamba_states = f.u64_or_zero("mamba_states")?;
+            if hybrid || swa_tokens > 0 || mamba_states > 0 {
+                Request::EvictComponents {
+                    tokens,
+                    swa_tokens,
+                    mamba_states,
+                }
+            } else {
+                Request::Evict { tokens }
+            }
+        }
+        "alloc_state" => Request::AllocState,
+        "free_state" => Request::FreeState {
+            state: f.u64("state")?,
         },
+        "free_swa" => Request::FreeSwa { pages: f.pages()? },
         "session_commit" => Request::SessionCommit {
             session: f.session()?,
             tokens: f.tokens()?,
@@ -87,6 +134,7 @@ pub fn parse(line: &[u8]) -> Result<Request, Rejection> {
         "session_status" => Request::SessionStatus {
             session: f.session()?,
         },
+        "stats" if hybrid => Request::StatsWith,
         "stats" => Request::Stats,
         "reset" => Request::Reset,
         "validate" => Request::Validate,
@@ -113,6 +161,29 @@ impl Fields<'_> {
         self.get(name)?
             .as_u64()
             .ok_or_else(|| malformed(format!("{name:?} must be a non-negative integer")))
+    }
+
+    /// An optional count: absent or `null` is 0.
+    fn u64_or_zero(&self, name: &str) -> Result<u64, Rejection> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => Ok(0),
+            Some(_) => self.u64(name),
+        }
+    }
+
+    /// An optional state slot: absent or `null` is none; one beyond any
+    /// pool is a slot the client cannot own.
+    fn state_opt(&self, name: &str) -> Result<Option<u32>, Rejection> {
+        let slot = match self.0.get(name) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(_) => self.u64(name)?,
+        };
+        u32::try_from(slot).map(Some).map_err(|_| {
+            Rejection::new(
+                ErrorKind::StateNotOwned,
+                format!("state slot {slot} is not owned by this client"),
+            )
+        })
     }
 
     fn flag(&self, name: &str) -> Result<bool, Rejection> {
@@ -163,8 +234,15 @@ impl Fields<'_> {
     }
 }
 
-/// The answer line for a result.
+/// The answer line for a result (of a full-only cache).
 pub fn render(result: Result<Reply, Rejection>) -> String {
+    render_for(result, &Components::full())
+}
+
+/// The answer line for a result of a cache keeping `components`: the
+/// hybrid fields of a component show only when it is on.
+pub fn render_for(result: Result<Reply, Rejection>, components: &Components) -> String {
+    let (swa, mamba) = (components.swa.is_some(), components.mamba.is_some());
     let value = match result {
         Err(r) => json!({"ok": false, "error": r.kind.name(), "message": r.message}),
         Ok(Reply::Pages(pages)) => json!({"ok": true, "pages": pages}),
@@ -203,6 +281,80 @@ pub fn render(result: Result<Reply, Rejection>) -> String {
             "evict_scanned": s.evict_scanned,
             "sessions": sessions,
         }),
+        Ok(Reply::MatchedWith {
+            len,
+            pages,
+            handle,
+            full_len,
+            mamba_state,
+        }) => {
+            let mut v = json!({"ok": true, "len": len, "pages": pages, "handle": handle});
+            v["full_kv_hit_length"] = json!(full_len);
+            if mamba {
+                v["mamba_state"] = json!(mamba_state);
+            }
+            v
+        }
+        Ok(Reply::InsertedWith {
+            cached,
+            len,
+            handle,
+            locked,
+            mamba_exist,
+        }) => {
+            let mut v = json!({"ok": true, "cached": cached, "len": len});
+            if locked {
+                v["handle"] = json!(handle);
+            }
+            if mamba {
+                v["mamba_exist"] = json!(mamba_exist);
+            }
+            v
+        }
+        Ok(Reply::EvictedComponents {
+            tokens,
+            swa_tokens,
+            mamba_states,
+        }) => json!({
+            "ok": true,
+            "evicted": tokens,
+            "swa_evicted": swa_tokens,
+            "mamba_evicted": mamba_states,
+        }),
+        Ok(Reply::State { state }) => json!({"ok": true, "state": state}),
+        Ok(Reply::SwaFreed { n }) => json!({"ok": true, "freed": n}),
+        Ok(Reply::StatsWith {
+            stats: s,
+            sessions,
+            components: c,
+        }) => {
+            let mut v = json!({
+                "ok": true,
+                "total_tokens": s.total_tokens,
+                "evictable_tokens": s.evictable_tokens,
+                "protected_tokens": s.protected_tokens,
+                "free_pages": s.free_pages,
+                "nodes": s.nodes,
+                "evict_scanned": s.evict_scanned,
+                "sessions": sessions,
+            });
+            if let Some(c) = c {
+                if swa {
+                    v["swa_evictable_tokens"] = json!(c.swa_evictable_tokens);
+                    v["swa_protected_tokens"] = json!(c.swa_protected_tokens);
+                    v["swa_free_pages"] = json!(c.swa_free_pages);
+                    v["evict_scanned_swa"] = json!(c.evict_scanned_swa);
+                }
+                if mamba {
+                    v["mamba_evictable_states"] = json!(c.mamba_evictable_states);
+                    v["mamba_protected_states"] = json!(c.mamba_protected_states);
+                    v["mamba_free_states"] = json!(c.mamba_free_states);
+                    v["evict_scanned_mamba"] = json!(c.evict_scanned_mamba);
+                }
+                v["components"] = json!(components.names());
+            }
+            v
+        }
     };
     value.to_string()
 }

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use radixd::bench::{self, BenchArgs, WorkerArgs};
 use radixd::daemon::{self, ServeConfig, Started};
-use radixd::engine::{Config, Engine};
+use radixd::engine::{Components, Config, Engine};
 use radixd::exec;
 use radixd::op::Local;
 use radixd::replay::{self, ReplayArgs};
@@ -86,6 +86,49 @@ struct ServeArgs {
     reader_expiry_ms: u64,
     #[command(flatten)]
     events: radixd::events::cli::ServeEventsArgs,
+    #[command(flatten)]
+    components: ComponentArgs,
+}
+
+/// `--components` and its companions (`serve` and `exec`).
+#[derive(clap::Args)]
+struct ComponentArgs {
+    /// What the cache keeps per node: full, full,swa (sliding-window
+    /// attention pages beside full attention) or full,mamba (recurrent
+    /// state slots beside full attention).
+    #[arg(long, default_value = "full")]
+    components: String,
+    /// SWA: the sliding window, in tokens (needed by full,swa).
+    #[arg(long, value_name = "TOKENS")]
+    swa_window: Option<u32>,
+    /// SWA: pages in the SWA pool [default: the FULL capacity].
+    #[arg(long, value_name = "PAGES")]
+    swa_capacity: Option<u32>,
+    /// MAMBA: state slots in the pool (needed by full,mamba).
+    #[arg(long, value_name = "SLOTS")]
+    mamba_capacity: Option<u32>,
+}
+
+impl ComponentArgs {
+    /// Whether any flag differs from its default.
+    fn given(&self) -> bool {
+        self.components.trim() != "full"
+            || self.swa_window.is_some()
+            || self.swa_capacity.is_some()
+            || self.mamba_capacity.is_some()
+    }
+
+    /// The components for an engine of `capacity` FULL pages.
+    fn parse(&self, capacity: u32) -> Result<Components, String> {
+        Components::parse(
+            &self.components,
+            self.swa_window,
+            self.swa_capacity,
+            self.mamba_capacity,
+            capacity,
+        )
+        .map_err(|e| e.to_string())
+    }
 }
 
 #[derive(clap::Args)]
@@ -153,6 +196,10 @@ struct ExecArgs {
     /// match ended (same answers; for comparison).
     #[arg(long, requires = "connect")]
     full_requests: bool,
+    /// In-process only (with --connect, the daemon's own `serve
+    /// --components` rule).
+    #[command(flatten)]
+    components: ComponentArgs,
 }
 
 fn exec(args: ExecArgs) -> Result<(), String> {
@@ -172,6 +219,16 @@ fn exec(args: ExecArgs) -> Result<(), String> {
                 ));
             }
         }
+        if args.components.given() {
+            let asked = args.components.parse(client.capacity())?;
+            if asked != client.components() {
+                return Err(format!(
+                    "--components {} disagrees with the daemon {name} (--components {}); leave it out",
+                    asked.names(),
+                    client.components().names()
+                ));
+            }
+        }
         return exec::run(&mut client, io::stdin().lock(), io::stdout().lock())
             .map_err(|e| e.to_string());
     }
@@ -179,7 +236,8 @@ fn exec(args: ExecArgs) -> Result<(), String> {
         page_size: args.page_size.unwrap_or(16),
         capacity: args.capacity.unwrap_or(65_536),
     };
-    let engine = Engine::new(config).map_err(|e| e.to_string())?;
+    let components = args.components.parse(config.capacity)?;
+    let engine = Engine::with_components(config, components).map_err(|e| e.to_string())?;
     let mut local = Local {
         engine,
         client: 0,
@@ -189,6 +247,7 @@ fn exec(args: ExecArgs) -> Result<(), String> {
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {
+    let components = args.components.parse(args.capacity)?;
     let config = ServeConfig {
         name: args.name,
         page_size: args.page_size,
@@ -201,18 +260,20 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         allow_reset: args.allow_reset,
         reader_expiry: Duration::from_millis(args.reader_expiry_ms),
         events: args.events.config(),
+        components,
     };
     signal::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     // Announced only once the segment exists and is ready: a configuration
     // error is never preceded by a "serving" line.
     let announce = |started: &Started| {
         eprintln!(
-            "radixd: serving {} ({}; page size {}, {} pages, {} clients{}{})",
+            "radixd: serving {} ({}; page size {}, {} pages, {} clients{}{}{})",
             started.path.display(),
             human_bytes(started.bytes),
             config.page_size,
             config.capacity,
             config.max_clients,
+            component_note(&config.components),
             if config.busy_poll { ", busy-poll" } else { "" },
             if config.allow_reset {
                 ", reset allowed"
@@ -222,6 +283,18 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         )
     };
     daemon::serve_reporting(&config, &signal::STOP, announce).map_err(|e| e.to_string())
+}
+
+/// The components part of the serving line (nothing for FULL alone).
+fn component_note(c: &Components) -> String {
+    let mut note = String::new();
+    if let Some(s) = c.swa {
+        note += &format!(", swa window {} tokens, {} swa pages", s.window, s.capacity);
+    }
+    if let Some(m) = c.mamba {
+        note += &format!(", {} mamba states", m.capacity);
+    }
+    note
 }
 
 #[cfg(all(feature = "kv-events", feature = "index"))]

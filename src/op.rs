@@ -5,8 +5,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::engine::{
-    Anchor, AnchorError, ClientId, ComponentError, Engine, HandleError, Inserted, PageError,
-    Region, SessionError, Stats,
+    Anchor, AnchorError, ClientId, ComponentError, ComponentStats, Components, Engine, HandleError,
+    InsertExtra, Inserted, InsertedExtra, PageError, Region, SessionError, Stats,
 };
 
 /// One request to the cache.
@@ -74,6 +74,44 @@ pub enum Request {
         pages: Vec<u32>,
         lock: bool,
     },
+    /// `match` with the hybrid parts of the answer ([`Engine::match_with`]):
+    /// answers [`Reply::MatchedWith`].
+    MatchWith {
+        tokens: Vec<u32>,
+        lock: bool,
+    },
+    /// `insert` with the extras of a hybrid engine ([`Engine::insert_with`]):
+    /// a state slot the client owns to checkpoint at the key's end, and the
+    /// leading tokens whose SWA pages the client freed (`free_swa`).
+    /// Answers [`Reply::InsertedWith`].
+    InsertWith {
+        tokens: Vec<u32>,
+        pages: Vec<u32>,
+        lock: bool,
+        mamba_state: Option<u32>,
+        swa_evicted: u64,
+    },
+    /// `evict` per component ([`Engine::evict_components`]): answers
+    /// [`Reply::EvictedComponents`].
+    EvictComponents {
+        tokens: u64,
+        swa_tokens: u64,
+        mamba_states: u64,
+    },
+    /// `alloc_state`: one MAMBA state slot for the caller ([`Reply::State`]).
+    AllocState,
+    /// `free_state`: gives back a state slot the caller owns.
+    FreeState {
+        state: u64,
+    },
+    /// `free_swa`: frees the SWA pages paired with owned FULL pages
+    /// ([`Reply::SwaFreed`]).
+    FreeSwa {
+        pages: Vec<u32>,
+    },
+    /// `stats` with the secondary components' figures
+    /// ([`Reply::StatsWith`]).
+    StatsWith,
 }
 
 /// The answer to a successful request.
@@ -103,6 +141,42 @@ pub enum Reply {
     Session { resident_tokens: u64, idle_ms: u64 },
     /// `stats`.
     Stats { stats: Stats, sessions: u64 },
+    /// `MatchWith`: `Matched` and how far FULL alone matched
+    /// (`full_len`, SGLang's `full_kv_hit_length`) and the state slot the
+    /// match ends at (MAMBA on).
+    MatchedWith {
+        len: u64,
+        pages: Vec<u32>,
+        handle: Option<u64>,
+        full_len: u64,
+        mamba_state: Option<u32>,
+    },
+    /// `InsertWith`: `Inserted` and whether the key's node held a state
+    /// already, so the one given went back to the pool.
+    InsertedWith {
+        cached: u64,
+        len: u64,
+        handle: Option<u64>,
+        locked: bool,
+        mamba_exist: bool,
+    },
+    /// `EvictComponents`: what went, per component.
+    EvictedComponents {
+        tokens: u64,
+        swa_tokens: u64,
+        mamba_states: u64,
+    },
+    /// `alloc_state`: the slot now owned by the caller.
+    State { state: u32 },
+    /// `free_swa`: SWA pages freed.
+    SwaFreed { n: u64 },
+    /// `StatsWith`: `Stats` and the secondary components' figures (`None`
+    /// when only FULL is on).
+    StatsWith {
+        stats: Stats,
+        sessions: u64,
+        components: Option<ComponentStats>,
+    },
 }
 
 /// Longest session id, in bytes.
@@ -140,6 +214,12 @@ impl Reply {
             Self::Evicted(_) => "evicted",
             Self::Session { .. } => "session",
             Self::Stats { .. } => "stats",
+            Self::MatchedWith { .. } => "matched_with",
+            Self::InsertedWith { .. } => "inserted_with",
+            Self::EvictedComponents { .. } => "evicted_components",
+            Self::State { .. } => "state",
+            Self::SwaFreed { .. } => "swa_freed",
+            Self::StatsWith { .. } => "stats_with",
         }
     }
 }
@@ -373,7 +453,10 @@ impl Spare {
 
     /// Gives back the lists of an answer once it has been sent.
     pub fn keep_reply(&mut self, reply: Result<Reply, Rejection>) {
-        if let Ok(Reply::Pages(pages) | Reply::Matched { pages, .. }) = reply {
+        if let Ok(
+            Reply::Pages(pages) | Reply::Matched { pages, .. } | Reply::MatchedWith { pages, .. },
+        ) = reply
+        {
             self.keep(pages);
         }
     }
@@ -501,7 +584,76 @@ pub fn apply_with<R: Region>(
             spare.keep(pages);
             inserted(r?, lock)
         }
+        Request::MatchWith { tokens, lock } => {
+            let mut pages = spare.list();
+            let (r, extra) = engine.match_with(client, &tokens, lock, &mut pages);
+            spare.keep(tokens);
+            Reply::MatchedWith {
+                len: r.len as u64,
+                pages,
+                handle: r.handle.map(|h| h.to_raw()),
+                full_len: extra.full_len as u64,
+                mamba_state: extra.mamba_state,
+            }
+        }
+        Request::InsertWith {
+            tokens,
+            pages,
+            lock,
+            mamba_state,
+            swa_evicted,
+        } => {
+            let extra = InsertExtra {
+                mamba_state,
+                swa_evicted,
+            };
+            let r = engine.insert_with(client, &tokens, &pages, lock, extra);
+            spare.keep(tokens);
+            spare.keep(pages);
+            let (r, ie) = r?;
+            inserted_with(r, lock, ie)
+        }
+        Request::EvictComponents {
+            tokens,
+            swa_tokens,
+            mamba_states,
+        } => {
+            let e = engine.evict_components(tokens, swa_tokens, mamba_states)?;
+            Reply::EvictedComponents {
+                tokens: e.tokens,
+                swa_tokens: e.swa_tokens,
+                mamba_states: e.mamba_states,
+            }
+        }
+        Request::AllocState => Reply::State {
+            state: engine.alloc_state(client)?,
+        },
+        Request::FreeState { state } => {
+            engine.free_state(client, state)?;
+            Reply::Done
+        }
+        Request::FreeSwa { pages } => {
+            let freed = engine.free_swa(client, &pages);
+            spare.keep(pages);
+            Reply::SwaFreed { n: freed? }
+        }
+        Request::StatsWith => Reply::StatsWith {
+            stats: engine.stats(),
+            sessions: engine.sessions() as u64,
+            components: engine.component_stats(),
+        },
     })
+}
+
+/// The answer to an `InsertWith` that did `r` and `extra`.
+fn inserted_with(r: Inserted, locked: bool, extra: InsertedExtra) -> Reply {
+    Reply::InsertedWith {
+        cached: r.cached as u64,
+        len: r.len as u64,
+        handle: r.handle.map(|h| h.to_raw()),
+        locked,
+        mamba_exist: extra.mamba_exist,
+    }
 }
 
 /// The answer to an insert that did `r` (and locked when `locked`).
@@ -518,6 +670,12 @@ fn inserted(r: Inserted, locked: bool) -> Reply {
 pub trait Backend {
     /// Carries out one request.
     fn call(&mut self, request: Request) -> Result<Reply, Rejection>;
+
+    /// The components the cache keeps beside FULL (what `exec` asks for
+    /// and prints depends on them).
+    fn components(&self) -> Components {
+        Components::full()
+    }
 }
 
 /// An in-process engine serving one client.
@@ -534,5 +692,9 @@ impl<R: Region> Backend for Local<R> {
             self.engine.expire_sessions(ttl, Instant::now());
         }
         apply(&mut self.engine, self.client, request)
+    }
+
+    fn components(&self) -> Components {
+        self.engine.components()
     }
 }

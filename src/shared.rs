@@ -24,14 +24,17 @@ use radixd_ipc::{
 };
 
 use crate::engine::layout::ENGINE_VERSION;
-use crate::engine::{EngineLayout, Region, Stats, REGION_ALIGN};
+use crate::engine::{
+    ComponentStats, Components, EngineLayout, MambaConfig, Region, Stats, SwaConfig, REGION_ALIGN,
+};
 pub use crate::readers::ShmGrace;
 use crate::wire::{WireReply, WireRequest};
 
 /// Version of radixd's own structures (`Info`, `LiveStats`, the wire
 /// records and the ops they carry, the engine layout); mixed into the
-/// layout hash. 3: the anchored ops `MatchAt`/`InsertAt` and `aux`.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// layout hash. 3: the anchored ops `MatchAt`/`InsertAt` and `aux`; 4:
+/// the component ops and `Info`'s components.
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Requests (and replies) a client may have in flight.
 pub const RING_CAPACITY: u32 = 64;
 
@@ -48,8 +51,20 @@ pub struct Info {
     pub scratch_bytes: AtomicU64,
     /// Set when the daemon shuts down cleanly.
     pub stopping: AtomicU64,
-    pub _reserved: [AtomicU64; 25],
+    /// The secondary components the engine keeps: [`COMPONENT_SWA`] |
+    /// [`COMPONENT_MAMBA`] (0: FULL alone), with their settings below
+    /// (zero for a component that is off).
+    pub components: AtomicU64,
+    pub swa_window: AtomicU64,
+    pub swa_capacity: AtomicU64,
+    pub mamba_capacity: AtomicU64,
+    pub _reserved: [AtomicU64; 21],
 }
+
+/// Bit of [`Info::components`]: SWA is on.
+pub const COMPONENT_SWA: u64 = 1;
+/// Bit of [`Info::components`]: MAMBA is on.
+pub const COMPONENT_MAMBA: u64 = 2;
 
 const _: () = assert!(size_of::<Info>() as u64 == INFO_BYTES);
 
@@ -85,7 +100,14 @@ pub struct LiveStats {
     /// Service time of one request in `daemon::TIME_EVERY` (16), log-linear
     /// buckets ([`bucket_of`]).
     pub service_ns: [AtomicU64; HISTOGRAM_BUCKETS],
+    /// The secondary components' figures ([`ComponentStats`] in
+    /// declaration order), refreshed with `engine`; zero when only FULL is
+    /// on.
+    pub components: [AtomicU64; COMPONENT_FIGURES],
 }
+
+/// Figures of [`ComponentStats`] in [`LiveStats::components`].
+pub const COMPONENT_FIGURES: usize = 8;
 
 /// Bytes set aside for [`LiveStats`] at the start of the user area.
 const LIVE_STATS_BYTES: u64 = 4096;
@@ -132,6 +154,41 @@ impl LiveStats {
         for (slot, v) in self.engine.iter().zip(values) {
             // Relaxed: independent gauges, read as a best-effort snapshot.
             slot.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// Publishes the secondary components' figures.
+    pub fn set_components(&self, c: &ComponentStats) {
+        let values = [
+            c.swa_evictable_tokens,
+            c.swa_protected_tokens,
+            c.swa_free_pages,
+            c.mamba_evictable_states,
+            c.mamba_protected_states,
+            c.mamba_free_states,
+            c.evict_scanned_swa,
+            c.evict_scanned_mamba,
+        ];
+        for (slot, v) in self.components.iter().zip(values) {
+            // Relaxed: independent gauges, read as a best-effort snapshot.
+            slot.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads the secondary components' figures back.
+    pub fn components(&self) -> ComponentStats {
+        // Relaxed: independent gauges.
+        let [swa_evictable_tokens, swa_protected_tokens, swa_free_pages, mamba_evictable_states, mamba_protected_states, mamba_free_states, evict_scanned_swa, evict_scanned_mamba] =
+            std::array::from_fn(|i| self.components[i].load(Ordering::Relaxed));
+        ComponentStats {
+            swa_evictable_tokens,
+            swa_protected_tokens,
+            swa_free_pages,
+            mamba_evictable_states,
+            mamba_protected_states,
+            mamba_free_states,
+            evict_scanned_swa,
+            evict_scanned_mamba,
         }
     }
 
@@ -307,6 +364,49 @@ pub fn read_info(info: &Info) -> Option<SegmentConfig> {
     })
 }
 
+/// Writes the engine's `components` into `info` (before `serving`).
+pub fn write_components(info: &Info, components: &Components) {
+    let bits = components.swa.map_or(0, |_| COMPONENT_SWA)
+        | components.mamba.map_or(0, |_| COMPONENT_MAMBA);
+    let swa = components.swa.unwrap_or(SwaConfig {
+        window: 0,
+        capacity: 0,
+    });
+    let mamba = components.mamba.map_or(0, |m| m.capacity);
+    // Relaxed: published by the Release store of `serving`.
+    info.components.store(bits, Ordering::Relaxed);
+    info.swa_window
+        .store(u64::from(swa.window), Ordering::Relaxed);
+    info.swa_capacity
+        .store(u64::from(swa.capacity), Ordering::Relaxed);
+    info.mamba_capacity
+        .store(u64::from(mamba), Ordering::Relaxed);
+}
+
+/// Reads the components from a serving `info`; `None` if they do not
+/// make a valid configuration.
+pub fn read_components(info: &Info) -> Option<Components> {
+    // Relaxed: the caller's Acquire load of `serving` ordered these.
+    let get = |x: &AtomicU64| u32::try_from(x.load(Ordering::Relaxed)).ok();
+    let bits = info.components.load(Ordering::Relaxed);
+    if bits & !(COMPONENT_SWA | COMPONENT_MAMBA) != 0 {
+        return None;
+    }
+    let mut c = Components::full();
+    if bits & COMPONENT_SWA != 0 {
+        c.swa = Some(SwaConfig {
+            window: get(&info.swa_window)?,
+            capacity: get(&info.swa_capacity)?,
+        });
+    }
+    if bits & COMPONENT_MAMBA != 0 {
+        c.mamba = Some(MambaConfig {
+            capacity: get(&info.mamba_capacity)?,
+        });
+    }
+    c.check().ok().map(|()| c)
+}
+
 /// The engine region inside a mapped segment (daemon side).
 pub struct ShmRegion<'s> {
     ptr: NonNull<u8>,
@@ -376,5 +476,34 @@ mod tests {
         assert_eq!(a.engine_at % 4096, 0);
         assert!(SharedLayout::new(SegmentConfig { clients: 0, ..c }).is_err());
         assert!(SharedLayout::new(SegmentConfig { page_size: 0, ..c }).is_err());
+    }
+
+    #[test]
+    fn components_round_trip_through_info_and_garbage_is_refused() {
+        let info = Info::default();
+        for c in [
+            Components::full(),
+            Components {
+                swa: Some(SwaConfig {
+                    window: 512,
+                    capacity: 77,
+                }),
+                mamba: None,
+            },
+            Components {
+                swa: None,
+                mamba: Some(MambaConfig { capacity: 9 }),
+            },
+        ] {
+            write_components(&info, &c);
+            assert_eq!(read_components(&info), Some(c));
+        }
+        info.components.store(4, Ordering::Relaxed);
+        assert_eq!(read_components(&info), None);
+        info.components.store(COMPONENT_SWA, Ordering::Relaxed);
+        info.swa_window.store(0, Ordering::Relaxed);
+        assert_eq!(read_components(&info), None);
+        info.swa_window.store(1 << 40, Ordering::Relaxed);
+        assert_eq!(read_components(&info), None);
     }
 }

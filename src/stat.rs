@@ -7,7 +7,7 @@ use std::time::Duration;
 use radixd_ipc::sync::Ordering;
 use radixd_ipc::{Offset, Segment, INFO_OFFSET};
 
-use crate::shared::{bucket_floor, read_info, Info, LiveStats, SharedLayout};
+use crate::shared::{bucket_floor, read_components, read_info, Info, LiveStats, SharedLayout};
 
 /// Why the figures could not be read.
 #[derive(Debug)]
@@ -88,6 +88,7 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
         return Err(unreadable(&"the daemon is still starting"));
     }
     let config = read_info(info).ok_or_else(|| unreadable(&"bad configuration"))?;
+    let components = read_components(info).ok_or_else(|| unreadable(&"bad components"))?;
     let layout = SharedLayout::new(config).map_err(|e| unreadable(&e))?;
     if layout.ipc.hash != segment.info().layout_hash {
         return Err(unreadable(&"layout mismatch"));
@@ -118,8 +119,14 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
         "daemon      pid {} on /dev/shm/{name}",
         segment.info().daemon_pid
     );
+    // FULL alone prints as it always did.
+    let named = if components.is_full_only() {
+        String::new()
+    } else {
+        format!(", components {}", components.names())
+    };
     println!(
-        "config      page size {}, {} pages, {} client slots",
+        "config      page size {}, {} pages, {} client slots{named}",
         config.page_size, config.capacity, config.clients
     );
     println!(
@@ -159,6 +166,28 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
         "evictions   {} pages, {} nodes visited",
         engine.evicted_pages, engine.evict_scanned
     );
+    let c = live.components();
+    if let Some(s) = components.swa {
+        println!(
+            "swa         window {} tokens; {} of {} pages free; {} tokens evictable, {} locked; {} nodes visited by evictions",
+            s.window,
+            c.swa_free_pages,
+            s.capacity,
+            c.swa_evictable_tokens,
+            c.swa_protected_tokens,
+            c.evict_scanned_swa
+        );
+    }
+    if let Some(m) = components.mamba {
+        println!(
+            "mamba       {} of {} states free; {} evictable, {} locked; {} nodes visited by evictions",
+            c.mamba_free_states,
+            m.capacity,
+            c.mamba_evictable_states,
+            c.mamba_protected_states,
+            c.evict_scanned_mamba
+        );
+    }
     if let (true, batches, overflows) = after.events {
         println!(
             "kv events   {batches} batches published, {overflows} queue overflows (each resynced)"

@@ -19,7 +19,7 @@ use std::mem::size_of;
 
 use radixd_ipc::{copy, Scratch, ScratchError};
 
-use crate::engine::{Anchor, Handle, Stats};
+use crate::engine::{Anchor, ComponentStats, Handle, Stats};
 use crate::op::{check_session_id, check_session_len, ErrorKind, Rejection, Reply, Request, Spare};
 
 /// A request's payload window in a client's scratch area, checked to lie
@@ -91,6 +91,13 @@ mod opcode {
     pub const VALIDATE: u32 = 13;
     pub const MATCH_AT: u32 = 14;
     pub const INSERT_AT: u32 = 15;
+    pub const MATCH_WITH: u32 = 16;
+    pub const INSERT_WITH: u32 = 17;
+    pub const EVICT_COMPONENTS: u32 = 18;
+    pub const ALLOC_STATE: u32 = 19;
+    pub const FREE_STATE: u32 = 20;
+    pub const FREE_SWA: u32 = 21;
+    pub const STATS_WITH: u32 = 22;
 }
 
 /// Reply kinds.
@@ -102,6 +109,12 @@ mod kind {
     pub const EVICTED: u32 = 5;
     pub const SESSION: u32 = 6;
     pub const STATS: u32 = 7;
+    pub const MATCHED_WITH: u32 = 8;
+    pub const INSERTED_WITH: u32 = 9;
+    pub const EVICTED_COMPONENTS: u32 = 10;
+    pub const STATE: u32 = 11;
+    pub const SWA_FREED: u32 = 12;
+    pub const STATS_WITH: u32 = 13;
 }
 
 /// `flags` bit: the request asks for a lock.
@@ -111,6 +124,10 @@ const FLAG_HANDLE: u32 = 2;
 /// `flags` bit of a reply: the payload is the first `payload_len` bytes of
 /// `inline`, not in the reply window.
 const FLAG_INLINE: u32 = 4;
+/// `flags` bit of a reply: the hybrid extra is there (`MatchedWith`: the
+/// payload's last word is the state slot; `InsertedWith`: `mamba_exist`;
+/// `StatsWith`: the components' figures follow the engine's).
+const FLAG_EXTRA: u32 = 8;
 
 /// Largest answer payload carried in the reply record itself.
 pub const INLINE_BYTES: usize = 8;
@@ -138,15 +155,20 @@ pub struct WireRequest {
     pub seq: u64,
     pub op: u32,
     pub flags: u32,
-    /// `n` of alloc, handle of lock/unlock, tokens of evict; for the
-    /// anchored ops the anchor's node as a handle (index | generation << 32).
+    /// `n` of alloc, handle of lock/unlock, tokens of evict (and of
+    /// evict_components), `swa_evicted` of insert_with, the slot of
+    /// free_state; for the anchored ops the anchor's node as a handle
+    /// (index | generation << 32).
     pub arg: u64,
     /// Payload window in the request scratch, in bytes.
     pub payload_off: u32,
     pub payload_len: u32,
     /// The payload is `n_tokens` tokens, `n_pages` pages, then the session
     /// id, or for the anchored ops the anchor's words: matched pages, and
-    /// for `MatchAt` the next page's hash when the reader had one.
+    /// for `MatchAt` the next page's hash when the reader had one; for
+    /// `InsertWith` the state slot when there is one; for
+    /// `EvictComponents` `swa_tokens` and `mamba_states` (two words each,
+    /// low first).
     pub n_tokens: u32,
     pub n_pages: u32,
     /// Window of the reply scratch the answer may use, in bytes.
@@ -195,15 +217,17 @@ pub struct EncodedRequest<'r> {
     pub reply_need: usize,
     pub tokens: &'r [u32],
     pub pages: &'r [u32],
-    /// The anchored ops' words after the pages (see [`WireRequest`]).
+    /// The words after the pages of the anchored and component ops (see
+    /// [`WireRequest`]).
     pub anchor_words: AnchorWords,
     pub session: &'r [u8],
 }
 
-/// Up to two words of an anchored request's payload.
+/// Up to four words of a request's payload after its pages (anchored
+/// and component ops).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AnchorWords {
-    words: [u32; 2],
+    words: [u32; 4],
     len: usize,
 }
 
@@ -310,6 +334,47 @@ pub fn reply_need(request: &Request, page_size: u32, capacity: u32) -> usize {
 /// Size of the stats answer.
 const STATS_BYTES: usize = (Stats::LEN + 1) * 8;
 
+/// Figures of [`ComponentStats`] on the wire.
+const COMPONENT_FIGURES: usize = 8;
+
+/// Size of the stats-with-components answer with the components' figures.
+const STATS_WITH_BYTES: usize = STATS_BYTES + COMPONENT_FIGURES * 8;
+
+/// The figures of `c` in declaration order.
+fn component_array(c: &ComponentStats) -> [u64; COMPONENT_FIGURES] {
+    [
+        c.swa_evictable_tokens,
+        c.swa_protected_tokens,
+        c.swa_free_pages,
+        c.mamba_evictable_states,
+        c.mamba_protected_states,
+        c.mamba_free_states,
+        c.evict_scanned_swa,
+        c.evict_scanned_mamba,
+    ]
+}
+
+/// The inverse of [`component_array`].
+fn component_stats(a: [u64; COMPONENT_FIGURES]) -> ComponentStats {
+    let [swa_evictable_tokens, swa_protected_tokens, swa_free_pages, mamba_evictable_states, mamba_protected_states, mamba_free_states, evict_scanned_swa, evict_scanned_mamba] =
+        a;
+    ComponentStats {
+        swa_evictable_tokens,
+        swa_protected_tokens,
+        swa_free_pages,
+        mamba_evictable_states,
+        mamba_protected_states,
+        mamba_free_states,
+        evict_scanned_swa,
+        evict_scanned_mamba,
+    }
+}
+
+/// The two words of `x`, low first.
+fn split64(x: u64) -> [u32; 2] {
+    [x as u32, (x >> 32) as u32]
+}
+
 /// A request as a client sends it: borrowed from the caller's slices, so
 /// posting one copies its tokens only once, into the scratch window.
 #[derive(Clone, Copy, Debug)]
@@ -342,6 +407,24 @@ pub enum Call<'a> {
         pages: &'a [u32],
         lock: bool,
     },
+    MatchWith(&'a [u32], bool),
+    /// See [`Request::InsertWith`].
+    InsertWith {
+        tokens: &'a [u32],
+        pages: &'a [u32],
+        lock: bool,
+        mamba_state: Option<u32>,
+        swa_evicted: u64,
+    },
+    EvictComponents {
+        tokens: u64,
+        swa_tokens: u64,
+        mamba_states: u64,
+    },
+    AllocState,
+    FreeState(u64),
+    FreeSwa(&'a [u32]),
+    StatsWith,
 }
 
 impl<'a> Call<'a> {
@@ -393,6 +476,33 @@ impl<'a> Call<'a> {
                 pages,
                 lock: *lock,
             },
+            Request::MatchWith { tokens, lock } => Self::MatchWith(tokens, *lock),
+            Request::InsertWith {
+                tokens,
+                pages,
+                lock,
+                mamba_state,
+                swa_evicted,
+            } => Self::InsertWith {
+                tokens,
+                pages,
+                lock: *lock,
+                mamba_state: *mamba_state,
+                swa_evicted: *swa_evicted,
+            },
+            Request::EvictComponents {
+                tokens,
+                swa_tokens,
+                mamba_states,
+            } => Self::EvictComponents {
+                tokens: *tokens,
+                swa_tokens: *swa_tokens,
+                mamba_states: *mamba_states,
+            },
+            Request::AllocState => Self::AllocState,
+            Request::FreeState { state } => Self::FreeState(*state),
+            Request::FreeSwa { pages } => Self::FreeSwa(pages),
+            Request::StatsWith => Self::StatsWith,
         }
     }
 
@@ -402,7 +512,10 @@ impl<'a> Call<'a> {
         match self {
             Self::Alloc(n) => (*n).min(u64::from(capacity)) as usize * 4,
             Self::Match(tokens, _) => tokens.len() / page_size.max(1) as usize * 4,
+            // The pages and the state slot.
+            Self::MatchWith(tokens, _) => (tokens.len() / page_size.max(1) as usize + 1) * 4,
             Self::Stats => STATS_BYTES,
+            Self::StatsWith => STATS_WITH_BYTES,
             _ => 0,
         }
     }
@@ -438,6 +551,21 @@ impl<'a> Call<'a> {
                 lock: l,
                 ..
             } => (opcode::INSERT_AT, 0, lock(l), tokens, pages, ""),
+            Self::MatchWith(tokens, l) => (opcode::MATCH_WITH, 0, lock(l), tokens, none, ""),
+            Self::InsertWith {
+                tokens,
+                pages,
+                lock: l,
+                swa_evicted,
+                ..
+            } => (opcode::INSERT_WITH, swa_evicted, lock(l), tokens, pages, ""),
+            Self::EvictComponents { tokens, .. } => {
+                (opcode::EVICT_COMPONENTS, tokens, 0, none, none, "")
+            }
+            Self::AllocState => (opcode::ALLOC_STATE, 0, 0, none, none, ""),
+            Self::FreeState(state) => (opcode::FREE_STATE, state, 0, none, none, ""),
+            Self::FreeSwa(pages) => (opcode::FREE_SWA, 0, 0, none, pages, ""),
+            Self::StatsWith => (opcode::STATS_WITH, 0, 0, none, none, ""),
         };
         let mut e = EncodedRequest {
             record: WireRequest {
@@ -463,7 +591,7 @@ impl<'a> Call<'a> {
             } => {
                 set_anchor(&mut e.record, &anchor);
                 e.anchor_words = AnchorWords {
-                    words: [matched_pages, next_hash.unwrap_or(0)],
+                    words: [matched_pages, next_hash.unwrap_or(0), 0, 0],
                     len: 1 + usize::from(next_hash.is_some()),
                 };
             }
@@ -474,8 +602,28 @@ impl<'a> Call<'a> {
             } => {
                 set_anchor(&mut e.record, &anchor);
                 e.anchor_words = AnchorWords {
-                    words: [matched_pages, 0],
+                    words: [matched_pages, 0, 0, 0],
                     len: 1,
+                };
+            }
+            Self::InsertWith {
+                mamba_state: Some(state),
+                ..
+            } => {
+                e.anchor_words = AnchorWords {
+                    words: [state, 0, 0, 0],
+                    len: 1,
+                };
+            }
+            Self::EvictComponents {
+                swa_tokens,
+                mamba_states,
+                ..
+            } => {
+                let ([s0, s1], [m0, m1]) = (split64(swa_tokens), split64(mamba_states));
+                e.anchor_words = AnchorWords {
+                    words: [s0, s1, m0, m1],
+                    len: 4,
                 };
             }
             _ => {}
@@ -572,6 +720,27 @@ pub fn decode_request<P: Payload + ?Sized>(
             _ => Err(malformed("short anchor words")),
         }
     };
+    // The component ops' words after the pages: exactly `n` of them.
+    let tail_words = |spare: &mut Spare, n: usize| -> Result<[u32; 4], Rejection> {
+        if tail != n * 4 {
+            return Err(malformed(format!(
+                "{tail} bytes after the pages, not {n} words"
+            )));
+        }
+        let mut got = spare.list();
+        let read = payload.words(pages_end, n, &mut got);
+        let mut out = [0; 4];
+        for (o, w) in out.iter_mut().zip(&got) {
+            *o = *w;
+        }
+        let short = got.len() != n;
+        spare.keep(got);
+        read?;
+        if short {
+            return Err(malformed("short words after the pages"));
+        }
+        Ok(out)
+    };
     let anchor = || {
         let node = Handle::from_raw(r.arg);
         Anchor {
@@ -656,6 +825,45 @@ pub fn decode_request<P: Payload + ?Sized>(
                 lock,
             }
         }
+        opcode::MATCH_WITH => {
+            exact(true, false, false)?;
+            Request::MatchWith {
+                tokens: list(spare, 0, r.n_tokens)?,
+                lock,
+            }
+        }
+        opcode::INSERT_WITH => {
+            exact(true, true, true)?;
+            let mamba_state = match tail {
+                0 => None,
+                _ => Some(tail_words(spare, 1)?[0]),
+            };
+            Request::InsertWith {
+                tokens: list(spare, 0, r.n_tokens)?,
+                pages: list(spare, tokens_end, r.n_pages)?,
+                lock,
+                mamba_state,
+                swa_evicted: r.arg,
+            }
+        }
+        opcode::EVICT_COMPONENTS => {
+            exact(false, false, true)?;
+            let [s0, s1, m0, m1] = tail_words(spare, 4)?;
+            Request::EvictComponents {
+                tokens: r.arg,
+                swa_tokens: u64::from(s0) | u64::from(s1) << 32,
+                mamba_states: u64::from(m0) | u64::from(m1) << 32,
+            }
+        }
+        opcode::ALLOC_STATE => none().map(|()| Request::AllocState)?,
+        opcode::FREE_STATE => none().map(|()| Request::FreeState { state: r.arg })?,
+        opcode::FREE_SWA => {
+            exact(false, true, false)?;
+            Request::FreeSwa {
+                pages: list(spare, tokens_end, r.n_pages)?,
+            }
+        }
+        opcode::STATS_WITH => none().map(|()| Request::StatsWith)?,
         op => {
             return Err(Rejection::new(
                 ErrorKind::UnknownOp,
@@ -669,6 +877,8 @@ pub fn decode_request<P: Payload + ?Sized>(
             | Request::Match { .. }
             | Request::MatchAt { .. }
             | Request::InsertAt { .. }
+            | Request::MatchWith { .. }
+            | Request::InsertWith { .. }
     );
     if lock && !lockable {
         return Err(malformed("only insert and match take a lock flag"));
@@ -736,6 +946,67 @@ pub fn encode_reply(
                 payload.extend_from_slice(&x.to_ne_bytes());
             }
         }
+        Ok(Reply::MatchedWith {
+            len,
+            pages,
+            handle,
+            full_len,
+            mamba_state,
+        }) => {
+            w.kind = kind::MATCHED_WITH;
+            (w.a, w.b) = (*len, *full_len);
+            set_handle(&mut w, *handle, false);
+            push_u32s(payload, pages);
+            if let Some(state) = mamba_state {
+                w.flags |= FLAG_EXTRA;
+                payload.extend_from_slice(&state.to_ne_bytes());
+            }
+        }
+        Ok(Reply::InsertedWith {
+            cached,
+            len,
+            handle,
+            locked,
+            mamba_exist,
+        }) => {
+            w.kind = kind::INSERTED_WITH;
+            (w.a, w.b) = (*cached, *len);
+            set_handle(&mut w, *handle, *locked);
+            if *mamba_exist {
+                w.flags |= FLAG_EXTRA;
+            }
+        }
+        Ok(Reply::EvictedComponents {
+            tokens,
+            swa_tokens,
+            mamba_states,
+        }) => {
+            w.kind = kind::EVICTED_COMPONENTS;
+            (w.a, w.b, w.c) = (*tokens, *swa_tokens, *mamba_states);
+        }
+        Ok(Reply::State { state }) => {
+            w.kind = kind::STATE;
+            w.a = u64::from(*state);
+        }
+        Ok(Reply::SwaFreed { n }) => {
+            w.kind = kind::SWA_FREED;
+            w.a = *n;
+        }
+        Ok(Reply::StatsWith {
+            stats: s,
+            sessions,
+            components,
+        }) => {
+            w.kind = kind::STATS_WITH;
+            let figures = components.as_ref().map(component_array);
+            if figures.is_some() {
+                w.flags |= FLAG_EXTRA;
+            }
+            let all = s.to_array().into_iter().chain([*sessions]);
+            for x in all.chain(figures.into_iter().flatten()) {
+                payload.extend_from_slice(&x.to_ne_bytes());
+            }
+        }
     }
     w.payload_len = payload.len() as u32;
     if payload.len() <= INLINE_BYTES {
@@ -793,6 +1064,9 @@ pub enum BadReply {
     StatsSize(usize),
     /// A reply kind this client does not know.
     UnknownKind(u32),
+    /// A field out of its range (a state slot beyond 32 bits, a missing
+    /// state word).
+    BadField(&'static str),
 }
 
 impl std::fmt::Display for BadReply {
@@ -802,8 +1076,12 @@ impl std::fmt::Display for BadReply {
             Self::PayloadLength => f.write_str("payload length disagrees with the record"),
             Self::UnknownError(code) => write!(f, "unknown error code {code}"),
             Self::RaggedPages => f.write_str("page list is not whole u32s"),
-            Self::StatsSize(n) => write!(f, "stats payload of {n} bytes, not {STATS_BYTES}"),
+            Self::StatsSize(n) => write!(
+                f,
+                "stats payload of {n} bytes, not {STATS_BYTES} (or {STATS_WITH_BYTES} with components)"
+            ),
             Self::UnknownKind(k) => write!(f, "unknown reply kind {k}"),
+            Self::BadField(what) => write!(f, "bad {what}"),
         }
     }
 }
@@ -823,12 +1101,23 @@ pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Reject
     }
     let handle = (w.flags & FLAG_HANDLE != 0).then_some(w.c);
     let locked = w.flags & FLAG_LOCK != 0;
+    let extra = w.flags & FLAG_EXTRA != 0;
     let words = || {
         if payload.len() % 4 == 0 {
             Ok(u32s(payload))
         } else {
             Err(BadReply::RaggedPages)
         }
+    };
+    // The engine's figures and the sessions count, from the payload's start.
+    let figures = |payload: &[u8]| {
+        let mut x = [0u64; Stats::LEN + 1];
+        for (v, c) in x.iter_mut().zip(payload.chunks_exact(8)) {
+            *v = u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        }
+        let mut figures = [0u64; Stats::LEN];
+        figures.copy_from_slice(&x[..Stats::LEN]);
+        (Stats::from_array(figures), x[Stats::LEN])
     };
     Ok(Ok(match w.kind {
         kind::PAGES => Reply::Pages(words()?),
@@ -853,15 +1142,57 @@ pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Reject
             if payload.len() != STATS_BYTES {
                 return Err(BadReply::StatsSize(payload.len()));
             }
-            let mut x = [0u64; Stats::LEN + 1];
-            for (v, c) in x.iter_mut().zip(payload.chunks_exact(8)) {
-                *v = u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            let (stats, sessions) = figures(payload);
+            Reply::Stats { stats, sessions }
+        }
+        kind::MATCHED_WITH => {
+            let mut pages = words()?;
+            let mamba_state = if extra {
+                Some(pages.pop().ok_or(BadReply::BadField("state word"))?)
+            } else {
+                None
+            };
+            Reply::MatchedWith {
+                len: w.a,
+                pages,
+                handle,
+                full_len: w.b,
+                mamba_state,
             }
-            let mut figures = [0u64; Stats::LEN];
-            figures.copy_from_slice(&x[..Stats::LEN]);
-            Reply::Stats {
-                stats: Stats::from_array(figures),
-                sessions: x[Stats::LEN],
+        }
+        kind::INSERTED_WITH => Reply::InsertedWith {
+            cached: w.a,
+            len: w.b,
+            handle,
+            locked,
+            mamba_exist: extra,
+        },
+        kind::EVICTED_COMPONENTS => Reply::EvictedComponents {
+            tokens: w.a,
+            swa_tokens: w.b,
+            mamba_states: w.c,
+        },
+        kind::STATE => Reply::State {
+            state: u32::try_from(w.a).map_err(|_| BadReply::BadField("state slot"))?,
+        },
+        kind::SWA_FREED => Reply::SwaFreed { n: w.a },
+        kind::STATS_WITH => {
+            let want = if extra { STATS_WITH_BYTES } else { STATS_BYTES };
+            if payload.len() != want {
+                return Err(BadReply::StatsSize(payload.len()));
+            }
+            let (stats, sessions) = figures(payload);
+            let components = extra.then(|| {
+                let mut c = [0u64; COMPONENT_FIGURES];
+                for (v, b) in c.iter_mut().zip(payload[STATS_BYTES..].chunks_exact(8)) {
+                    *v = u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+                }
+                component_stats(c)
+            });
+            Reply::StatsWith {
+                stats,
+                sessions,
+                components,
             }
         }
         k => return Err(BadReply::UnknownKind(k)),
@@ -941,6 +1272,33 @@ mod tests {
                 pages: vec![3, 4],
                 lock: true,
             },
+            Request::MatchWith {
+                tokens: vec![4, 5, 6],
+                lock: true,
+            },
+            Request::InsertWith {
+                tokens: vec![1, 2, 3],
+                pages: vec![9, 10],
+                lock: false,
+                mamba_state: Some(u32::MAX),
+                swa_evicted: 1 << 40,
+            },
+            Request::InsertWith {
+                tokens: vec![1],
+                pages: vec![],
+                lock: true,
+                mamba_state: None,
+                swa_evicted: 0,
+            },
+            Request::EvictComponents {
+                tokens: 3,
+                swa_tokens: u64::MAX,
+                mamba_states: 1 << 33 | 5,
+            },
+            Request::AllocState,
+            Request::FreeState { state: 1 << 35 },
+            Request::FreeSwa { pages: vec![2, 3] },
+            Request::StatsWith,
         ]
     }
 
@@ -1138,6 +1496,68 @@ mod tests {
             }),
             Ok(Reply::Stats { stats, sessions: 4 }),
             Err(Rejection::new(ErrorKind::StaleHandle, "gone")),
+            Ok(Reply::MatchedWith {
+                len: 4,
+                pages: vec![1, 2],
+                handle: Some(3),
+                full_len: 8,
+                mamba_state: Some(7),
+            }),
+            Ok(Reply::MatchedWith {
+                len: 0,
+                pages: vec![],
+                handle: None,
+                full_len: 8,
+                mamba_state: Some(0),
+            }),
+            Ok(Reply::MatchedWith {
+                len: 4,
+                pages: vec![1, 2, 3],
+                handle: None,
+                full_len: 4,
+                mamba_state: None,
+            }),
+            Ok(Reply::InsertedWith {
+                cached: 1,
+                len: 2,
+                handle: Some(9),
+                locked: true,
+                mamba_exist: true,
+            }),
+            Ok(Reply::InsertedWith {
+                cached: 1,
+                len: 2,
+                handle: None,
+                locked: false,
+                mamba_exist: false,
+            }),
+            Ok(Reply::EvictedComponents {
+                tokens: 1,
+                swa_tokens: 2,
+                mamba_states: 3,
+            }),
+            Ok(Reply::State { state: u32::MAX }),
+            Ok(Reply::SwaFreed { n: 6 }),
+            Ok(Reply::StatsWith {
+                stats,
+                sessions: 1,
+                components: None,
+            }),
+            Ok(Reply::StatsWith {
+                stats,
+                sessions: 1,
+                components: Some(ComponentStats {
+                    swa_evictable_tokens: 1,
+                    swa_free_pages: 3,
+                    mamba_protected_states: 5,
+                    evict_scanned_mamba: 8,
+                    ..ComponentStats::default()
+                }),
+            }),
+            Err(Rejection::new(ErrorKind::ComponentOff, "no mamba")),
+            Err(Rejection::new(ErrorKind::StateNotOwned, "slot 3")),
+            Err(Rejection::new(ErrorKind::SwaMismatch, "window")),
+            Err(Rejection::new(ErrorKind::InsufficientStates, "full")),
         ];
         let mut payload = Vec::new();
         for reply in replies {
@@ -1267,5 +1687,150 @@ mod tests {
             ..WireRequest::default()
         };
         assert!(decode_request(&aux, &[][..], spare).is_err());
+    }
+
+    #[test]
+    fn malformed_component_records_are_rejected() {
+        let spare = &mut Spare::default();
+        let evict = Request::EvictComponents {
+            tokens: 1,
+            swa_tokens: 2,
+            mamba_states: 3,
+        };
+        let e = encode_request(&evict, 1, 64);
+        let p = e.payload();
+        let insert = Request::InsertWith {
+            tokens: vec![1, 2],
+            pages: vec![3, 4],
+            lock: false,
+            mamba_state: Some(1),
+            swa_evicted: 0,
+        };
+        let i = encode_request(&insert, 1, 64);
+        let ip = i.payload();
+        let cases: Vec<(WireRequest, Vec<u8>)> = vec![
+            // Evict takes exactly four words.
+            (
+                WireRequest {
+                    payload_len: 12,
+                    ..e.record
+                },
+                p[..12].to_vec(),
+            ),
+            (
+                WireRequest {
+                    payload_len: 0,
+                    ..e.record
+                },
+                vec![],
+            ),
+            (
+                WireRequest {
+                    payload_len: 20,
+                    ..e.record
+                },
+                [&p[..], &[0; 4]].concat(),
+            ),
+            // Tokens on an evict.
+            (
+                WireRequest {
+                    n_tokens: 1,
+                    ..e.record
+                },
+                p.clone(),
+            ),
+            // An insert's state is one word, not two or a part of one.
+            (
+                WireRequest {
+                    payload_len: i.record.payload_len + 4,
+                    ..i.record
+                },
+                [&ip[..], &[0; 4]].concat(),
+            ),
+            (
+                WireRequest {
+                    payload_len: i.record.payload_len - 2,
+                    ..i.record
+                },
+                ip[..ip.len() - 2].to_vec(),
+            ),
+            // Lock flags, payloads and aux words on ops that take none.
+            (
+                WireRequest {
+                    op: opcode::ALLOC_STATE,
+                    flags: FLAG_LOCK,
+                    ..WireRequest::default()
+                },
+                vec![],
+            ),
+            (
+                WireRequest {
+                    op: opcode::FREE_STATE,
+                    n_pages: 1,
+                    payload_len: 4,
+                    ..WireRequest::default()
+                },
+                vec![0; 4],
+            ),
+            (
+                WireRequest {
+                    op: opcode::STATS_WITH,
+                    aux: [1, 0],
+                    ..WireRequest::default()
+                },
+                vec![],
+            ),
+            (
+                WireRequest {
+                    op: opcode::FREE_SWA,
+                    n_tokens: 1,
+                    payload_len: 4,
+                    ..WireRequest::default()
+                },
+                vec![0; 4],
+            ),
+        ];
+        for (record, payload) in cases {
+            let r = decode_request(&record, payload.as_slice(), spare);
+            let err = r.as_ref().expect_err("accepted");
+            assert_eq!(err.kind, ErrorKind::Malformed, "{record:?}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn bad_component_replies_are_protocol_errors() {
+        // A state word promised but absent, a slot beyond 32 bits, and
+        // stats whose size disagrees with the flag.
+        let no_state = WireReply {
+            kind: kind::MATCHED_WITH,
+            flags: FLAG_EXTRA | FLAG_INLINE,
+            ..WireReply::default()
+        };
+        assert!(matches!(
+            decode_reply(&no_state, &[]),
+            Err(BadReply::BadField(_))
+        ));
+        let wide = WireReply {
+            kind: kind::STATE,
+            a: 1 << 32,
+            flags: FLAG_INLINE,
+            ..WireReply::default()
+        };
+        assert!(matches!(
+            decode_reply(&wide, &[]),
+            Err(BadReply::BadField(_))
+        ));
+        let mut payload = Vec::new();
+        let reply = Ok(Reply::StatsWith {
+            stats: Stats::default(),
+            sessions: 0,
+            components: None,
+        });
+        let mut w = encode_reply(1, &reply, usize::MAX, &mut payload);
+        w.flags |= FLAG_EXTRA;
+        assert_eq!(
+            decode_reply(&w, &payload),
+            Err(BadReply::StatsSize(STATS_BYTES))
+        );
     }
 }

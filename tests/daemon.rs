@@ -724,3 +724,190 @@ fn an_insert_after_its_match_sends_only_the_rest() {
     assert_eq!((r.cached, r.len), (10, 12));
     a.validate().unwrap();
 }
+
+/// The rejection kind of a failed client call.
+fn rejected<T: std::fmt::Debug>(r: Result<T, ClientError>) -> radixd::op::ErrorKind {
+    match r {
+        Err(ClientError::Rejected(r)) => r.kind,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[test]
+fn hybrid_client_methods_answer_as_the_in_process_engine_does() {
+    use radixd::engine::{Components, Config, Engine, InsertExtra, SwaConfig};
+    use radixd::op::ErrorKind;
+    let daemon = Daemon::start(&[
+        "--page-size",
+        "2",
+        "--capacity",
+        "16",
+        "--components",
+        "full,swa",
+        "--swa-window",
+        "4",
+    ]);
+    let mut c = connect(&daemon);
+    let comps = Components {
+        swa: Some(SwaConfig {
+            window: 4,
+            capacity: 16,
+        }),
+        mamba: None,
+    };
+    assert_eq!(c.components(), comps);
+    let config = Config {
+        page_size: 2,
+        capacity: 16,
+    };
+    let mut e = Engine::with_components(config, comps).unwrap();
+    let me = c.slot();
+    let key: Vec<u32> = (1..=12).collect();
+
+    let pages = c.alloc(6).unwrap();
+    let mut local = Vec::new();
+    e.alloc_into(me, 6, &mut local).unwrap();
+    assert_eq!(pages, local);
+    c.insert(&key[..8], &pages[..4], false).unwrap();
+    e.insert(me, &key[..8], &pages[..4], false).unwrap();
+    assert_eq!(c.free_swa(&pages[4..5]).unwrap(), 1);
+    assert_eq!(e.free_swa(me, &pages[4..5]).unwrap(), 1);
+    let extra = InsertExtra {
+        mamba_state: None,
+        swa_evicted: 10,
+    };
+    let (ins, ie) = c.insert_with(&key, &pages, true, extra).unwrap();
+    let (lins, lie) = e.insert_with(me, &key, &pages, true, extra).unwrap();
+    assert_eq!((ins.cached, ins.len, ie), (lins.cached, lins.len, lie));
+    assert_eq!((ins.cached, ins.len), (8, 12));
+    // The tombstone cuts the match back; FULL alone reaches the end.
+    let mut lp = Vec::new();
+    let (m, mx) = c.match_with(&key, false).unwrap();
+    let (lm, lmx) = e.match_with(me, &key, false, &mut lp);
+    assert_eq!((m.len, &m.pages, mx), (lm.len, &lp, lmx));
+    assert_eq!((m.len, mx.full_len, mx.mamba_state), (8, 12, None));
+    // The anchored match reads FULL's pages lock-free: only the answer's
+    // length of them is the match.
+    for anchoring in [true, false] {
+        c.set_anchoring(anchoring);
+        let m = c.match_prefix(&key, false).unwrap();
+        assert_eq!((m.len, &m.pages[..]), (8, &pages[..4]), "{anchoring}");
+    }
+    let ev = c.evict_components(0, 2, 0).unwrap();
+    assert_eq!(ev, e.evict_components(0, 2, 0).unwrap());
+    assert_eq!(ev.swa_tokens, 4);
+    let cs = c.component_stats().unwrap().expect("swa is on");
+    assert_eq!(cs, e.component_stats().unwrap());
+    assert_eq!(cs.swa_protected_tokens, 2);
+    // MAMBA is off, and a misaligned window changes nothing.
+    let before = c.stats().unwrap();
+    assert_eq!(rejected(c.alloc_state()), ErrorKind::ComponentOff);
+    assert_eq!(rejected(c.free_state(0)), ErrorKind::ComponentOff);
+    assert_eq!(
+        rejected(c.evict_components(0, 0, 1)),
+        ErrorKind::ComponentOff
+    );
+    let bad = InsertExtra {
+        mamba_state: None,
+        swa_evicted: 3,
+    };
+    assert_eq!(
+        rejected(c.insert_with(&key, &pages, false, bad)),
+        ErrorKind::SwaMismatch
+    );
+    assert_eq!(c.stats().unwrap(), before);
+    let out = radixd()
+        .args(["stat", &daemon.name, "--interval", "0.01"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("components full,swa"), "{text}");
+    assert!(text.contains("swa         window 4 tokens"), "{text}");
+    assert!(!text.contains("mamba  "), "{text}");
+    c.validate().unwrap();
+}
+
+#[test]
+fn state_slots_through_the_daemon_and_a_dead_client_s_come_back() {
+    use radixd::engine::InsertExtra;
+    use radixd::op::ErrorKind;
+    let daemon = Daemon::start(&[
+        "--page-size",
+        "2",
+        "--capacity",
+        "8",
+        "--components",
+        "full,mamba",
+        "--mamba-capacity",
+        "3",
+    ]);
+    let mut c = connect(&daemon);
+    assert_eq!(c.components().mamba.map(|m| m.capacity), Some(3));
+    let pages = c.alloc(2).unwrap();
+    let state = c.alloc_state().unwrap();
+    let key = [1, 2, 3, 4];
+    let extra = InsertExtra {
+        mamba_state: Some(state),
+        swa_evicted: 0,
+    };
+    let (ins, ie) = c.insert_with(&key, &pages, false, extra).unwrap();
+    assert_eq!((ins.len, ie.mamba_exist), (4, false));
+    let (m, mx) = c.match_with(&key, true).unwrap();
+    assert_eq!((m.len, mx.full_len, mx.mamba_state), (4, 4, Some(state)));
+    let h = m.handle.expect("locked");
+    // The tree's state is not the client's to free, nor is a slot beyond
+    // the pool, nor a SWA page.
+    assert_eq!(
+        rejected(c.free_state(u64::from(state))),
+        ErrorKind::StateNotOwned
+    );
+    assert_eq!(rejected(c.free_state(1 << 40)), ErrorKind::StateNotOwned);
+    assert_eq!(rejected(c.free_swa(&pages)), ErrorKind::ComponentOff);
+    let cs = c.component_stats().unwrap().expect("mamba is on");
+    assert_eq!((cs.mamba_protected_states, cs.mamba_free_states), (1, 2));
+    c.unlock(h).unwrap();
+
+    // Another client's slots go back to the pool when it dies.
+    let mut victim = Exec::start(&["--connect", &daemon.name]);
+    assert_eq!(victim.call(json!({"op":"alloc_state"}))["ok"], true);
+    assert_eq!(victim.call(json!({"op":"alloc_state"}))["ok"], true);
+    assert_eq!(
+        c.component_stats().unwrap().map(|s| s.mamba_free_states),
+        Some(0)
+    );
+    // Every slot is held by a client or cached: the cached one goes.
+    let taken = c.alloc_state().unwrap();
+    assert_eq!(taken, state);
+    assert_eq!(rejected(c.alloc_state()), ErrorKind::InsufficientStates);
+    victim.kill(libc::SIGKILL);
+    let killed = Instant::now();
+    while c.component_stats().unwrap().map(|s| s.mamba_free_states) != Some(2) {
+        assert!(killed.elapsed() < RECLAIM_DEADLINE, "states not reclaimed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    c.free_state(u64::from(taken)).unwrap();
+    let out = radixd()
+        .args(["stat", &daemon.name, "--interval", "0.01"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("mamba       3 of 3 states free"), "{text}");
+    c.validate().unwrap();
+}
+
+#[test]
+fn a_full_only_daemon_has_no_component_figures_and_refuses_their_ops() {
+    use radixd::op::ErrorKind;
+    let daemon = Daemon::start(&["--page-size", "2", "--capacity", "8"]);
+    let mut c = connect(&daemon);
+    assert!(c.components().is_full_only());
+    assert_eq!(c.component_stats().unwrap(), None);
+    assert_eq!(rejected(c.alloc_state()), ErrorKind::ComponentOff);
+    assert_eq!(rejected(c.free_swa(&[0])), ErrorKind::ComponentOff);
+    let pages = c.alloc(1).unwrap();
+    c.insert(&[1, 2], &pages, false).unwrap();
+    let (m, mx) = c.match_with(&[1, 2, 3], false).unwrap();
+    assert_eq!((m.len, mx.full_len, mx.mamba_state), (2, 2, None));
+    let ev = c.evict_components(2, 0, 0).unwrap();
+    assert_eq!((ev.tokens, ev.swa_tokens, ev.mamba_states), (2, 0, 0));
+}

@@ -3,18 +3,76 @@
 //! before the next request is read). Every scenario runs three times: on
 //! the in-process engine, and with `--connect` through a real daemon, once
 //! with anchored match and insert (the default) and once with
-//! `--full-requests`; the answers must be the same.
+//! `--full-requests`; the answers must be the same. Each also runs with
+//! `--components full,swa` (no SWA pressure: every answer is the
+//! full-only one plus its hybrid fields) and, where the MAMBA match rule
+//! (a match ends at a node holding a state) leaves the answers alone,
+//! `--components full,mamba`, in-process and through a daemon.
 
 mod common;
 
-use common::{Daemon, Exec};
+use common::{Daemon, Exec, Hybrid};
 use serde_json::{json, Value};
+
+/// The flags of a configuration with a secondary component.
+fn component_args(component: Hybrid) -> Vec<String> {
+    let a: &[&str] = match component {
+        // A window longer than any key: SWA splits a new leaf one window
+        // from its end (SGLang's `_maybe_split_leaf_for_swa_lock`), which
+        // would change the node counts the scenarios check.
+        Hybrid::Swa => &["--components", "full,swa", "--swa-window", "8192"],
+        Hybrid::Mamba => &["--components", "full,mamba", "--mamba-capacity", "16"],
+    };
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+/// `$scenario` with `component` on: in-process and through a daemon.
+macro_rules! hybrid {
+    ($scenario:ident, $args:ident, $component:expr) => {
+        #[test]
+        fn in_process() {
+            let mut a = super::$args();
+            a.extend(component_args($component));
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            super::super::$scenario(&mut Exec::start(&a).hybrid($component));
+        }
+
+        #[test]
+        fn through_the_daemon() {
+            let mut a = super::$args();
+            a.extend(component_args($component));
+            let mut a: Vec<&str> = a.iter().map(String::as_str).collect();
+            a.push("--allow-reset");
+            let daemon = Daemon::start(&a);
+            let x = Exec::start(&["--connect", &daemon.name]);
+            super::super::$scenario(&mut x.hybrid($component));
+        }
+    };
+}
 
 /// Runs `$scenario(&mut Exec)` against every backend.
 macro_rules! both {
     ($scenario:ident, $page_size:expr, $capacity:expr) => {
+        both!($scenario, $page_size, $capacity, {
+            mod mamba {
+                use super::*;
+                hybrid!($scenario, args, Hybrid::Mamba);
+            }
+        });
+    };
+    ($scenario:ident, $page_size:expr, $capacity:expr, swa) => {
+        both!($scenario, $page_size, $capacity, {});
+    };
+    ($scenario:ident, $page_size:expr, $capacity:expr, { $($extra:tt)* }) => {
         mod $scenario {
             use super::*;
+
+            mod swa {
+                use super::*;
+                hybrid!($scenario, args, Hybrid::Swa);
+            }
+
+            $($extra)*
 
             fn args() -> Vec<String> {
                 let (p, c): (u32, u32) = ($page_size, $capacity);
@@ -55,11 +113,13 @@ macro_rules! both {
     };
 }
 
-both!(every_op_answers_as_the_design_says, 2, 8);
+// Those whose matches end inside an edge or at a node without a state
+// answer otherwise under MAMBA: they run full-only and with SWA.
+both!(every_op_answers_as_the_design_says, 2, 8, swa);
 both!(sessions_over_exec, 2, 16);
-both!(errors_are_typed_and_change_nothing, 1, 4);
+both!(errors_are_typed_and_change_nothing, 1, 4, swa);
 both!(session_ids_follow_one_rule, 2, 8);
-both!(shared_prefixes_split_dedupe_and_extend, 2, 16);
+both!(shared_prefixes_split_dedupe_and_extend, 2, 16, swa);
 both!(evictions_of_any_size_answer_alike, 1, 4500);
 
 /// An `evict` and an `alloc` much larger than a quarter of the pool, past
@@ -525,4 +585,403 @@ fn bad_configuration_is_refused_with_status_2() {
         assert_eq!(out.status.code(), Some(2));
         assert!(String::from_utf8_lossy(&out.stderr).contains("page size"));
     }
+}
+
+/// Runs `$scenario(&mut Exec)` in-process and through a daemon, both
+/// started with `$args` (the scenario sees every hybrid field).
+macro_rules! with_args {
+    ($scenario:ident, $args:expr) => {
+        mod $scenario {
+            use super::*;
+
+            #[test]
+            fn in_process() {
+                super::$scenario(&mut Exec::start(&$args));
+            }
+
+            #[test]
+            fn through_the_daemon() {
+                let daemon = Daemon::start(&$args);
+                super::$scenario(&mut Exec::start(&["--connect", &daemon.name]));
+            }
+        }
+    };
+}
+
+with_args!(
+    swa_ops_answer_as_documented,
+    [
+        "--page-size",
+        "2",
+        "--capacity",
+        "16",
+        "--components",
+        "full,swa",
+        "--swa-window",
+        "4"
+    ]
+);
+with_args!(
+    mamba_ops_answer_as_documented,
+    [
+        "--page-size",
+        "2",
+        "--capacity",
+        "8",
+        "--components",
+        "full,mamba",
+        "--mamba-capacity",
+        "3"
+    ]
+);
+with_args!(
+    component_ops_on_a_full_only_cache,
+    ["--page-size", "2", "--capacity", "8"]
+);
+
+const P12: [u32; 12] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+
+/// Asserts each `(request, error kind)` fails so and changes nothing.
+fn refused(x: &mut Exec, cases: &[(Value, &str)]) {
+    let before = x.call(json!({"op":"stats"}));
+    for (request, kind) in cases {
+        assert_eq!(error_kind(&x.call(request.clone())), *kind, "{request}");
+        assert_eq!(x.call(json!({"op":"stats"})), before, "{request} changed");
+    }
+}
+
+/// `free_swa`, `insert` with `swa_evicted`, a tombstone cutting a match
+/// back, `evict` of SWA tokens, the SWA stats, and the errors of both.
+fn swa_ops_answer_as_documented(x: &mut Exec) {
+    assert_eq!(
+        x.call(json!({"op":"alloc","n":4})),
+        json!({"ok":true,"pages":[0,1,2,3]})
+    );
+    assert_eq!(
+        x.call(json!({"op":"insert","tokens":&P12[..8],"pages":[0,1,2,3]})),
+        json!({"ok":true,"cached":0,"len":8})
+    );
+    let m = x.call(json!({"op":"match","tokens":&P12[..9]}));
+    assert_eq!(
+        (&m["len"], &m["pages"], &m["full_kv_hit_length"]),
+        (&json!(8), &json!([0, 1, 2, 3]), &json!(8))
+    );
+    assert!(m.get("mamba_state").is_none(), "{m}");
+    let stats = x.call(json!({"op":"stats"}));
+    assert_eq!(stats["components"], "full,swa");
+    assert_eq!(
+        (&stats["swa_evictable_tokens"], &stats["swa_free_pages"]),
+        (&json!(8), &json!(12))
+    );
+    for k in ["swa_protected_tokens", "evict_scanned_swa"] {
+        assert_eq!(stats[k], json!(0), "{k}");
+    }
+    for k in ["mamba_free_states", "mamba_evictable_states"] {
+        assert!(stats.get(k).is_none(), "{k} without mamba: {stats}");
+    }
+    // Page 4's tokens slid out of the window: its SWA page goes, once.
+    assert_eq!(
+        x.call(json!({"op":"alloc","n":2})),
+        json!({"ok":true,"pages":[4,5]})
+    );
+    assert_eq!(
+        x.call(json!({"op":"free_swa","pages":[4]})),
+        json!({"ok":true,"freed":1})
+    );
+    assert_eq!(
+        x.call(json!({"op":"free_swa","pages":[4]})),
+        json!({"ok":true,"freed":0})
+    );
+    assert_eq!(x.call(json!({"op":"stats"}))["swa_free_pages"], json!(11));
+    let insert = |extra: Value| {
+        let mut r = json!({"op":"insert","tokens":P12,"pages":[0,1,2,3,4,5]});
+        for (k, v) in extra.as_object().unwrap() {
+            r[k] = v.clone();
+        }
+        r
+    };
+    refused(
+        x,
+        &[
+            // Misaligned, beyond the key, or contradicting the pairing.
+            (insert(json!({"swa_evicted":3})), "swa_mismatch"),
+            (insert(json!({"swa_evicted":14})), "swa_mismatch"),
+            (insert(json!({"swa_evicted":12})), "swa_mismatch"),
+            (insert(json!({"swa_evicted":8})), "swa_mismatch"),
+            (insert(json!({})), "swa_mismatch"),
+            // MAMBA is off.
+            (insert(json!({"mamba_state":0})), "component_off"),
+            (json!({"op":"alloc_state"}), "component_off"),
+            (json!({"op":"free_state","state":0}), "component_off"),
+            (
+                json!({"op":"evict","tokens":0,"mamba_states":1}),
+                "component_off",
+            ),
+            (json!({"op":"free_swa","pages":[0]}), "page_not_owned"),
+            (json!({"op":"free_swa","pages":[99]}), "page_out_of_range"),
+            (json!({"op":"free_swa","pages":"x"}), "malformed"),
+            (insert(json!({"swa_evicted":-2})), "malformed"),
+        ],
+    );
+    // The leaf's first page is a tombstone: a match is served only up to
+    // the last node whose window holds SWA pages; FULL reaches further.
+    let ins = x.call(insert(json!({"swa_evicted":10,"lock":true})));
+    assert_eq!((&ins["cached"], &ins["len"]), (&json!(8), &json!(12)));
+    let h = ins["handle"].as_u64().expect("handle");
+    for (len, full) in [(12, 12), (10, 10)] {
+        let m = x.call(json!({"op":"match","tokens":&P12[..len]}));
+        assert_eq!(
+            (&m["len"], &m["pages"], &m["full_kv_hit_length"]),
+            (&json!(8), &json!([0, 1, 2, 3]), &json!(full)),
+            "{m}"
+        );
+    }
+    let stats = x.call(json!({"op":"stats"}));
+    assert_eq!(
+        (
+            &stats["swa_evictable_tokens"],
+            &stats["swa_protected_tokens"]
+        ),
+        (&json!(8), &json!(2))
+    );
+    // SWA eviction takes whole nodes' SWA pages, least recently used
+    // first, leaving FULL (locked here) alone.
+    assert_eq!(
+        x.call(json!({"op":"evict","tokens":0,"swa_tokens":2})),
+        json!({"ok":true,"evicted":0,"swa_evicted":4,"mamba_evicted":0})
+    );
+    assert_eq!(
+        x.call(json!({"op":"evict","tokens":4})),
+        json!({"ok":true,"evicted":0,"swa_evicted":0,"mamba_evicted":0})
+    );
+    let stats = x.call(json!({"op":"stats"}));
+    assert_eq!(
+        (
+            &stats["swa_evictable_tokens"],
+            &stats["swa_free_pages"],
+            &stats["evict_scanned_swa"],
+            &stats["total_tokens"]
+        ),
+        (&json!(4), &json!(13), &json!(2), &json!(12))
+    );
+    assert_eq!(x.call(json!({"op":"validate"})), json!({"ok":true}));
+    assert_eq!(
+        x.call(json!({"op":"unlock","handle":h})),
+        json!({"ok":true})
+    );
+    assert_eq!(
+        x.call(json!({"op":"evict","tokens":100}))["evicted"],
+        json!(12)
+    );
+    assert_eq!(x.call(json!({"op":"validate"})), json!({"ok":true}));
+}
+
+/// `alloc_state`, `insert` with `mamba_state` (and `mamba_exist`), a
+/// match ending at the node holding a state, `free_state`, `evict` of
+/// states, the MAMBA stats, and the errors of both.
+fn mamba_ops_answer_as_documented(x: &mut Exec) {
+    x.call(json!({"op":"alloc","n":4}));
+    assert_eq!(
+        x.call(json!({"op":"alloc_state"})),
+        json!({"ok":true,"state":0})
+    );
+    assert_eq!(
+        x.call(json!({"op":"insert","tokens":&P12[..8],"pages":[0,1,2,3],"mamba_state":0})),
+        json!({"ok":true,"cached":0,"len":8,"mamba_exist":false})
+    );
+    let m = x.call(json!({"op":"match","tokens":&P12[..9]}));
+    assert_eq!(
+        (&m["len"], &m["full_kv_hit_length"], &m["mamba_state"]),
+        (&json!(8), &json!(8), &json!(0))
+    );
+    // No state where the match would end: nothing is served.
+    assert_eq!(
+        x.call(json!({"op":"match","tokens":&P12[..6],"lock":true})),
+        json!({"ok":true,"len":0,"pages":[],"handle":null,"full_kv_hit_length":6,"mamba_state":null})
+    );
+    let stats = x.call(json!({"op":"stats"}));
+    assert_eq!(stats["components"], "full,mamba");
+    assert_eq!(
+        (
+            &stats["mamba_evictable_states"],
+            &stats["mamba_protected_states"],
+            &stats["mamba_free_states"]
+        ),
+        (&json!(1), &json!(0), &json!(2))
+    );
+    assert!(stats.get("swa_free_pages").is_none(), "{stats}");
+    assert_eq!(
+        x.call(json!({"op":"alloc_state"})),
+        json!({"ok":true,"state":1})
+    );
+    assert_eq!(
+        x.call(json!({"op":"alloc_state"})),
+        json!({"ok":true,"state":2})
+    );
+    x.call(json!({"op":"alloc","n":2}));
+    refused(
+        x,
+        &[
+            // The tree's state, and slots never handed out.
+            (json!({"op":"free_state","state":0}), "state_not_owned"),
+            (json!({"op":"free_state","state":99}), "state_not_owned"),
+            (
+                json!({"op":"insert","tokens":P12,"pages":[0,1,2,3,4,5],"mamba_state":7}),
+                "state_not_owned",
+            ),
+            (
+                json!({"op":"insert","tokens":P12,"pages":[0,1,2,3,4,5],"mamba_state":4294967296u64}),
+                "state_not_owned",
+            ),
+            (json!({"op":"free_state"}), "malformed"),
+            (
+                json!({"op":"insert","tokens":P12,"pages":[0,1,2,3,4,5],"mamba_state":"a"}),
+                "malformed",
+            ),
+            // SWA is off (a state slot must be owned, whatever else).
+            (
+                json!({"op":"insert","tokens":P12,"pages":[0,1,2,3,4,5],"swa_evicted":2}),
+                "component_off",
+            ),
+            (json!({"op":"free_swa","pages":[5]}), "component_off"),
+            (
+                json!({"op":"evict","tokens":0,"swa_tokens":1}),
+                "component_off",
+            ),
+        ],
+    );
+    // The key's node holds a state already: the one given goes back.
+    assert_eq!(
+        x.call(json!({"op":"insert","tokens":&P12[..8],"pages":[0,1,2,3],"mamba_state":1})),
+        json!({"ok":true,"cached":8,"len":8,"mamba_exist":true})
+    );
+    assert_eq!(
+        error_kind(&x.call(json!({"op":"free_state","state":1}))),
+        "state_not_owned"
+    );
+    assert_eq!(
+        x.call(json!({"op":"free_state","state":2})),
+        json!({"ok":true})
+    );
+    assert_eq!(
+        error_kind(&x.call(json!({"op":"free_state","state":2}))),
+        "state_not_owned"
+    );
+    // A locked state is not evicted; unlocked, it goes, LRU first.
+    let m = x.call(json!({"op":"match","tokens":&P12[..8],"lock":true}));
+    assert_eq!(m["mamba_state"], json!(0));
+    let h = m["handle"].as_u64().expect("handle");
+    let stats = x.call(json!({"op":"stats"}));
+    assert_eq!(
+        (
+            &stats["mamba_protected_states"],
+            &stats["mamba_free_states"]
+        ),
+        (&json!(1), &json!(2))
+    );
+    assert_eq!(
+        x.call(json!({"op":"evict","tokens":0,"mamba_states":2})),
+        json!({"ok":true,"evicted":0,"swa_evicted":0,"mamba_evicted":0})
+    );
+    assert_eq!(
+        x.call(json!({"op":"unlock","handle":h})),
+        json!({"ok":true})
+    );
+    // The state sits at a FULL leaf (the match of 6 tokens split [1..8]):
+    // the leaf goes whole.
+    assert_eq!(
+        x.call(json!({"op":"evict","tokens":0,"mamba_states":1})),
+        json!({"ok":true,"evicted":2,"swa_evicted":0,"mamba_evicted":1})
+    );
+    let m = x.call(json!({"op":"match","tokens":&P12[..8]}));
+    assert_eq!(
+        (&m["len"], &m["full_kv_hit_length"], &m["mamba_state"]),
+        (&json!(0), &json!(6), &json!(null))
+    );
+    let stats = x.call(json!({"op":"stats"}));
+    assert_eq!(
+        (&stats["mamba_free_states"], &stats["total_tokens"]),
+        (&json!(3), &json!(6))
+    );
+    assert!(stats["evict_scanned_mamba"].as_u64().unwrap() >= 1);
+    assert_eq!(x.call(json!({"op":"validate"})), json!({"ok":true}));
+}
+
+/// On a full-only cache the component ops fail with `component_off`,
+/// changing nothing, and zero component fields leave the answers as
+/// they always were.
+fn component_ops_on_a_full_only_cache(x: &mut Exec) {
+    x.call(json!({"op":"alloc","n":2}));
+    refused(
+        x,
+        &[
+            (json!({"op":"alloc_state"}), "component_off"),
+            (json!({"op":"free_state","state":0}), "component_off"),
+            (json!({"op":"free_swa","pages":[0]}), "component_off"),
+            (
+                json!({"op":"evict","tokens":2,"swa_tokens":2}),
+                "component_off",
+            ),
+            (
+                json!({"op":"evict","tokens":2,"mamba_states":1}),
+                "component_off",
+            ),
+            (
+                json!({"op":"insert","tokens":[1,2],"pages":[0],"mamba_state":0}),
+                "component_off",
+            ),
+            (
+                json!({"op":"insert","tokens":[1,2],"pages":[0],"swa_evicted":2}),
+                "component_off",
+            ),
+        ],
+    );
+    assert_eq!(
+        x.call(json!({"op":"insert","tokens":[1,2,3,4],"pages":[0,1],"swa_evicted":0,"mamba_state":null})),
+        json!({"ok":true,"cached":0,"len":4})
+    );
+    let m = x.call(json!({"op":"match","tokens":[1,2]}));
+    assert_eq!((&m["len"], &m["pages"]), (&json!(2), &json!([0])));
+    let keys: Vec<&String> = m.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["ok", "len", "pages", "handle"], "{m}");
+    assert_eq!(
+        x.call(json!({"op":"evict","tokens":2,"swa_tokens":0,"mamba_states":0})),
+        json!({"ok":true,"evicted":2})
+    );
+    let stats = x.call(json!({"op":"stats"}));
+    assert!(stats.get("components").is_none(), "{stats}");
+}
+
+#[test]
+fn bad_components_are_refused_with_status_2() {
+    for args in [
+        &["--components", "full,bogus"][..],
+        &["--components", "full,swa"],
+        &["--components", "full,mamba"],
+        &["--swa-window", "4"],
+        &["--components", "full,swa", "--swa-window", "0"],
+        &["--components", "full,mamba", "--mamba-capacity", "0"],
+    ] {
+        for cmd in [
+            &["exec"][..],
+            &["serve", "--name", "radixd-test-never-created"],
+        ] {
+            let out = common::radixd().args(cmd).args(args).output().unwrap();
+            assert_eq!(out.status.code(), Some(2), "{cmd:?} {args:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("components") || err.contains("swa") || err.contains("mamba"),
+                "{cmd:?} {args:?}: {err}"
+            );
+        }
+    }
+    // A client may not ask for other components than the daemon's.
+    let daemon = Daemon::start(&["--components", "full,mamba", "--mamba-capacity", "4"]);
+    let out = common::radixd()
+        .args(["exec", "--connect", &daemon.name])
+        .args(["--components", "full,swa", "--swa-window", "4"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("disagrees"));
 }

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from . import _errors
 from ._errors import ERRORS, RadixdError, error_class
-from ._native import Client, Engine, InsertResult, KvIndex, MatchResult
+from ._native import Client, Engine, EvictResult, InsertResult, KvIndex, MatchResult
 from ._native import _error_kinds, _set_error_factory
 
 for _kind in _error_kinds():
@@ -38,6 +38,7 @@ __all__ = [
     "IndexQueryError",
     "MatchResult",
     "InsertResult",
+    "EvictResult",
     "PrefixCache",
     "PrefixMatch",
     "TreeNode",

@@ -30,8 +30,9 @@ def _camel(kind: str) -> str:
 
 
 # Every kind of `radixd exec` (DESIGN.md section 4 and op::ErrorKind), plus
-# `not_permitted` (a daemon refusing `reset`). The native module may know
-# more; those get a class at import too (see `register`).
+# `not_permitted` (a daemon refusing `reset`) and the components' kinds.
+# The native module may know more; those get a class at import too (see
+# `register`).
 KINDS = (
     "unknown_op",
     "malformed",
@@ -50,6 +51,13 @@ KINDS = (
     "protocol",
     "invariant",
     "not_permitted",
+    # The hybrid components (SWA, MAMBA): a component the cache was not
+    # started with, a state slot the caller does not hold, SWA pages that
+    # contradict `swa_evicted`, and a state pool held full.
+    "component_off",
+    "state_not_owned",
+    "swa_mismatch",
+    "insufficient_states",
 )
 
 #: kind string -> exception class

@@ -23,6 +23,16 @@ sgl-project/sglang. Where the two differ by design:
   protected tokens before minus after, in the same round trip as the lock.
   Through a daemon shared by several schedulers it includes what others
   changed in between (rarely anything: the three requests travel together).
+- Hybrid models (a backend with ``components`` ``"full,swa"`` or
+  ``"full,mamba"``): a match carries SGLang's hybrid ``MatchResult`` fields
+  (``full_kv_hit_length``, ``swa_branching_seqlen``,
+  ``mamba_branching_seqlen``, computed as ``unified_cache/components``'
+  ``finalize_match_result_in_tree_core`` does; the host hit lengths are 0,
+  radixd has no host tier) and ``mamba_state``, the state slot the match
+  ends at (SGLang copies it into the request's own slot; radixd's caller
+  does that with a slot from ``alloc_state``). ``insert`` takes
+  ``mamba_state`` and ``swa_evicted`` (or an ``InsertParams``'
+  ``mamba_value`` and SWA ``component_evicted_seqlens``).
 """
 
 from __future__ import annotations
@@ -73,7 +83,10 @@ class PrefixMatch(NamedTuple):
     """What ``PrefixCache.match_prefix`` found, shaped as SGLang's
     ``MatchResult`` (``device_indices``, ``last_device_node``,
     ``last_host_node``, ``best_match_node``, ``host_hit_length``) plus
-    ``device_prefix_len``, the matched length in tokens."""
+    ``device_prefix_len``, the matched length in tokens, and the hybrid
+    fields of SGLang's ``MatchResult`` by name (``full_kv_hit_length``: the
+    tokens FULL alone matched, ``device_prefix_len`` on a full-only
+    backend) and ``mamba_state``."""
 
     device_indices: Any
     last_device_node: TreeNode
@@ -81,6 +94,12 @@ class PrefixMatch(NamedTuple):
     best_match_node: TreeNode
     host_hit_length: int = 0
     device_prefix_len: int = 0
+    swa_host_hit_length: int = 0
+    swa_branching_seqlen: Optional[int] = None
+    mamba_host_hit_length: int = 0
+    mamba_branching_seqlen: Optional[int] = None
+    full_kv_hit_length: int = 0
+    mamba_state: Optional[int] = None
 
 
 def _token_ids(key: Any) -> Any:
@@ -100,6 +119,29 @@ def _token_ids(key: Any) -> Any:
         # across them would be wrong, so refuse rather than mix them.
         raise ValueError(f"radixd keeps no extra_key namespaces (got extra_key={key.extra_key!r})")
     return tokens
+
+
+def _slot(value: Any) -> Optional[int]:
+    """A state slot from an int or a one-element tensor/array (SGLang's
+    ``mamba_value``)."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    flat = value.reshape(-1) if hasattr(value, "reshape") else list(value)
+    if len(flat) != 1:
+        raise ValueError(f"mamba_value must hold one state slot, not {len(flat)}")
+    return int(flat[0])
+
+
+def _swa_evicted_seqlen(params: Any) -> int:
+    """The SWA entry of an ``InsertParams``' ``component_evicted_seqlens``
+    (keyed by SGLang's ``ComponentType``), 0 without one."""
+    seqlens = getattr(params, "component_evicted_seqlens", None) or {}
+    for component, n in seqlens.items():
+        if str(getattr(component, "name", component)).upper().endswith("SWA"):
+            return int(n)
+    return 0
 
 
 def _aligned(tokens: Any, page_size: int) -> Any:
@@ -147,13 +189,26 @@ class PrefixCache:
     32
     """
 
-    def __init__(self, backend: Any, page_size: Optional[int] = None, disable: bool = False):
+    def __init__(
+        self,
+        backend: Any,
+        page_size: Optional[int] = None,
+        disable: bool = False,
+        mamba_checkpoint_grid: Optional[int] = None,
+    ):
         self.backend = backend
         self.page_size: int = backend.page_size
         if page_size is not None and page_size != self.page_size:
             raise ValueError(f"page_size {page_size} differs from the backend's {self.page_size}")
         self.disable = disable
         self.root_node = TreeNode(None, 0)
+        #: ``"full"``, ``"full,swa"`` or ``"full,mamba"``.
+        self.components: str = getattr(backend, "components", "full")
+        #: Where a new Mamba state may be checkpointed (SGLang's
+        #: ``mamba_checkpoint_grid``; a page by default).
+        self.mamba_checkpoint_grid: int = mamba_checkpoint_grid or self.page_size
+        if self.mamba_checkpoint_grid <= 0:
+            raise ValueError("mamba_checkpoint_grid must be positive")
 
     # ----- SGLang's public API -----
 
@@ -169,8 +224,9 @@ class PrefixCache:
         if self.disable or len(tokens) < self.page_size:
             return self._miss()
         r = self.backend.match_prefix(_aligned(tokens, self.page_size))
+        hybrid = self._hybrid(r)
         if r.handle is None or r.len == 0:
-            return self._miss()
+            return self._miss(**hybrid)
         node = TreeNode(r.handle, r.len)
         return PrefixMatch(
             device_indices=pages_to_indices(r.pages, self.page_size),
@@ -178,29 +234,66 @@ class PrefixCache:
             last_host_node=node,
             best_match_node=node,
             device_prefix_len=r.len,
+            **hybrid,
         )
 
-    def _miss(self) -> PrefixMatch:
-        root = self.root_node
-        return PrefixMatch(_empty_indices(), root, root, root, 0, 0)
+    def _hybrid(self, r: Any) -> dict:
+        """The hybrid fields of a match answered ``r``: the branching points
+        are where FULL reaches past what the component serves (SGLang's
+        ``finalize_match_result_in_tree_core``)."""
+        full = getattr(r, "full_kv_hit_length", r.len)
+        out = {"full_kv_hit_length": full, "mamba_state": getattr(r, "mamba_state", None)}
+        if "swa" in self.components:
+            aligned = full // self.page_size * self.page_size
+            out["swa_branching_seqlen"] = aligned if aligned > r.len else None
+        if "mamba" in self.components:
+            grid = self.mamba_checkpoint_grid
+            aligned = full // grid * grid
+            out["mamba_branching_seqlen"] = aligned if aligned > r.len else None
+        return out
 
-    def insert(self, key: Any, value: Any = None, **_: Any) -> int:
+    def _miss(self, **hybrid: Any) -> PrefixMatch:
+        root = self.root_node
+        return PrefixMatch(_empty_indices(), root, root, root, 0, 0, **hybrid)
+
+    def insert(
+        self,
+        key: Any,
+        value: Any = None,
+        mamba_state: Optional[int] = None,
+        swa_evicted: int = 0,
+        **_: Any,
+    ) -> int:
         """Caches ``key`` (cut to whole pages) with per-token KV indices
         ``value``; returns the prefix length that was already cached (SGLang's
-        ``prefix_len``). With ``value=None`` pages are allocated here."""
+        ``prefix_len``). With ``value=None`` pages are allocated here.
+        Hybrid backends: ``mamba_state`` (a slot from ``alloc_state``) is
+        checkpointed at the key's end, ``swa_evicted`` names the leading
+        tokens whose SWA pages ``free_swa`` freed; an ``InsertParams`` key
+        gives them as ``mamba_value`` and its SWA evicted seqlen."""
         if self.disable:
             return 0
-        if value is None and not isinstance(key, (list, tuple, array)):
-            value = getattr(key, "value", None)
+        if not isinstance(key, (list, tuple, array)):
+            if value is None:
+                value = getattr(key, "value", None)
+            if mamba_state is None:
+                mamba_state = _slot(getattr(key, "mamba_value", None))
+            if not swa_evicted:
+                swa_evicted = _swa_evicted_seqlen(key)
         tokens = _aligned(_token_ids(key), self.page_size)
         if len(tokens) == 0:
             return 0
+        extra = {}
+        if mamba_state is not None:
+            extra["mamba_state"] = mamba_state
+        if swa_evicted:
+            extra["swa_evicted"] = swa_evicted
         if value is None:
-            return self._insert_allocating(tokens)
+            return self._insert_allocating(tokens, extra)
         pages = indices_to_pages(value, self.page_size, len(tokens))
-        return self.backend.insert(tokens, pages).cached
+        return self.backend.insert(tokens, pages, **extra).cached
 
-    def _insert_allocating(self, tokens: Any) -> int:
+    def _insert_allocating(self, tokens: Any, extra: Optional[dict] = None) -> int:
         # Lock what is cached, so allocating cannot evict it under us.
         m = self.backend.match_prefix(tokens, lock=True)
         try:
@@ -208,7 +301,7 @@ class PrefixCache:
             pages = list(m.pages)
             if need > 0:
                 pages.extend(self.backend.alloc(need))
-            return self.backend.insert(tokens, pages).cached
+            return self.backend.insert(tokens, pages, **(extra or {})).cached
         finally:
             if m.handle is not None:
                 self.backend.unlock(m.handle)
@@ -226,12 +319,19 @@ class PrefixCache:
             return 0
         return self.backend._lock_delta(node.handle, False)
 
-    def evict(self, num_tokens: Any) -> int:
+    def evict(self, num_tokens: Any) -> Any:
         """Evicts at least ``num_tokens`` tokens (or an ``EvictParams``), LRU
-        leaves first; returns the tokens evicted."""
+        leaves first; returns the tokens evicted. An ``EvictParams`` with
+        ``swa_num_tokens`` or ``mamba_num`` (a hybrid backend) evicts those
+        too and returns the backend's ``EvictResult``
+        (``.evicted``, ``.swa_evicted``, ``.mamba_evicted``)."""
         n = getattr(num_tokens, "num_tokens", num_tokens)
-        if self.disable or n <= 0:
+        swa = getattr(num_tokens, "swa_num_tokens", 0) or 0
+        mamba = getattr(num_tokens, "mamba_num", 0) or 0
+        if self.disable or (n <= 0 and swa <= 0 and mamba <= 0):
             return 0
+        if swa > 0 or mamba > 0:
+            return self.backend.evict(max(n, 0), swa_tokens=swa, mamba_states=mamba)
         return self.backend.evict(n)
 
     def evictable_size(self) -> int:

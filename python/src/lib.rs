@@ -6,7 +6,9 @@
 //!   waits for the daemon; a mutex inside the object serialises threads.
 //! - `Engine`: the same operations on an in-process engine.
 //! - `MatchResult`, `InsertResult`: what `match_prefix`, `insert` and
-//!   `session_commit` answer.
+//!   `session_commit` answer (with the hybrid fields: `full_kv_hit_length`,
+//!   `mamba_state`, `mamba_exist`); `EvictResult`: what `evict` of SWA
+//!   tokens or MAMBA states (and `evict_components`) answers.
 //! - `KvIndex`: the cluster router's KV index (`radixd::index`), fed KV
 //!   event payloads, answering per-worker overlap scores.
 //!
@@ -26,7 +28,7 @@ use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyDict, PyInt};
 
-use radixd::engine::{Config, Engine as RustEngine, HeapRegion};
+use radixd::engine::{Components, Config, Engine as RustEngine, HeapRegion};
 use radixd::op::{apply, Backend, ErrorKind, Local, Rejection, Reply, Request};
 use radixd::order::{order_matched, Policy};
 use radixd::{Client as RustClient, ClientError};
@@ -98,6 +100,14 @@ fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     })
 }
 
+/// An optional non-negative integer argument: absent or `None` is 0.
+fn opt_count(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<u64> {
+    match obj {
+        Some(o) if !o.is_none() => count(o, what),
+        _ => Ok(0),
+    }
+}
+
 fn policy(name: &str) -> PyResult<Policy> {
     name.parse()
         .map_err(|e: radixd::order::UnknownPolicy| PyValueError::new_err(e.to_string()))
@@ -127,13 +137,20 @@ fn py_handle(handle: Option<u64>) -> String {
 /// What `match_prefix` found.
 #[pyclass(frozen, get_all, module = "radixd")]
 pub struct MatchResult {
-    /// Tokens of the longest cached (page-aligned) prefix.
+    /// Tokens of the longest cached (page-aligned) prefix every component
+    /// serves.
     len: u64,
     /// Its pages, `array.array('I')`.
     pages: Py<PyAny>,
     /// The node covering exactly those tokens (locked when asked), or
     /// `None` when nothing matched.
     handle: Option<u64>,
+    /// Tokens FULL alone matched (SGLang's `full_kv_hit_length`): `len`
+    /// unless a secondary component cut the match back.
+    full_kv_hit_length: u64,
+    /// The MAMBA state slot at the node the match ends at (`None`: MAMBA
+    /// off, or no state there).
+    mamba_state: Option<u32>,
 }
 
 #[pymethods]
@@ -157,6 +174,47 @@ pub struct InsertResult {
     len: u64,
     /// The locked node covering the key (only with `lock=True`).
     handle: Option<u64>,
+    /// The key's node held a state already, so the `mamba_state` given
+    /// went back to the pool (SGLang's `mamba_exist`; `False` without one).
+    mamba_exist: bool,
+}
+
+/// What an eviction per component freed.
+#[pyclass(frozen, get_all, module = "radixd")]
+pub struct EvictResult {
+    /// FULL tokens.
+    evicted: u64,
+    /// SWA tokens.
+    swa_evicted: u64,
+    /// MAMBA states.
+    mamba_evicted: u64,
+}
+
+#[pymethods]
+impl EvictResult {
+    fn __repr__(&self) -> String {
+        format!(
+            "EvictResult(evicted={}, swa_evicted={}, mamba_evicted={})",
+            self.evicted, self.swa_evicted, self.mamba_evicted
+        )
+    }
+
+    /// `(evicted, swa_evicted, mamba_evicted)`.
+    fn __iter__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let t = (self.evicted, self.swa_evicted, self.mamba_evicted).into_pyobject(py)?;
+        Ok(t.try_iter()?.into_any().unbind())
+    }
+}
+
+/// An optional state slot argument: a slot is below 2^32.
+fn state_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u32>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let slot = count(obj, "mamba_state")?;
+    u32::try_from(slot)
+        .map(Some)
+        .map_err(|_| PyValueError::new_err("mamba_state must be below 2^32"))
 }
 
 #[pymethods]
@@ -185,7 +243,51 @@ mod reply {
                 len,
                 pages: input::array_out(py, &pages)?.unbind(),
                 handle,
+                full_kv_hit_length: len,
+                mamba_state: None,
             }),
+            Reply::MatchedWith {
+                len,
+                pages,
+                handle,
+                full_len,
+                mamba_state,
+            } => Ok(MatchResult {
+                len,
+                pages: input::array_out(py, &pages)?.unbind(),
+                handle,
+                full_kv_hit_length: full_len,
+                mamba_state,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn evicted_components(reply: Reply) -> PyResult<EvictResult> {
+        match reply {
+            Reply::EvictedComponents {
+                tokens,
+                swa_tokens,
+                mamba_states,
+            } => Ok(EvictResult {
+                evicted: tokens,
+                swa_evicted: swa_tokens,
+                mamba_evicted: mamba_states,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn state(reply: Reply) -> PyResult<u32> {
+        match reply {
+            Reply::State { state } => Ok(state),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn swa_freed(reply: Reply) -> PyResult<u64> {
+        match reply {
+            Reply::SwaFreed { n } => Ok(n),
             other => Err(unexpected(other)),
         }
     }
@@ -201,6 +303,19 @@ mod reply {
                 cached,
                 len,
                 handle: handle.filter(|_| locked),
+                mamba_exist: false,
+            }),
+            Reply::InsertedWith {
+                cached,
+                len,
+                handle,
+                locked,
+                mamba_exist,
+            } => Ok(InsertResult {
+                cached,
+                len,
+                handle: handle.filter(|_| locked),
+                mamba_exist,
             }),
             other => Err(unexpected(other)),
         }
@@ -242,22 +357,56 @@ mod reply {
         }
     }
 
-    /// Exactly the keys of `radixd exec`'s `stats` answer.
-    pub fn stats(py: Python<'_>, reply: Reply) -> PyResult<Bound<'_, PyDict>> {
+    /// Exactly the keys of `radixd exec`'s `stats` answer (those of the
+    /// components on included).
+    pub fn stats<'py>(
+        py: Python<'py>,
+        reply: Reply,
+        c: &Components,
+    ) -> PyResult<Bound<'py, PyDict>> {
         match reply {
-            Reply::Stats { stats: s, sessions } => {
-                let d = PyDict::new(py);
-                d.set_item("total_tokens", s.total_tokens)?;
-                d.set_item("evictable_tokens", s.evictable_tokens)?;
-                d.set_item("protected_tokens", s.protected_tokens)?;
-                d.set_item("free_pages", s.free_pages)?;
-                d.set_item("nodes", s.nodes)?;
-                d.set_item("evict_scanned", s.evict_scanned)?;
-                d.set_item("sessions", sessions)?;
+            Reply::StatsWith {
+                stats,
+                sessions,
+                components,
+            } => {
+                let d = stats_dict(py, &stats, sessions)?;
+                if let Some(f) = components {
+                    if c.swa.is_some() {
+                        d.set_item("swa_evictable_tokens", f.swa_evictable_tokens)?;
+                        d.set_item("swa_protected_tokens", f.swa_protected_tokens)?;
+                        d.set_item("swa_free_pages", f.swa_free_pages)?;
+                        d.set_item("evict_scanned_swa", f.evict_scanned_swa)?;
+                    }
+                    if c.mamba.is_some() {
+                        d.set_item("mamba_evictable_states", f.mamba_evictable_states)?;
+                        d.set_item("mamba_protected_states", f.mamba_protected_states)?;
+                        d.set_item("mamba_free_states", f.mamba_free_states)?;
+                        d.set_item("evict_scanned_mamba", f.evict_scanned_mamba)?;
+                    }
+                    d.set_item("components", c.names())?;
+                }
                 Ok(d)
             }
+            Reply::Stats { stats, sessions } => stats_dict(py, &stats, sessions),
             other => Err(unexpected(other)),
         }
+    }
+
+    fn stats_dict<'py>(
+        py: Python<'py>,
+        s: &radixd::engine::Stats,
+        sessions: u64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("total_tokens", s.total_tokens)?;
+        d.set_item("evictable_tokens", s.evictable_tokens)?;
+        d.set_item("protected_tokens", s.protected_tokens)?;
+        d.set_item("free_pages", s.free_pages)?;
+        d.set_item("nodes", s.nodes)?;
+        d.set_item("evict_scanned", s.evict_scanned)?;
+        d.set_item("sessions", sessions)?;
+        Ok(d)
     }
 
     /// Protected tokens before minus after a lock or unlock bracketed by
@@ -301,7 +450,10 @@ macro_rules! cache_methods {
             $($own)*
 
             /// The longest cached prefix of `tokens`: `.len`, `.pages`, `.handle`
-            /// (locked when `lock`; `None` when nothing matched).
+            /// (locked when `lock`; `None` when nothing matched), and
+            /// `.full_kv_hit_length` (tokens FULL alone matched) and
+            /// `.mamba_state` (the state slot the match ends at) when a
+            /// secondary component is on.
             #[pyo3(signature = (tokens, lock = false))]
             fn match_prefix(
                 &self,
@@ -310,22 +462,93 @@ macro_rules! cache_methods {
                 lock: bool,
             ) -> PyResult<MatchResult> {
                 let tokens = input::u32s(tokens, "tokens")?;
-                reply::matched(py, self.run(py, Request::Match { tokens, lock })?)
+                let request = if self.components()?.is_full_only() {
+                    Request::Match { tokens, lock }
+                } else {
+                    Request::MatchWith { tokens, lock }
+                };
+                reply::matched(py, self.run(py, request)?)
             }
 
             /// Caches `tokens` with `pages` (one owned page per whole page of
-            /// tokens): `.cached`, `.len`, `.handle` (only with `lock`).
-            #[pyo3(signature = (tokens, pages, lock = false))]
+            /// tokens): `.cached`, `.len`, `.handle` (only with `lock`),
+            /// `.mamba_exist`. `mamba_state`: a state slot from
+            /// `alloc_state` to checkpoint at the key's end (the tree takes
+            /// it); `swa_evicted`: leading tokens whose SWA pages
+            /// `free_swa` freed (page-aligned).
+            #[pyo3(signature = (tokens, pages, lock = false, mamba_state = None, swa_evicted = None))]
             fn insert(
                 &self,
                 py: Python<'_>,
                 tokens: &Bound<'_, PyAny>,
                 pages: &Bound<'_, PyAny>,
                 lock: bool,
+                mamba_state: Option<&Bound<'_, PyAny>>,
+                swa_evicted: Option<&Bound<'_, PyAny>>,
             ) -> PyResult<InsertResult> {
+                let mamba_state = state_arg(mamba_state)?;
+                let swa_evicted = opt_count(swa_evicted, "swa_evicted")?;
+                let plain = self.components()?.is_full_only()
+                    && mamba_state.is_none()
+                    && swa_evicted == 0;
                 insert_like(tokens, pages, |tokens, pages| {
-                    self.run(py, Request::Insert { tokens, pages, lock })
+                    let request = if plain {
+                        Request::Insert { tokens, pages, lock }
+                    } else {
+                        Request::InsertWith {
+                            tokens,
+                            pages,
+                            lock,
+                            mamba_state,
+                            swa_evicted,
+                        }
+                    };
+                    self.run(py, request)
                 })
+            }
+
+            /// Takes a MAMBA state slot (evicting a cached state when none
+            /// is free); `ComponentOffError` without MAMBA.
+            fn alloc_state(&self, py: Python<'_>) -> PyResult<u32> {
+                reply::state(self.run(py, Request::AllocState)?)
+            }
+
+            /// Returns a state slot this client holds to the pool.
+            fn free_state(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
+                let state = count(state, "state")?;
+                reply::done(self.run(py, Request::FreeState { state })?)
+            }
+
+            /// Frees the SWA pages paired with these owned pages (tokens
+            /// that slid out of the window); returns how many went.
+            fn free_swa(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<u64> {
+                let pages = input::u32s(pages, "pages")?;
+                reply::swa_freed(self.run(py, Request::FreeSwa { pages })?)
+            }
+
+            /// Evicts per component: `tokens` FULL tokens, then SWA tokens
+            /// and MAMBA states until that many went: `.evicted`,
+            /// `.swa_evicted`, `.mamba_evicted`.
+            #[pyo3(signature = (tokens, swa_tokens = None, mamba_states = None))]
+            fn evict_components(
+                &self,
+                py: Python<'_>,
+                tokens: &Bound<'_, PyAny>,
+                swa_tokens: Option<&Bound<'_, PyAny>>,
+                mamba_states: Option<&Bound<'_, PyAny>>,
+            ) -> PyResult<EvictResult> {
+                let request = Request::EvictComponents {
+                    tokens: count(tokens, "tokens")?,
+                    swa_tokens: opt_count(swa_tokens, "swa_tokens")?,
+                    mamba_states: opt_count(mamba_states, "mamba_states")?,
+                };
+                reply::evicted_components(self.run(py, request)?)
+            }
+
+            /// `"full"`, `"full,swa"` or `"full,mamba"`.
+            #[getter(components)]
+            fn components_name(&self) -> PyResult<&'static str> {
+                Ok(self.components()?.names())
             }
 
             /// Takes `n` pages from the pool (evicting as needed), as
@@ -354,10 +577,32 @@ macro_rules! cache_methods {
             }
 
             /// Evicts at least `tokens` tokens (whole pages, unlocked leaves first);
-            /// returns the tokens evicted.
-            fn evict(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<u64> {
+            /// returns the tokens evicted. With `swa_tokens` or
+            /// `mamba_states` (components on) it evicts those too and
+            /// returns what `evict_components` does.
+            #[pyo3(signature = (tokens, swa_tokens = None, mamba_states = None))]
+            fn evict(
+                &self,
+                py: Python<'_>,
+                tokens: &Bound<'_, PyAny>,
+                swa_tokens: Option<&Bound<'_, PyAny>>,
+                mamba_states: Option<&Bound<'_, PyAny>>,
+            ) -> PyResult<Py<PyAny>> {
                 let tokens = count(tokens, "tokens")?;
-                reply::evicted(self.run(py, Request::Evict { tokens })?)
+                let swa_tokens = opt_count(swa_tokens, "swa_tokens")?;
+                let mamba_states = opt_count(mamba_states, "mamba_states")?;
+                if swa_tokens == 0 && mamba_states == 0 {
+                    let n = if self.components()?.is_full_only() {
+                        reply::evicted(self.run(py, Request::Evict { tokens })?)?
+                    } else {
+                        let r = Request::EvictComponents { tokens, swa_tokens, mamba_states };
+                        reply::evicted_components(self.run(py, r)?)?.evicted
+                    };
+                    return Ok(n.into_pyobject(py)?.into_any().unbind());
+                }
+                let r = Request::EvictComponents { tokens, swa_tokens, mamba_states };
+                let e = reply::evicted_components(self.run(py, r)?)?;
+                Ok(Bound::new(py, e)?.into_any().unbind())
             }
 
             /// Commits a session's conversation so far: `.cached`, `.len`.
@@ -387,9 +632,13 @@ macro_rules! cache_methods {
                 reply::session(py, self.run(py, Request::SessionStatus { session })?)
             }
 
-            /// The figures of `radixd exec`'s `stats` answer, as a dict.
+            /// The figures of `radixd exec`'s `stats` answer, as a dict
+            /// (with the components' figures and `"components"` when one
+            /// is on).
             fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-                reply::stats(py, self.run(py, Request::Stats)?)
+                let c = self.components()?;
+                let request = if c.is_full_only() { Request::Stats } else { Request::StatsWith };
+                reply::stats(py, self.run(py, request)?, &c)
             }
 
             /// Checks every invariant of the daemon's engine (raises
@@ -417,6 +666,8 @@ pub struct Client {
     name: String,
     page_size: u32,
     capacity: u32,
+    /// The daemon's components (fixed for its lifetime).
+    components: Components,
 }
 
 impl Client {
@@ -447,6 +698,11 @@ impl Client {
         self.with(py, |c| Backend::call(c, request))?
             .map_err(|r| rejected(py, r))
     }
+
+    /// The daemon's components.
+    fn components(&self) -> PyResult<Components> {
+        Ok(self.components)
+    }
 }
 
 // One `#[pymethods]` block per class (without pyo3's `multiple-pymethods`),
@@ -471,6 +727,7 @@ cache_methods! {
             Ok(Self {
                 page_size: client.page_size(),
                 capacity: client.capacity(),
+                components: client.components(),
                 inner: Mutex::new(Some(client)),
                 name: name.to_owned(),
             })
@@ -594,18 +851,39 @@ impl Engine {
         let mut local = guard(&self.inner)?;
         local.call(request).map_err(|r| rejected(py, r))
     }
+
+    /// The engine's components.
+    fn components(&self) -> PyResult<Components> {
+        Ok(guard(&self.inner)?.engine.components())
+    }
 }
 
 cache_methods! {
     #[pymethods]
     impl Engine {
+        /// `Engine(page_size, capacity, components="full", swa_window=None,
+        /// swa_capacity=None, mamba_capacity=None)`: the flags of `radixd
+        /// exec` (`components` is `"full"`, `"full,swa"` or `"full,mamba"`;
+        /// `swa_capacity` defaults to `capacity`).
         #[new]
-        fn new(page_size: u32, capacity: u32) -> PyResult<Self> {
+        #[pyo3(signature = (page_size, capacity, components = "full", swa_window = None, swa_capacity = None, mamba_capacity = None))]
+        fn new(
+            page_size: u32,
+            capacity: u32,
+            components: &str,
+            swa_window: Option<u32>,
+            swa_capacity: Option<u32>,
+            mamba_capacity: Option<u32>,
+        ) -> PyResult<Self> {
             let config = Config {
                 page_size,
                 capacity,
             };
-            let engine = RustEngine::new(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
+            let bad = |e: &dyn std::fmt::Display| PyValueError::new_err(e.to_string());
+            let comps =
+                Components::parse(components, swa_window, swa_capacity, mamba_capacity, capacity)
+                    .map_err(|e| bad(&e))?;
+            let engine = RustEngine::with_components(config, comps).map_err(|e| bad(&e))?;
             Ok(Self {
                 inner: Mutex::new(Local {
                     engine,
@@ -721,6 +999,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
     m.add_class::<MatchResult>()?;
     m.add_class::<InsertResult>()?;
+    m.add_class::<EvictResult>()?;
     m.add_class::<index::KvIndex>()?;
     m.add_function(wrap_pyfunction!(_set_error_factory, m)?)?;
     m.add_function(wrap_pyfunction!(_error_kinds, m)?)?;

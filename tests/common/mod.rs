@@ -53,7 +53,39 @@ pub struct Exec {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// Answers come from a cache with this secondary component on: their
+    /// hybrid fields are checked, then removed (see [`Exec::hybrid`]).
+    hybrid: Option<Hybrid>,
 }
+
+/// A secondary component an [`Exec`] checks and strips the fields of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hybrid {
+    /// SWA without SWA pressure: every match's `full_kv_hit_length` is
+    /// its `len`.
+    Swa,
+    /// MAMBA: every match names its `mamba_state`, every insert says
+    /// `mamba_exist`.
+    Mamba,
+}
+
+/// The fields a cache with secondary components adds to answers.
+pub const HYBRID_FIELDS: [&str; 14] = [
+    "full_kv_hit_length",
+    "mamba_state",
+    "mamba_exist",
+    "swa_evicted",
+    "mamba_evicted",
+    "components",
+    "swa_evictable_tokens",
+    "swa_protected_tokens",
+    "swa_free_pages",
+    "evict_scanned_swa",
+    "mamba_evictable_states",
+    "mamba_protected_states",
+    "mamba_free_states",
+    "evict_scanned_mamba",
+];
 
 impl Exec {
     /// Starts `radixd exec ARGS`.
@@ -71,7 +103,16 @@ impl Exec {
             child,
             stdin,
             stdout,
+            hybrid: None,
         }
+    }
+
+    /// From now on answers are those of a cache with `component` on: each
+    /// answer's hybrid fields are checked, then removed, so it reads as
+    /// the full-only engine's answer.
+    pub fn hybrid(mut self, component: Hybrid) -> Self {
+        self.hybrid = Some(component);
+        self
     }
 
     /// Sends one raw line and reads its answer.
@@ -81,7 +122,16 @@ impl Exec {
         self.stdin.flush().expect("flush");
         let mut answer = String::new();
         self.stdout.read_line(&mut answer).expect("read");
-        serde_json::from_str(&answer).unwrap_or_else(|e| panic!("bad answer {answer:?}: {e}"))
+        let mut value: Value =
+            serde_json::from_str(&answer).unwrap_or_else(|e| panic!("bad answer {answer:?}: {e}"));
+        let request: Value = serde_json::from_slice(line).unwrap_or(Value::Null);
+        if let (Some(component), Value::Object(fields)) = (self.hybrid, &mut value) {
+            check_hybrid(component, &request, fields);
+            for name in HYBRID_FIELDS {
+                fields.remove(name);
+            }
+        }
+        value
     }
 
     /// Sends one request and reads its answer.
@@ -101,6 +151,36 @@ impl Drop for Exec {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The checks of [`Exec::hybrid`] on one successful answer to `request`.
+fn check_hybrid(component: Hybrid, request: &Value, answer: &serde_json::Map<String, Value>) {
+    if answer.get("ok") != Some(&Value::Bool(true)) {
+        return;
+    }
+    let op = request["op"].as_str().unwrap_or("");
+    let has = |k: &str| answer.contains_key(k);
+    match op {
+        "match" => {
+            let full = answer["full_kv_hit_length"].as_u64().expect("full length");
+            let len = answer["len"].as_u64().expect("len");
+            match component {
+                Hybrid::Swa => assert_eq!(full, len, "no SWA pressure: {answer:?}"),
+                Hybrid::Mamba => assert!(full >= len && has("mamba_state"), "{answer:?}"),
+            }
+        }
+        "insert" => assert_eq!(has("mamba_exist"), component == Hybrid::Mamba, "{answer:?}"),
+        "evict" => assert!(has("swa_evicted") && has("mamba_evicted"), "{answer:?}"),
+        "stats" => {
+            let (name, field) = match component {
+                Hybrid::Swa => ("full,swa", "swa_free_pages"),
+                Hybrid::Mamba => ("full,mamba", "mamba_free_states"),
+            };
+            assert_eq!(answer["components"], name, "{answer:?}");
+            assert!(answer[field].is_u64(), "{answer:?}");
+        }
+        _ => {}
     }
 }
 

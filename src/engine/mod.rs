@@ -809,11 +809,7 @@ impl<R: Region> Engine<R> {
         let mut node = self.arena.settle(walk);
         let mut len_pages = matched_pages;
         if self.arena.hybrid.is_some() {
-            let deepest = node;
             (node, len_pages) = self.arena.hy_match(node);
-            if node != deepest {
-                self.arena.touch(deepest);
-            }
             if let Some(out) = out {
                 out.truncate(len_pages);
             }
@@ -933,14 +929,10 @@ impl<R: Region> Engine<R> {
         };
         let mut len_pages = walk.pages;
         if self.arena.hybrid.is_some() {
-            let deepest = node;
+            // As SGLang, only the usable part is marked used: a node below
+            // it keeps its last use (older than its parent or not).
             (node, len_pages) = self.arena.hy_match(node);
             pages.truncate(len_pages);
-            if node != deepest {
-                // The path below stays older than the usable part, parents
-                // newer than children (root-MRU), as `touch` keeps it.
-                self.arena.touch(deepest);
-            }
             extra.mamba_state = self
                 .arena
                 .mamba()

@@ -245,7 +245,9 @@ impl<R: Region> Engine<R> {
         // the heap holds exactly the unlocked leaves, in heap order.
         let lru = &a.lru;
         for (i, n) in nodes.iter().enumerate() {
-            if n.state == NODE_LIVE && i as u32 != ROOT && n.parent != ROOT {
+            // A hybrid match cut back by a component marks only the usable
+            // part used, as SGLang does: a node below may be the newer.
+            if a.hybrid.is_none() && n.state == NODE_LIVE && i as u32 != ROOT && n.parent != ROOT {
                 ensure!(
                     lru.stamp_of(n.parent) >= lru.stamp_of(i as u32),
                     "node {i} is newer than its parent {}",

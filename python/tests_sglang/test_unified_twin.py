@@ -97,6 +97,46 @@ class Twin:
                 us.free_mamba(self.s, state[0])
                 self.r.free_state(state[1])
 
+    def request(self):
+        """A scheduler's request: match and lock the cached prefix, allocate
+        the rest, let decode free the SWA pages that slid out of the window
+        (SWA), insert the whole prompt with the tree's pages for the prefix
+        (SGLang's ``prev_prefix_len``), unlock."""
+        t = self.tokens()
+        got = us.match(self.s, t)
+        ours = self.r.match_prefix(t, lock=True)
+        assert ours.len == got["len"], f"request match {t}: radixd {ours.len}, SGLang {got['len']}"
+        receipt = us.lock(self.s, got["node"])
+        rest = len(t) - got["len"]
+        ok = us.full_available(self.s) >= rest and (self.kind != "swa" or us.swa_available(self.s) >= rest)
+        if self.kind == "mamba" and us.mamba_available(self.s) == 0:
+            ok = False
+        if ok and rest:
+            kv = us.alloc_kv(self.s, rest)
+            fresh = list(self.r.alloc(rest // self.p))
+            evicted = 0
+            if self.kind == "swa":
+                window = 3 * self.p
+                evicted = max(0, (len(t) - window - self.p) // self.p * self.p)
+                evicted = evicted if evicted > got["len"] else 0
+                if evicted:
+                    us.free_swa_only(self.s, kv[: evicted - got["len"]])
+                    assert self.r.free_swa(fresh[: (evicted - got["len"]) // self.p]) == (evicted - got["len"]) // self.p
+            state = None
+            if self.kind == "mamba":
+                state = (us.alloc_mamba(self.s), self.r.alloc_state())
+            g = us.insert(self.s, t, got["value"] + kv, mamba_slot=state and state[0], swa_evicted_seqlen=evicted, prev_prefix_len=got["len"])
+            o = self.r.insert(t, list(ours.pages) + fresh, mamba_state=state and state[1], swa_evicted=evicted)
+            assert o.cached == g["prefix_len"], f"request insert {t}: radixd {o.cached}, SGLang {g['prefix_len']}"
+            if state is not None:
+                assert o.mamba_exist == g["mamba_exist"]
+                if g["mamba_exist"]:
+                    us.free_mamba(self.s, state[0])
+                    self.r.free_state(state[1])
+        us.unlock(self.s, got["node"], receipt)
+        if ours.handle is not None:
+            self.r.unlock(ours.handle)
+
     def match(self, lock: bool):
         t = self.tokens()
         got = us.match(self.s, t)
@@ -117,8 +157,10 @@ class Twin:
 
     def step(self):
         op = self.rng.random()
-        if op < 0.35:
+        if op < 0.2:
             self.insert()
+        elif op < 0.35:
+            self.request()
         elif op < 0.6:
             self.match(lock=False)
         elif op < 0.7:

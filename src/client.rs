@@ -20,7 +20,7 @@ use radixd_ipc::{
 
 use crate::engine::{
     Anchor, ComponentStats, Components, Evicted, Handle, InsertExtra, InsertedExtra, MatchExtra,
-    Peeked, Stats, TreeReader,
+    Peeked, Stats, TreeReader, Usable,
 };
 use crate::op::{ErrorKind, Rejection, Reply, Request};
 use crate::shared::{
@@ -754,8 +754,26 @@ impl Client {
     /// The longest cached prefix of `tokens` and its pages, read straight
     /// from the shared tree: no round trip, no lock, no LRU touch (for
     /// scoring requests; `match_prefix` is what a scheduler acts on).
+    ///
+    /// With components on (a hybrid model) the answer is what a match would
+    /// serve: cut back to where the SWA window holds or a state was
+    /// checkpointed ([`Client::peek_usable`]).
     pub fn peek(&self, tokens: &[u32]) -> Result<(usize, Vec<u32>), ClientError> {
+        if !self.components.is_full_only() {
+            return self.peek_usable(tokens).map(|(u, pages)| (u.len, pages));
+        }
         self.peek_anchored(tokens).map(|(p, pages)| (p.len, pages))
+    }
+
+    /// The usable prefix of `tokens` a hybrid engine's match would answer
+    /// (its length, the state at its end) and its pages, read straight from
+    /// the shared tree as [`Client::peek`] reads; on a FULL-only engine,
+    /// the same as `peek`.
+    pub fn peek_usable(&self, tokens: &[u32]) -> Result<(Usable, Vec<u32>), ClientError> {
+        let reader = self.reader()?;
+        let mut pages = Vec::new();
+        let usable = self.announced(|| reader.peek_usable(tokens, &mut pages).map(|(u, _)| u))?;
+        Ok((usable, pages))
     }
 
     /// [`Client::peek`], also naming where the match ended in the tree
@@ -782,6 +800,12 @@ impl Client {
     /// [`Client::peek_anchored`] into `pages` (cleared first).
     fn peek_into(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Result<Peeked, ClientError> {
         let reader = self.reader()?;
+        self.announced(|| reader.peek_anchored(tokens, pages))
+    }
+
+    /// Runs the walk `read` announced to the daemon as a reader (see
+    /// `peek_into`), again while its announcement was expired under it.
+    fn announced<T>(&self, read: impl FnMut() -> Option<T>) -> Result<T, ClientError> {
         let (clock, slots) = self
             .layout
             .readers(&self.segment)
@@ -798,7 +822,7 @@ impl Client {
         // `daemon::READER_EXPIRY`) makes that walk's copy untrustworthy,
         // and `read` walks again.
         announce
-            .read(clock, PEEK_TRIES, || reader.peek_anchored(tokens, pages))
+            .read(clock, PEEK_TRIES, read)
             .flatten()
             .ok_or(ClientError::Contended)
     }

@@ -786,6 +786,13 @@ fn hybrid_client_methods_answer_as_the_in_process_engine_does() {
     let (lm, lmx) = e.match_with(me, &key, false, &mut lp);
     assert_eq!((m.len, &m.pages, mx), (lm.len, &lp, lmx));
     assert_eq!((m.len, mx.full_len, mx.mamba_state), (8, 12, None));
+    // The lock-free read answers what the match does, and touches nothing.
+    let (read, read_pages) = c.peek(&key).unwrap();
+    assert_eq!((read, &read_pages[..]), (8, &pages[..4]));
+    let (u, _) = c.peek_usable(&key[..10]).unwrap();
+    assert_eq!(u.len, 8);
+    let (full, _) = c.peek_anchored(&key).unwrap();
+    assert_eq!(full.len, 12, "the anchored read is FULL's walk");
     // The anchored match reads FULL's pages lock-free: only the answer's
     // length of them is the match.
     for anchoring in [true, false] {

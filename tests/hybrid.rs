@@ -621,3 +621,29 @@ fn sessions_and_dead_clients_hold_and_release_components() {
     assert_eq!(stats(&e).mamba_free_states, 3);
     assert_eq!(stats(&e).mamba_evictable_states, 1);
 }
+
+/// Routers index FULL blocks: an SWA tombstone publishes nothing, a leaf
+/// SWA eviction takes whole publishes its pages' removal.
+#[test]
+fn secondary_evictions_publish_only_what_full_loses() {
+    use radixd::engine::CacheEvent;
+    let mut e = swa(1, 32, 2);
+    e.record_events(true);
+    put(&mut e, &[1, 2]);
+    put(&mut e, &[1, 2, 3, 4]);
+    let mut events = Vec::new();
+    e.take_events(&mut events);
+    assert_eq!(events.len(), 2, "{events:?}");
+    events.clear();
+    // [1, 2] is inner: a tombstone, nothing published.
+    e.evict_components(0, 2, 0).unwrap();
+    e.take_events(&mut events);
+    assert!(events.is_empty(), "{events:?}");
+    // [3, 4] is a leaf: gone whole, both pages removed.
+    e.evict_components(0, 2, 0).unwrap();
+    e.take_events(&mut events);
+    assert!(
+        matches!(&events[..], [CacheEvent::Removed { pages }] if pages.len() == 2),
+        "{events:?}"
+    );
+}

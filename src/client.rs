@@ -235,6 +235,9 @@ struct Sent {
     window: u32,
     /// The handle it locks by itself (`lock`).
     locks: Option<u64>,
+    /// It asked for a lock (`match`/`insert` with `lock`): only then does
+    /// the handle of its answer hold one.
+    asks_lock: bool,
 }
 
 /// What abandoned answers handed this client.
@@ -248,18 +251,22 @@ struct Returns {
 
 impl Returns {
     /// Takes note of what `answer` (to a request that locks `locks` by
-    /// itself) handed over.
-    fn note(&mut self, locks: Option<u64>, answer: &Result<Reply, Rejection>) {
+    /// itself, or asked for a lock when `asks_lock`) handed over. A match
+    /// without a lock names its node too: that handle holds nothing, and
+    /// unlocking it would drop a lock this client took elsewhere.
+    fn note(&mut self, locks: Option<u64>, asks_lock: bool, answer: &Result<Reply, Rejection>) {
         match answer {
             Ok(Reply::Pages(pages)) => self.pages.extend_from_slice(pages),
             Ok(Reply::Matched {
                 handle: Some(h), ..
             })
-            | Ok(Reply::Inserted {
-                handle: Some(h), ..
-            })
             | Ok(Reply::MatchedWith {
                 handle: Some(h), ..
+            }) if asks_lock => self.handles.push(*h),
+            Ok(Reply::Inserted {
+                handle: Some(h),
+                locked: true,
+                ..
             })
             | Ok(Reply::InsertedWith {
                 handle: Some(h),
@@ -452,7 +459,7 @@ impl Client {
                     &mut buf,
                 )
                 .map_err(|e| break_on(&mut self.broken, e))?;
-                self.to_return.note(sent.locks, &answer);
+                self.to_return.note(sent.locks, sent.asks_lock, &answer);
                 self.outstanding.pop_front();
             }
         }
@@ -628,8 +635,11 @@ impl Client {
                 // The caller sees none of this batch's answers: give back
                 // what those that arrived handed over.
                 for (answer, e) in answers.iter().zip(&encoded) {
-                    self.to_return
-                        .note(wire::handle_locked_by(&e.record), answer);
+                    self.to_return.note(
+                        wire::handle_locked_by(&e.record),
+                        wire::asks_lock(&e.record),
+                        answer,
+                    );
                 }
                 return Err(e);
             }
@@ -712,6 +722,7 @@ impl Client {
                 seq: record.seq,
                 window: record.reply_off,
                 locks: wire::handle_locked_by(&record),
+                asks_lock: wire::asks_lock(&record),
             });
         }
         let sent = self.outstanding.len() - first;

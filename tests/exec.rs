@@ -984,4 +984,22 @@ fn bad_components_are_refused_with_status_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("disagrees"));
+    let full = common::radixd()
+        .args(["exec", "--connect", &daemon.name, "--components", "full"])
+        .output()
+        .unwrap();
+    assert_eq!(full.status.code(), Some(2), "full is not the daemon's");
+    // The daemon's own components are accepted.
+    let mut same = Exec::start(&[
+        "--connect",
+        &daemon.name,
+        "--components",
+        "full,mamba",
+        "--mamba-capacity",
+        "4",
+    ]);
+    assert_eq!(
+        same.call(json!({"op":"alloc_state"})),
+        json!({"ok":true,"state":0})
+    );
 }

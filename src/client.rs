@@ -893,16 +893,21 @@ impl Client {
         }
     }
 
-    /// `match_prefix` by anchor; `None`: send the full request.
+    /// `match_prefix` by anchor, with the tokens FULL alone matched;
+    /// `None`: send the full request. `extra_reply`: bytes the full
+    /// request's answer needs beyond the pages (so both fail alike when
+    /// too large).
     fn match_anchored(
         &mut self,
         tokens: &[u32],
         lock: bool,
-    ) -> Result<Option<MatchResult>, ClientError> {
+        extra_reply: usize,
+    ) -> Result<Option<(MatchResult, usize)>, ClientError> {
         // `Match`'s payload is the tokens, its answer the pages.
         let p = self.page_size().max(1) as usize;
         let mut pages = Vec::new();
-        let read = self.read_anchor(tokens, tokens.len() * 4, tokens.len() / p * 4, &mut pages)?;
+        let reply = tokens.len() / p * 4 + extra_reply;
+        let read = self.read_anchor(tokens, tokens.len() * 4, reply, &mut pages)?;
         let Some(peeked) = read else {
             return Ok(None);
         };
@@ -910,12 +915,15 @@ impl Client {
             // Nothing cached: the full request would change nothing (the
             // root is never touched or locked) and answer just this.
             self.anchoring.hits += 1;
-            return Ok(Some(MatchResult {
+            let none = MatchResult {
                 len: 0,
                 pages: Vec::new(),
                 handle: None,
-            }));
+            };
+            return Ok(Some((none, 0)));
         };
+        // The anchor holds only where FULL's walk ends: there.
+        let full_len = pages.len() * p;
         let call = Call::MatchAt {
             anchor,
             matched_pages: pages.len() as u32,
@@ -930,11 +938,12 @@ impl Client {
                 // read are FULL's, so only those of the answer's length
                 // are the match's.
                 pages.truncate(len as usize / p);
-                Ok(Some(MatchResult {
+                let m = MatchResult {
                     len: len as usize,
                     pages,
                     handle: handle.map(Handle::from_raw),
-                }))
+                };
+                Ok(Some((m, full_len)))
             }
             Some(other) => Err(unexpected(other)),
         }
@@ -1000,10 +1009,9 @@ impl Client {
         pages: &[u32],
         lock: bool,
     ) -> Result<InsertResult, ClientError> {
-        // A hybrid insert also recovers SWA tombstones along the whole key
-        // and checks the pages' SWA pairing: it goes whole, as
-        // `insert_with` does, so its answer never depends on the path.
-        if self.anchoring.on && self.components.is_full_only() {
+        // A hybrid engine's anchored insert does what the full one does
+        // (SWA tombstone recovery and pairing checks walk the same path).
+        if self.anchoring.on {
             if let Some(r) = self.insert_anchored(tokens, pages, lock)? {
                 return Ok(r);
             }
@@ -1051,12 +1059,26 @@ impl Client {
 
     /// [`Client::match_prefix`] with the hybrid parts of the answer: how
     /// far FULL alone matched and the state slot the match ends at (see
-    /// [`crate::engine::Engine::match_with`]). Always the full request.
+    /// [`crate::engine::Engine::match_with`]). By anchor (see
+    /// [`Client::set_anchoring`]) unless MAMBA is on (the state is the
+    /// daemon's to say).
     pub fn match_with(
         &mut self,
         tokens: &[u32],
         lock: bool,
     ) -> Result<(MatchResult, MatchExtra), ClientError> {
+        // Without MAMBA the extras are FULL's walk, which the anchored
+        // read knows: no state to learn from the daemon.
+        if self.anchoring.on && self.components.mamba.is_none() {
+            if let Some((m, full_len)) = self.match_anchored(tokens, lock, 4)? {
+                self.remember_match(tokens, m.len.min(tokens.len()), m.handle);
+                let extra = MatchExtra {
+                    full_len,
+                    mamba_state: None,
+                };
+                return Ok((m, extra));
+            }
+        }
         match self.send(Call::MatchWith(tokens, lock))? {
             Reply::MatchedWith {
                 len,
@@ -1167,12 +1189,12 @@ impl Client {
     /// anchor: see [`Client::set_anchoring`]).
     pub fn match_prefix(&mut self, tokens: &[u32], lock: bool) -> Result<MatchResult, ClientError> {
         let anchored = if self.anchoring.on {
-            self.match_anchored(tokens, lock)?
+            self.match_anchored(tokens, lock, 0)?
         } else {
             None
         };
         let m = match anchored {
-            Some(m) => m,
+            Some((m, _)) => m,
             None => match self.send(Call::Match(tokens, lock))? {
                 Reply::Matched {
                     len, pages, handle, ..

@@ -1398,8 +1398,9 @@ impl Drop for Client {
 }
 
 impl crate::op::Backend for Client {
-    /// `match` and `insert` go by anchor when anchoring is on (see
-    /// [`Client::set_anchoring`]), with the same answers.
+    /// `match` (also with the hybrid extras) and `insert` go by anchor
+    /// when anchoring is on (see [`Client::set_anchoring`]), with the same
+    /// answers.
     fn call(&mut self, request: Request) -> Result<Reply, Rejection> {
         let answer = match request {
             Request::Match { tokens, lock } if self.anchoring.on => {
@@ -1419,6 +1420,15 @@ impl crate::op::Backend for Client {
                 handle: r.handle.map(Handle::to_raw),
                 locked: lock,
             }),
+            Request::MatchWith { tokens, lock } if self.anchoring.on => self
+                .match_with(&tokens, lock)
+                .map(|(m, x)| Reply::MatchedWith {
+                    len: m.len as u64,
+                    pages: m.pages,
+                    handle: m.handle.map(Handle::to_raw),
+                    full_len: x.full_len as u64,
+                    mamba_state: x.mamba_state,
+                }),
             request => Client::call(self, &request),
         };
         answer.map_err(|e| match e {

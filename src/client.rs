@@ -235,6 +235,9 @@ struct Sent {
     window: u32,
     /// The handle it locks by itself (`lock`).
     locks: Option<u64>,
+    /// It asked for a lock (`match`/`insert` with `lock`): only then does
+    /// the handle of its answer hold one.
+    asks_lock: bool,
 }
 
 /// What abandoned answers handed this client.
@@ -248,18 +251,22 @@ struct Returns {
 
 impl Returns {
     /// Takes note of what `answer` (to a request that locks `locks` by
-    /// itself) handed over.
-    fn note(&mut self, locks: Option<u64>, answer: &Result<Reply, Rejection>) {
+    /// itself, or asked for a lock when `asks_lock`) handed over. A match
+    /// without a lock names its node too: that handle holds nothing, and
+    /// unlocking it would drop a lock this client took elsewhere.
+    fn note(&mut self, locks: Option<u64>, asks_lock: bool, answer: &Result<Reply, Rejection>) {
         match answer {
             Ok(Reply::Pages(pages)) => self.pages.extend_from_slice(pages),
             Ok(Reply::Matched {
                 handle: Some(h), ..
             })
-            | Ok(Reply::Inserted {
-                handle: Some(h), ..
-            })
             | Ok(Reply::MatchedWith {
                 handle: Some(h), ..
+            }) if asks_lock => self.handles.push(*h),
+            Ok(Reply::Inserted {
+                handle: Some(h),
+                locked: true,
+                ..
             })
             | Ok(Reply::InsertedWith {
                 handle: Some(h),
@@ -452,7 +459,7 @@ impl Client {
                     &mut buf,
                 )
                 .map_err(|e| break_on(&mut self.broken, e))?;
-                self.to_return.note(sent.locks, &answer);
+                self.to_return.note(sent.locks, sent.asks_lock, &answer);
                 self.outstanding.pop_front();
             }
         }
@@ -628,8 +635,11 @@ impl Client {
                 // The caller sees none of this batch's answers: give back
                 // what those that arrived handed over.
                 for (answer, e) in answers.iter().zip(&encoded) {
-                    self.to_return
-                        .note(wire::handle_locked_by(&e.record), answer);
+                    self.to_return.note(
+                        wire::handle_locked_by(&e.record),
+                        wire::asks_lock(&e.record),
+                        answer,
+                    );
                 }
                 return Err(e);
             }
@@ -712,6 +722,7 @@ impl Client {
                 seq: record.seq,
                 window: record.reply_off,
                 locks: wire::handle_locked_by(&record),
+                asks_lock: wire::asks_lock(&record),
             });
         }
         let sent = self.outstanding.len() - first;
@@ -906,16 +917,21 @@ impl Client {
         }
     }
 
-    /// `match_prefix` by anchor; `None`: send the full request.
+    /// `match_prefix` by anchor, with the tokens FULL alone matched;
+    /// `None`: send the full request. `extra_reply`: bytes the full
+    /// request's answer needs beyond the pages (so both fail alike when
+    /// too large).
     fn match_anchored(
         &mut self,
         tokens: &[u32],
         lock: bool,
-    ) -> Result<Option<MatchResult>, ClientError> {
+        extra_reply: usize,
+    ) -> Result<Option<(MatchResult, usize)>, ClientError> {
         // `Match`'s payload is the tokens, its answer the pages.
         let p = self.page_size().max(1) as usize;
         let mut pages = Vec::new();
-        let read = self.read_anchor(tokens, tokens.len() * 4, tokens.len() / p * 4, &mut pages)?;
+        let reply = tokens.len() / p * 4 + extra_reply;
+        let read = self.read_anchor(tokens, tokens.len() * 4, reply, &mut pages)?;
         let Some(peeked) = read else {
             return Ok(None);
         };
@@ -923,12 +939,15 @@ impl Client {
             // Nothing cached: the full request would change nothing (the
             // root is never touched or locked) and answer just this.
             self.anchoring.hits += 1;
-            return Ok(Some(MatchResult {
+            let none = MatchResult {
                 len: 0,
                 pages: Vec::new(),
                 handle: None,
-            }));
+            };
+            return Ok(Some((none, 0)));
         };
+        // The anchor holds only where FULL's walk ends: there.
+        let full_len = pages.len() * p;
         let call = Call::MatchAt {
             anchor,
             matched_pages: pages.len() as u32,
@@ -943,11 +962,12 @@ impl Client {
                 // read are FULL's, so only those of the answer's length
                 // are the match's.
                 pages.truncate(len as usize / p);
-                Ok(Some(MatchResult {
+                let m = MatchResult {
                     len: len as usize,
                     pages,
                     handle: handle.map(Handle::from_raw),
-                }))
+                };
+                Ok(Some((m, full_len)))
             }
             Some(other) => Err(unexpected(other)),
         }
@@ -1013,10 +1033,9 @@ impl Client {
         pages: &[u32],
         lock: bool,
     ) -> Result<InsertResult, ClientError> {
-        // A hybrid insert also recovers SWA tombstones along the whole key
-        // and checks the pages' SWA pairing: it goes whole, as
-        // `insert_with` does, so its answer never depends on the path.
-        if self.anchoring.on && self.components.is_full_only() {
+        // A hybrid engine's anchored insert does what the full one does
+        // (SWA tombstone recovery and pairing checks walk the same path).
+        if self.anchoring.on {
             if let Some(r) = self.insert_anchored(tokens, pages, lock)? {
                 return Ok(r);
             }
@@ -1064,12 +1083,26 @@ impl Client {
 
     /// [`Client::match_prefix`] with the hybrid parts of the answer: how
     /// far FULL alone matched and the state slot the match ends at (see
-    /// [`crate::engine::Engine::match_with`]). Always the full request.
+    /// [`crate::engine::Engine::match_with`]). By anchor (see
+    /// [`Client::set_anchoring`]) unless MAMBA is on (the state is the
+    /// daemon's to say).
     pub fn match_with(
         &mut self,
         tokens: &[u32],
         lock: bool,
     ) -> Result<(MatchResult, MatchExtra), ClientError> {
+        // Without MAMBA the extras are FULL's walk, which the anchored
+        // read knows: no state to learn from the daemon.
+        if self.anchoring.on && self.components.mamba.is_none() {
+            if let Some((m, full_len)) = self.match_anchored(tokens, lock, 4)? {
+                self.remember_match(tokens, m.len.min(tokens.len()), m.handle);
+                let extra = MatchExtra {
+                    full_len,
+                    mamba_state: None,
+                };
+                return Ok((m, extra));
+            }
+        }
         match self.send(Call::MatchWith(tokens, lock))? {
             Reply::MatchedWith {
                 len,
@@ -1180,12 +1213,12 @@ impl Client {
     /// anchor: see [`Client::set_anchoring`]).
     pub fn match_prefix(&mut self, tokens: &[u32], lock: bool) -> Result<MatchResult, ClientError> {
         let anchored = if self.anchoring.on {
-            self.match_anchored(tokens, lock)?
+            self.match_anchored(tokens, lock, 0)?
         } else {
             None
         };
         let m = match anchored {
-            Some(m) => m,
+            Some((m, _)) => m,
             None => match self.send(Call::Match(tokens, lock))? {
                 Reply::Matched {
                     len, pages, handle, ..
@@ -1389,8 +1422,9 @@ impl Drop for Client {
 }
 
 impl crate::op::Backend for Client {
-    /// `match` and `insert` go by anchor when anchoring is on (see
-    /// [`Client::set_anchoring`]), with the same answers.
+    /// `match` (also with the hybrid extras) and `insert` go by anchor
+    /// when anchoring is on (see [`Client::set_anchoring`]), with the same
+    /// answers.
     fn call(&mut self, request: Request) -> Result<Reply, Rejection> {
         let answer = match request {
             Request::Match { tokens, lock } if self.anchoring.on => {
@@ -1410,6 +1444,15 @@ impl crate::op::Backend for Client {
                 handle: r.handle.map(Handle::to_raw),
                 locked: lock,
             }),
+            Request::MatchWith { tokens, lock } if self.anchoring.on => self
+                .match_with(&tokens, lock)
+                .map(|(m, x)| Reply::MatchedWith {
+                    len: m.len as u64,
+                    pages: m.pages,
+                    handle: m.handle.map(Handle::to_raw),
+                    full_len: x.full_len as u64,
+                    mamba_state: x.mamba_state,
+                }),
             request => Client::call(self, &request),
         };
         answer.map_err(|e| match e {

@@ -95,9 +95,9 @@ struct ServeArgs {
 struct ComponentArgs {
     /// What the cache keeps per node: full, full,swa (sliding-window
     /// attention pages beside full attention) or full,mamba (recurrent
-    /// state slots beside full attention).
-    #[arg(long, default_value = "full")]
-    components: String,
+    /// state slots beside full attention) [default: full].
+    #[arg(long, value_name = "COMPONENTS")]
+    components: Option<String>,
     /// SWA: the sliding window, in tokens (needed by full,swa).
     #[arg(long, value_name = "TOKENS")]
     swa_window: Option<u32>,
@@ -110,9 +110,9 @@ struct ComponentArgs {
 }
 
 impl ComponentArgs {
-    /// Whether any flag differs from its default.
+    /// Whether any of the flags was given.
     fn given(&self) -> bool {
-        self.components.trim() != "full"
+        self.components.is_some()
             || self.swa_window.is_some()
             || self.swa_capacity.is_some()
             || self.mamba_capacity.is_some()
@@ -121,7 +121,7 @@ impl ComponentArgs {
     /// The components for an engine of `capacity` FULL pages.
     fn parse(&self, capacity: u32) -> Result<Components, String> {
         Components::parse(
-            &self.components,
+            self.components.as_deref().unwrap_or("full"),
             self.swa_window,
             self.swa_capacity,
             self.mamba_capacity,

@@ -388,6 +388,7 @@ pub fn write_components(info: &Info, components: &Components) {
 pub fn read_components(info: &Info) -> Option<Components> {
     // Relaxed: the caller's Acquire load of `serving` ordered these.
     let get = |x: &AtomicU64| u32::try_from(x.load(Ordering::Relaxed)).ok();
+    // Relaxed: as above.
     let bits = info.components.load(Ordering::Relaxed);
     if bits & !(COMPONENT_SWA | COMPONENT_MAMBA) != 0 {
         return None;
@@ -498,6 +499,7 @@ mod tests {
             write_components(&info, &c);
             assert_eq!(read_components(&info), Some(c));
         }
+        // Relaxed, all: one thread writes and reads them.
         info.components.store(4, Ordering::Relaxed);
         assert_eq!(read_components(&info), None);
         info.components.store(COMPONENT_SWA, Ordering::Relaxed);

@@ -142,6 +142,12 @@ pub fn handle_locked_by(record: &WireRequest) -> Option<u64> {
     (record.op == opcode::LOCK).then_some(record.arg)
 }
 
+/// Whether a request asks for a lock (`match`/`insert` with `lock`): the
+/// handle of its answer then holds one.
+pub fn asks_lock(record: &WireRequest) -> bool {
+    record.flags & FLAG_LOCK != 0
+}
+
 /// The page count an `alloc` record asks for (`None`: not an `alloc`).
 pub fn alloc_count(record: &WireRequest) -> Option<u64> {
     (record.op == opcode::ALLOC).then_some(record.arg)

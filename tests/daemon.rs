@@ -918,3 +918,175 @@ fn a_full_only_daemon_has_no_component_figures_and_refuses_their_ops() {
     let ev = c.evict_components(2, 0, 0).unwrap();
     assert_eq!((ev.tokens, ev.swa_tokens, ev.mamba_states), (2, 0, 0));
 }
+
+/// One random scheduler's calls on a hybrid daemon (anchoring on, so
+/// matches and inserts go by anchor where they may) and on an in-process
+/// engine of the same components: every answer must be the same.
+fn hybrid_client_agrees_with_the_engine(args: &[&str], comps: radixd::engine::Components) {
+    use radixd::engine::{Config, Engine, InsertExtra};
+    use radixd::op::Rejection;
+    let daemon = Daemon::start(args);
+    let mut c = connect(&daemon);
+    assert!(c.anchoring());
+    let config = Config {
+        page_size: 2,
+        capacity: 24,
+    };
+    let mut e = Engine::with_components(config, comps).unwrap();
+    let me = c.slot();
+    let kind = |r: ClientError| match r {
+        ClientError::Rejected(r) => r.kind,
+        other => panic!("{other:?}"),
+    };
+    let ek = |r: Rejection| r.kind;
+    let mut rng = common::Rng(0x9e37_79b9_7f4a_7c15);
+    let mut held: Vec<radixd::engine::Handle> = Vec::new();
+    for step in 0..600 {
+        // Prompts over a small alphabet share prefixes and split edges.
+        let n = 2 + rng.below(14) as usize;
+        let key: Vec<u32> = (0..n).map(|_| rng.below(3) as u32).collect();
+        let lock = rng.below(4) == 0;
+        match rng.below(6) {
+            0 | 1 => {
+                let (m, mx) = c.match_with(&key, lock).unwrap();
+                let mut lp = Vec::new();
+                let (lm, lmx) = e.match_with(me, &key, lock, &mut lp);
+                assert_eq!(
+                    (m.len, &m.pages, m.handle, mx),
+                    (lm.len, &lp, lm.handle, lmx),
+                    "step {step}: match {key:?}"
+                );
+                held.extend(m.handle.filter(|_| lock));
+            }
+            2 | 3 => {
+                let m = c.match_prefix(&key, false).unwrap();
+                let mut lp = Vec::new();
+                let lm = e.match_prefix(me, &key, false, &mut lp);
+                assert_eq!((m.len, &m.pages), (lm.len, &lp), "step {step}");
+                let need = (n / 2 - m.pages.len()) as u64;
+                let got = c.alloc(need).map_err(kind);
+                let mut local = Vec::new();
+                let lgot = e.alloc_into(me, need, &mut local).map_err(|e| ek(e.into()));
+                assert_eq!(got.as_ref().err(), lgot.as_ref().err(), "step {step}");
+                let Ok(fresh) = got else { continue };
+                assert_eq!(fresh, local, "step {step}");
+                let mut pages = m.pages.clone();
+                pages.extend(&fresh);
+                let mut extra = InsertExtra::default();
+                if comps.swa.is_some() && !fresh.is_empty() && rng.below(3) == 0 {
+                    // The first new page slid out of the window.
+                    let k = 1;
+                    assert_eq!(c.free_swa(&fresh[..k]).unwrap(), 1);
+                    assert_eq!(e.free_swa(me, &fresh[..k]).unwrap(), 1);
+                    extra.swa_evicted = ((m.pages.len() + k) * 2) as u64;
+                }
+                if comps.mamba.is_some() && rng.below(2) == 0 {
+                    let s = c.alloc_state().map_err(kind);
+                    assert_eq!(s, e.alloc_state(me).map_err(|e| ek(e.into())));
+                    extra.mamba_state = s.ok();
+                }
+                let r = if extra == InsertExtra::default() {
+                    c.insert(&key, &pages, lock)
+                        .map(|r| (r, Default::default()))
+                } else {
+                    c.insert_with(&key, &pages, lock, extra)
+                };
+                let lr = e.insert_with(me, &key, &pages, lock, extra);
+                let r = r.map(|(r, x)| (r.cached, r.len, r.handle, x)).map_err(kind);
+                let lr = lr
+                    .map(|(r, x)| (r.cached, r.len, r.handle, x))
+                    .map_err(|e| ek(e.into()));
+                assert_eq!(r, lr, "step {step}: insert {key:?} {pages:?} {extra:?}");
+                if let Ok((_, _, Some(h), _)) = r {
+                    held.push(h);
+                }
+                if r.is_err() {
+                    // What the failed insert did not take goes back.
+                    let owned: Vec<u32> = fresh.clone();
+                    assert_eq!(
+                        c.free(&owned).map_err(kind),
+                        e.free(me, &owned).map_err(|e| ek(e.into()))
+                    );
+                    if let Some(s) = extra.mamba_state {
+                        c.free_state(u64::from(s)).unwrap();
+                        e.free_state(me, u64::from(s)).unwrap();
+                    }
+                }
+            }
+            4 => {
+                if let Some(h) = (!held.is_empty())
+                    .then(|| held.swap_remove(rng.below(held.len() as u64) as usize))
+                {
+                    assert_eq!(
+                        c.unlock(h).map_err(kind),
+                        e.unlock(me, h.to_raw()).map_err(|e| ek(e.into()))
+                    );
+                }
+            }
+            _ => {
+                let swa = if comps.swa.is_some() { rng.below(6) } else { 0 };
+                let mamba = if comps.mamba.is_some() {
+                    rng.below(2)
+                } else {
+                    0
+                };
+                let t = rng.below(6);
+                assert_eq!(
+                    c.evict_components(t, swa, mamba).map_err(kind),
+                    e.evict_components(t, swa, mamba).map_err(|e| ek(e.into())),
+                    "step {step}"
+                );
+            }
+        }
+        assert_eq!(c.stats().unwrap().0, e.stats(), "step {step}");
+        assert_eq!(c.component_stats().unwrap(), e.component_stats());
+    }
+    assert!(c.anchored_hits() > 0);
+    c.validate().unwrap();
+    e.validate().unwrap();
+}
+
+#[test]
+fn a_swa_daemon_answers_as_the_engine_with_anchoring() {
+    use radixd::engine::{Components, SwaConfig};
+    let comps = Components {
+        swa: Some(SwaConfig {
+            window: 4,
+            capacity: 12,
+        }),
+        mamba: None,
+    };
+    let args = [
+        "--page-size",
+        "2",
+        "--capacity",
+        "24",
+        "--components",
+        "full,swa",
+        "--swa-window",
+        "4",
+        "--swa-capacity",
+        "12",
+    ];
+    hybrid_client_agrees_with_the_engine(&args, comps);
+}
+
+#[test]
+fn a_mamba_daemon_answers_as_the_engine_with_anchoring() {
+    use radixd::engine::{Components, MambaConfig};
+    let comps = Components {
+        swa: None,
+        mamba: Some(MambaConfig { capacity: 4 }),
+    };
+    let args = [
+        "--page-size",
+        "2",
+        "--capacity",
+        "24",
+        "--components",
+        "full,mamba",
+        "--mamba-capacity",
+        "4",
+    ];
+    hybrid_client_agrees_with_the_engine(&args, comps);
+}

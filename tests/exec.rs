@@ -7,7 +7,8 @@
 //! `--components full,swa` (no SWA pressure: every answer is the
 //! full-only one plus its hybrid fields) and, where the MAMBA match rule
 //! (a match ends at a node holding a state) leaves the answers alone,
-//! `--components full,mamba`, in-process and through a daemon.
+//! `--components full,mamba`, in-process and through a daemon (anchored
+//! and with `--full-requests`).
 
 mod common;
 
@@ -45,6 +46,17 @@ macro_rules! hybrid {
             a.push("--allow-reset");
             let daemon = Daemon::start(&a);
             let x = Exec::start(&["--connect", &daemon.name]);
+            super::super::$scenario(&mut x.hybrid($component));
+        }
+
+        #[test]
+        fn through_the_daemon_with_full_requests() {
+            let mut a = super::$args();
+            a.extend(component_args($component));
+            let mut a: Vec<&str> = a.iter().map(String::as_str).collect();
+            a.push("--allow-reset");
+            let daemon = Daemon::start(&a);
+            let x = Exec::start(&["--connect", &daemon.name, "--full-requests"]);
             super::super::$scenario(&mut x.hybrid($component));
         }
     };
@@ -604,6 +616,13 @@ macro_rules! with_args {
                 let daemon = Daemon::start(&$args);
                 super::$scenario(&mut Exec::start(&["--connect", &daemon.name]));
             }
+
+            #[test]
+            fn through_the_daemon_with_full_requests() {
+                let daemon = Daemon::start(&$args);
+                let name = daemon.name.as_str();
+                super::$scenario(&mut Exec::start(&["--connect", name, "--full-requests"]));
+            }
         }
     };
 }
@@ -984,4 +1003,22 @@ fn bad_components_are_refused_with_status_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("disagrees"));
+    let full = common::radixd()
+        .args(["exec", "--connect", &daemon.name, "--components", "full"])
+        .output()
+        .unwrap();
+    assert_eq!(full.status.code(), Some(2), "full is not the daemon's");
+    // The daemon's own components are accepted.
+    let mut same = Exec::start(&[
+        "--connect",
+        &daemon.name,
+        "--components",
+        "full,mamba",
+        "--mamba-capacity",
+        "4",
+    ]);
+    assert_eq!(
+        same.call(json!({"op":"alloc_state"})),
+        json!({"ok":true,"state":0})
+    );
 }

@@ -488,9 +488,9 @@ macro_rules! cache_methods {
             ) -> PyResult<InsertResult> {
                 let mamba_state = state_arg(mamba_state)?;
                 let swa_evicted = opt_count(swa_evicted, "swa_evicted")?;
-                let plain = self.components()?.is_full_only()
-                    && mamba_state.is_none()
-                    && swa_evicted == 0;
+                // Without extras an insert is the plain one on any engine
+                // (and a client's may go by anchor).
+                let plain = mamba_state.is_none() && swa_evicted == 0;
                 insert_like(tokens, pages, |tokens, pages| {
                     let request = if plain {
                         Request::Insert { tokens, pages, lock }

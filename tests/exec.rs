@@ -869,10 +869,15 @@ fn mamba_ops_answer_as_documented(x: &mut Exec) {
             ),
         ],
     );
-    // The key's node holds a state already: the one given goes back.
+    // The key's node holds a state already: the one given stays the
+    // client's (SGLang's scheduler then frees it).
     assert_eq!(
         x.call(json!({"op":"insert","tokens":&P12[..8],"pages":[0,1,2,3],"mamba_state":1})),
         json!({"ok":true,"cached":8,"len":8,"mamba_exist":true})
+    );
+    assert_eq!(
+        x.call(json!({"op":"free_state","state":1})),
+        json!({"ok":true})
     );
     assert_eq!(
         error_kind(&x.call(json!({"op":"free_state","state":1}))),

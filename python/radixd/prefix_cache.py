@@ -268,7 +268,8 @@ class PrefixCache:
         ``value``; returns the prefix length that was already cached (SGLang's
         ``prefix_len``). With ``value=None`` pages are allocated here.
         Hybrid backends: ``mamba_state`` (a slot from ``alloc_state``) is
-        checkpointed at the key's end, ``swa_evicted`` names the leading
+        checkpointed at the key's end (freed here when the node has one
+        already, as SGLang frees it), ``swa_evicted`` names the leading
         tokens whose SWA pages ``free_swa`` freed; an ``InsertParams`` key
         gives them as ``mamba_value`` and its SWA evicted seqlen."""
         if self.disable:
@@ -291,7 +292,15 @@ class PrefixCache:
         if value is None:
             return self._insert_allocating(tokens, extra)
         pages = indices_to_pages(value, self.page_size, len(tokens))
-        return self.backend.insert(tokens, pages, **extra).cached
+        return self._settle(self.backend.insert(tokens, pages, **extra), mamba_state)
+
+    def _settle(self, result: Any, mamba_state: Optional[int]) -> int:
+        # The key's node held a state already (SGLang's mamba_exist): the
+        # one given is not cached, and is freed as SGLang's
+        # cleanup_after_caching_req frees it.
+        if mamba_state is not None and getattr(result, "mamba_exist", False):
+            self.backend.free_state(mamba_state)
+        return result.cached
 
     def _insert_allocating(self, tokens: Any, extra: Optional[dict] = None) -> int:
         # Lock what is cached, so allocating cannot evict it under us.
@@ -301,7 +310,8 @@ class PrefixCache:
             pages = list(m.pages)
             if need > 0:
                 pages.extend(self.backend.alloc(need))
-            return self.backend.insert(tokens, pages, **(extra or {})).cached
+            extra = extra or {}
+            return self._settle(self.backend.insert(tokens, pages, **extra), extra.get("mamba_state"))
         finally:
             if m.handle is not None:
                 self.backend.unlock(m.handle)

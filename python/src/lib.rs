@@ -175,7 +175,8 @@ pub struct InsertResult {
     /// The locked node covering the key (only with `lock=True`).
     handle: Option<u64>,
     /// The key's node held a state already, so the `mamba_state` given
-    /// went back to the pool (SGLang's `mamba_exist`; `False` without one).
+    /// stays the caller's, to free or reuse (SGLang's `mamba_exist`;
+    /// `False` without one).
     mamba_exist: bool,
 }
 

@@ -118,9 +118,10 @@ def test_mamba_calls_answer_as_documented(make):
         c.insert(KEY[:8], pages, mamba_state=1 << 32)
     with pytest.raises(TypeError):
         c.free_state("slot")
-    # A second state for the same key goes back to the pool.
+    # A second state for the same key stays the caller's, to free.
     again = c.alloc_state()
     assert c.insert(KEY[:8], pages, mamba_state=again).mamba_exist
+    c.free_state(again)
     refused(c, "state_not_owned", lambda: c.free_state(again))
     # Locked, the state stays; unlocked, it goes (with its FULL leaf).
     assert tuple(c.evict(0, mamba_states=1)) == (0, 0, 0)
@@ -195,6 +196,12 @@ def test_prefix_cache_carries_sglang_s_hybrid_match_fields():
     m = mamba.match_prefix(KEY[:6])
     assert (m.device_prefix_len, m.full_kv_hit_length, m.mamba_branching_seqlen) == (0, 6, 4)
     assert m.last_device_node is mamba.root_node and m.mamba_state is None
+    # A second state for the same key is not cached: the cache frees it,
+    # as SGLang's cleanup_after_caching_req does.
+    free = mamba.backend.stats()["mamba_free_states"]
+    again = mamba.backend.alloc_state()
+    assert mamba.insert(KEY[:8], kv, mamba_state=again) == 8
+    assert mamba.backend.stats()["mamba_free_states"] == free
     mamba.validate()
 
     full = PrefixCache(radixd.Engine(2, 8))

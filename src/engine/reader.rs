@@ -133,10 +133,33 @@ struct Frame {
     /// Key tokens matched down to and including this node.
     pos: usize,
     /// Hybrid engines: tokens since the last SWA tombstone on the path
-    /// (`u64::MAX` before one), and the deepest node of the path every
-    /// component can serve (see [`TreeReader::peek_usable`]).
-    since: u64,
-    usable: Usable,
+    /// (saturating; `u32::MAX` before one), and the deepest point of the
+    /// path every component can serve (see [`TreeReader::peek_usable`]):
+    /// its pages and its state plus one (0: none). Compact: the frame
+    /// stack is copied whole at each walk's start.
+    since: u32,
+    usable_pages: u32,
+    usable_state: u32,
+}
+
+impl Frame {
+    /// The anchor of a match that ends with this node whole.
+    fn anchor(&self) -> Option<Anchor> {
+        (self.node != ROOT).then_some(Anchor {
+            node: self.node,
+            generation: self.generation,
+            version: self.version,
+            pages_into_node: self.pages,
+        })
+    }
+
+    /// The usable prefix this frame's path offers.
+    fn usable(&self, page_size: usize) -> Usable {
+        Usable {
+            len: self.usable_pages as usize * page_size,
+            mamba_state: self.usable_state.checked_sub(1),
+        }
+    }
 }
 
 /// What a hybrid engine would answer a match with: the deepest point of the
@@ -163,22 +186,24 @@ impl Comps {
         self.swa || self.mamba
     }
 
-    /// The frame below `top` at `pos` for a node with component words
-    /// `swa` and `mamba` (a node cut by a split: no state).
+    /// The SWA count and usable point (pages, state plus one) of a frame
+    /// below `top` that matched `tokens` more tokens, `pages` in all, of a
+    /// node with component words `swa` and `mamba` (0 for a node a split
+    /// would cut: its state stays below).
     fn step(
         &self,
         top: &Frame,
-        matched_tokens: usize,
-        pos: usize,
+        tokens: usize,
+        pages: usize,
         swa: u32,
         mamba: u32,
-    ) -> (u64, Usable) {
+    ) -> (u32, u32, u32) {
         let mut since = top.since;
         let mut valid = true;
         if self.swa {
             if swa != 0 {
-                since = since.saturating_add(matched_tokens as u64);
-                valid &= since >= self.window;
+                since = since.saturating_add(u32::try_from(tokens).unwrap_or(u32::MAX));
+                valid &= u64::from(since) >= self.window;
             } else {
                 since = 0;
                 valid = false;
@@ -187,15 +212,12 @@ impl Comps {
         if self.mamba {
             valid &= mamba != 0;
         }
-        let usable = if valid {
-            Usable {
-                len: pos,
-                mamba_state: mamba.checked_sub(1),
-            }
+        if valid {
+            // At most the pool's pages: a u32.
+            (since, pages as u32, mamba)
         } else {
-            top.usable
-        };
-        (since, usable)
+            (since, top.usable_pages, top.usable_state)
+        }
     }
 }
 
@@ -233,18 +255,6 @@ impl FrameStack {
 
     fn pop(&mut self) {
         self.len = self.len.saturating_sub(1);
-    }
-}
-
-impl Frame {
-    /// The anchor of a match that ends with this node whole.
-    fn anchor(&self) -> Option<Anchor> {
-        (self.node != ROOT).then_some(Anchor {
-            node: self.node,
-            generation: self.generation,
-            version: self.version,
-            pages_into_node: self.pages,
-        })
     }
 }
 
@@ -592,8 +602,9 @@ impl<M: TreeMem> TreeReader<M> {
                     version,
                     pages: 0,
                     pos: 0,
-                    since: u64::MAX,
-                    usable: Usable::default(),
+                    since: u32::MAX,
+                    usable_pages: 0,
+                    usable_state: 0,
                 };
                 return Some((frame, comps));
             }
@@ -662,9 +673,9 @@ impl<M: TreeMem> TreeReader<M> {
         pages.reserve(key.len() / p);
         let (root, comps) = self.root()?;
         // FULL-only: the usable prefix is the FULL one.
-        let usable = |full: usize, u: Usable| {
+        let usable = |full: usize, f: &Frame| {
             if comps.any() {
-                u
+                f.usable(p)
             } else {
                 Usable {
                     len: full,
@@ -689,7 +700,7 @@ impl<M: TreeMem> TreeReader<M> {
                     anchor: top.anchor(),
                     next_hash: None,
                 };
-                return Some((peeked, usable(top.pos, top.usable)));
+                return Some((peeked, usable(top.pos, &top)));
             }
             let before = pages.len();
             let found = self.lookup(top.node, key, top.pos, pages, comps);
@@ -714,15 +725,23 @@ impl<M: TreeMem> TreeReader<M> {
                         };
                         // The engine splits the node here: the upper half
                         // keeps its SWA pages, the state stays below.
-                        let (_, u) = comps.step(&top, matched * p, pos, swa, 0);
+                        let (since, usable_pages, usable_state) =
+                            comps.step(&top, matched * p, pos / p, swa, 0);
+                        let cut = Frame {
+                            since,
+                            usable_pages,
+                            usable_state,
+                            ..top
+                        };
                         let peeked = Peeked {
                             len: pos,
                             anchor: Some(anchor),
                             next_hash: None,
                         };
-                        return Some((peeked, usable(pos, u)));
+                        return Some((peeked, usable(pos, &cut)));
                     }
-                    let (since, u) = comps.step(&top, matched * p, pos, swa, mamba);
+                    let (since, usable_pages, usable_state) =
+                        comps.step(&top, matched * p, pos / p, swa, mamba);
                     stack.push(Frame {
                         node,
                         generation,
@@ -730,7 +749,8 @@ impl<M: TreeMem> TreeReader<M> {
                         pages: matched as u32,
                         pos,
                         since,
-                        usable: u,
+                        usable_pages,
+                        usable_state,
                     });
                     tries = 0;
                     continue;
@@ -742,7 +762,7 @@ impl<M: TreeMem> TreeReader<M> {
                         anchor,
                         next_hash: anchor.map(|_| hash),
                     };
-                    return Some((peeked, usable(top.pos, top.usable)));
+                    return Some((peeked, usable(top.pos, &top)));
                 }
                 Lookup::Torn => {}
                 // The parent changed: resume at the deepest frame whose

@@ -347,6 +347,26 @@ class PrefixCache:
     def evictable_size(self) -> int:
         return self.backend.stats()["evictable_tokens"]
 
+    # SGLang's UnifiedRadixCache size accessors, per component (0 for one
+    # the backend was not started with).
+    def full_evictable_size(self) -> int:
+        return self.backend.stats()["evictable_tokens"]
+
+    def full_protected_size(self) -> int:
+        return self.backend.stats()["protected_tokens"]
+
+    def swa_evictable_size(self) -> int:
+        return self.backend.stats().get("swa_evictable_tokens", 0)
+
+    def swa_protected_size(self) -> int:
+        return self.backend.stats().get("swa_protected_tokens", 0)
+
+    def mamba_evictable_size(self) -> int:
+        return self.backend.stats().get("mamba_evictable_states", 0)
+
+    def mamba_protected_size(self) -> int:
+        return self.backend.stats().get("mamba_protected_states", 0)
+
     def protected_size(self) -> int:
         return self.backend.stats()["protected_tokens"]
 

@@ -570,9 +570,17 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
     if ctx.enable_hierarchical_cache:
         _refuse("--enable-hierarchical-cache", "radixd keeps KV on the device only")
     if ctx.is_hybrid_swa:
-        _refuse("hybrid sliding-window (SWA) models", "radixd caches full-attention KV only")
+        _refuse(
+            "hybrid sliding-window (SWA) models",
+            "this adapter drives radixd's full-attention component only; the daemon's SWA component "
+            "(radixd serve --components full,swa) is reached through radixd.Client or PrefixCache",
+        )
     if ctx.is_hybrid_ssm:
-        _refuse("hybrid Mamba/SSM models", "radixd caches full-attention KV only")
+        _refuse(
+            "hybrid Mamba/SSM models",
+            "this adapter drives radixd's full-attention component only; the daemon's MAMBA component "
+            "(radixd serve --components full,mamba) is reached through radixd.Client or PrefixCache",
+        )
     if getattr(ctx, "is_dsa", False):
         _refuse("DSA (sparse-attention) models", "radixd caches full-attention KV only")
     if ctx.disable_radix_cache:
@@ -600,6 +608,12 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
             f"`radixd serve --name {name} --page-size {params.page_size} --capacity {num_pages}`, "
             "or set RADIXD_NAME to the name of the running one"
         ) from e
+    if client.components != "full":
+        client.close()
+        _refuse(
+            f"a daemon started with --components {client.components}",
+            "this model is full-attention only: its matches must not be cut back by a second component",
+        )
     logger.info("radixd: connected to %r (page size %d, %d pages)", name, client.page_size, client.capacity)
     return RadixdPrefixCache(params, client)
 

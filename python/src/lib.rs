@@ -193,6 +193,24 @@ pub struct EvictResult {
 
 #[pymethods]
 impl EvictResult {
+    /// SGLang's `EvictResult.num_tokens_evicted` (`evicted`).
+    #[getter]
+    fn num_tokens_evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// SGLang's `EvictResult.swa_num_tokens_evicted` (`swa_evicted`).
+    #[getter]
+    fn swa_num_tokens_evicted(&self) -> u64 {
+        self.swa_evicted
+    }
+
+    /// SGLang's `EvictResult.mamba_num_evicted` (`mamba_evicted`).
+    #[getter]
+    fn mamba_num_evicted(&self) -> u64 {
+        self.mamba_evicted
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "EvictResult(evicted={}, swa_evicted={}, mamba_evicted={})",
@@ -220,6 +238,12 @@ fn state_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u32>> {
 
 #[pymethods]
 impl InsertResult {
+    /// SGLang's `InsertResult.prefix_len` (`cached`).
+    #[getter]
+    fn prefix_len(&self) -> u64 {
+        self.cached
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "InsertResult(cached={}, len={}, handle={})",

@@ -181,7 +181,10 @@ def test_prefix_cache_carries_sglang_s_hybrid_match_fields():
     assert (m.device_prefix_len, m.full_kv_hit_length, m.swa_branching_seqlen) == (8, 12, 12)
     assert m.mamba_branching_seqlen is None
     r = swa.evict(SimpleNamespace(num_tokens=0, swa_num_tokens=2, mamba_num=0))
-    assert r.swa_evicted == 2
+    assert r.swa_evicted == r.swa_num_tokens_evicted == 2
+    assert (r.num_tokens_evicted, r.mamba_num_evicted) == (r.evicted, 0)
+    assert swa.swa_evictable_size() + swa.swa_protected_size() == swa.backend.stats()["swa_evictable_tokens"]
+    assert (swa.mamba_evictable_size(), swa.full_evictable_size()) == (0, swa.evictable_size())
     swa.validate()
 
     mamba = PrefixCache(radixd.Engine(2, 8, **MAMBA), mamba_checkpoint_grid=4)

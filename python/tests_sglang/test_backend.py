@@ -59,6 +59,13 @@ def test_pool_sizes_must_agree(start_daemon, monkeypatch):
         radixd_cache_factory(build_context(params(16, 8)))
 
 
+def test_a_hybrid_daemon_is_refused_for_a_full_attention_model(start_daemon, monkeypatch):
+    d = start_daemon("--components", "full,swa", "--swa-window", "64", page_size=16, capacity=8)
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    with pytest.raises(ValueError, match="--components full,swa"):
+        radixd_cache_factory(build_context(params(16, 8)))
+
+
 def test_allocator_hands_out_radixd_pages(start_daemon, monkeypatch):
     d = start_daemon(page_size=16, capacity=8)
     monkeypatch.setenv("RADIXD_NAME", d.name)

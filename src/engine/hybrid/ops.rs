@@ -12,14 +12,18 @@ impl<R: Region> Arena<R> {
         u64::from(self.nodes()[node as usize].num_pages) * u64::from(self.layout.page_size)
     }
 
-    /// `node`'s pages, in order (bounded by its page count).
+    /// `node`'s pages, in order (bounded by its page count; a link out of
+    /// the pool is corruption, as everywhere the tree follows one).
     pub(crate) fn node_page_list(&self, node: u32) -> Vec<u32> {
         let n = self.nodes()[node as usize];
         let mut out = Vec::with_capacity(n.num_pages as usize);
         let mut page = n.first_page;
         while page != NIL && out.len() < n.num_pages as usize {
             out.push(page);
-            page = self.pages()[page as usize].next;
+            let pg = self.pages().get(page as usize);
+            page = pg
+                .unwrap_or_else(|| crate::engine::arena::corrupt("page list"))
+                .next;
         }
         out
     }

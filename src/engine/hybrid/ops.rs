@@ -1,6 +1,7 @@
 //! The components' rules on the arena: the hooks FULL calls, match
 //! validation, window locks, insert commits and the eviction walks.
 
+use super::list::List;
 use super::{Hybrid, Mamba, Swa};
 use crate::engine::arena::Arena;
 use crate::engine::layout::{NIL, ROOT};
@@ -401,89 +402,125 @@ impl<R: Region> Arena<R> {
     }
 
     /// SGLang's SWA eviction walk, until `want` SWA tokens were freed in
-    /// this call (counting what FULL's cascades freed): an unlocked FULL
-    /// leaf goes whole, any other unlocked node becomes an SWA tombstone.
+    /// this call (counting what FULL's cascades freed).
     pub(crate) fn hy_swa_evict(&mut self, want: u64) {
-        let Some(s) = self.swa_mut() else { return };
-        s.list.walk_begin();
-        loop {
-            let done = self
-                .hybrid
-                .as_deref()
-                .is_none_or(|h| h.tally.swa_tokens >= want);
-            if done {
+        self.secondary_evict(Secondary::Swa, want);
+    }
+
+    /// SGLang's MAMBA eviction walk, until `want` states were freed in
+    /// this call.
+    pub(crate) fn hy_mamba_evict(&mut self, want: u64) {
+        self.secondary_evict(Secondary::Mamba, want);
+    }
+
+    /// One walk of a secondary component's list from its least recently
+    /// used end (`SWAComponent` / `MambaComponent._evict_device_next_node`):
+    /// a locked node is passed, an unlocked FULL leaf goes whole (all its
+    /// components), any other node becomes a tombstone of this component.
+    /// The walk resumes past every node it took, whatever the cascade
+    /// removed (see `list`), so each node is visited at most once.
+    fn secondary_evict(&mut self, which: Secondary, want: u64) {
+        let Some(list) = self.list_mut(which) else {
+            return;
+        };
+        list.walk_begin();
+        while self.freed(which) < want {
+            let Some((x, locked)) = self.walk_step(which) else {
                 break;
-            }
-            let Some(s) = self.swa_mut() else { break };
-            let Some(x) = s.list.walk_next() else { break };
-            s.scanned += 1;
-            if s.lock[x as usize] > 0 {
+            };
+            if locked {
                 continue;
             }
             if self.evictable(x) {
                 self.evict_whole(x);
-                continue;
+            } else {
+                self.tombstone(which, x);
             }
-            let pages = self.node_page_list(x);
-            let t = self.node_tokens(x);
-            let Some(h) = self.hybrid_mut() else { break };
-            if let Some(s) = h.swa.as_mut() {
-                for p in pages {
-                    let sp = std::mem::replace(&mut s.pair[p as usize], NIL);
-                    if sp != NIL {
-                        s.free.push_back(sp);
-                    }
-                }
-                s.live[x as usize] = false;
-                s.list.remove(x);
-                s.evictable -= t;
-                h.tally.swa_tokens += t;
-            }
-            self.node_change(x, |a| a.nodes_mut()[x as usize].swa = 0);
         }
-        if let Some(s) = self.swa_mut() {
-            s.list.walk_end();
+        if let Some(list) = self.list_mut(which) {
+            list.walk_end();
         }
     }
 
-    /// SGLang's MAMBA eviction walk, until `want` states were freed in this
-    /// call: an unlocked FULL leaf goes whole, any other unlocked node
-    /// loses its state.
-    pub(crate) fn hy_mamba_evict(&mut self, want: u64) {
-        let Some(m) = self.mamba_mut() else { return };
-        m.list.walk_begin();
-        loop {
-            let done = self
-                .hybrid
-                .as_deref()
-                .is_none_or(|h| h.tally.mamba_states >= want);
-            if done {
-                break;
-            }
-            let Some(m) = self.mamba_mut() else { break };
-            let Some(x) = m.list.walk_next() else { break };
-            m.scanned += 1;
-            if m.lock[x as usize] > 0 {
-                continue;
-            }
-            if self.evictable(x) {
-                self.evict_whole(x);
-                continue;
-            }
-            let Some(h) = self.hybrid_mut() else { break };
-            if let Some(m) = h.mamba.as_mut() {
-                let st = std::mem::replace(&mut m.state[x as usize], NIL);
-                m.put(st);
-                m.list.remove(x);
-                m.evictable -= 1;
-                h.tally.mamba_states += 1;
-            }
-            self.node_change(x, |a| a.nodes_mut()[x as usize].mamba = 0);
-        }
-        if let Some(m) = self.mamba_mut() {
-            m.list.walk_end();
+    fn list_mut(&mut self, which: Secondary) -> Option<&mut List> {
+        match which {
+            Secondary::Swa => self.swa_mut().map(|s| &mut s.list),
+            Secondary::Mamba => self.mamba_mut().map(|m| &mut m.list),
         }
     }
+
+    /// What the current eviction call freed of `which`.
+    fn freed(&self, which: Secondary) -> u64 {
+        let t = self.hy_tally();
+        match which {
+            Secondary::Swa => t.swa_tokens,
+            Secondary::Mamba => t.mamba_states,
+        }
+    }
+
+    /// The walk's next node, counted as visited, and whether this
+    /// component's lock holds it.
+    fn walk_step(&mut self, which: Secondary) -> Option<(u32, bool)> {
+        match which {
+            Secondary::Swa => {
+                let s = self.swa_mut()?;
+                let x = s.list.walk_next()?;
+                s.scanned += 1;
+                Some((x, s.lock[x as usize] > 0))
+            }
+            Secondary::Mamba => {
+                let m = self.mamba_mut()?;
+                let x = m.list.walk_next()?;
+                m.scanned += 1;
+                Some((x, m.lock[x as usize] > 0))
+            }
+        }
+    }
+
+    /// Frees `which`'s data on the unlocked `x`, keeping its FULL pages (one
+    /// change of the node for readers).
+    fn tombstone(&mut self, which: Secondary, x: u32) {
+        let pages = match which {
+            Secondary::Swa => self.node_page_list(x),
+            Secondary::Mamba => Vec::new(),
+        };
+        let t = self.node_tokens(x);
+        let Some(h) = self.hybrid_mut() else { return };
+        match which {
+            Secondary::Swa => {
+                if let Some(s) = h.swa.as_mut() {
+                    for p in pages {
+                        let sp = std::mem::replace(&mut s.pair[p as usize], NIL);
+                        if sp != NIL {
+                            s.free.push_back(sp);
+                        }
+                    }
+                    s.live[x as usize] = false;
+                    s.list.remove(x);
+                    s.evictable -= t;
+                    h.tally.swa_tokens += t;
+                }
+                self.node_change(x, |a| a.nodes_mut()[x as usize].swa = 0);
+            }
+            Secondary::Mamba => {
+                if let Some(m) = h.mamba.as_mut() {
+                    let st = std::mem::replace(&mut m.state[x as usize], NIL);
+                    m.put(st);
+                    m.list.remove(x);
+                    m.evictable -= 1;
+                    h.tally.mamba_states += 1;
+                }
+                self.node_change(x, |a| a.nodes_mut()[x as usize].mamba = 0);
+            }
+        }
+    }
+}
+
+/// A secondary component, for the eviction walk both share.
+#[derive(Clone, Copy, Debug)]
+enum Secondary {
+    Swa,
+    Mamba,
 }
 
 impl<R: Region> Arena<R> {

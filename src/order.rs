@@ -151,7 +151,13 @@ pub fn order_engine<R: Region, T: AsRef<[u32]>>(
 ) -> Vec<usize> {
     let result: Result<_, std::convert::Infallible> = order_by(prompts, policy, |tokens| {
         let mut pages = Vec::new();
-        engine.peek(tokens, &mut pages);
+        if engine.components().is_full_only() {
+            engine.peek(tokens, &mut pages);
+        } else {
+            // What a match would serve (the components' cut), as a
+            // client's peek reads it.
+            engine.peek_usable(tokens, &mut pages);
+        }
         Ok(pages)
     });
     match result {

@@ -1180,6 +1180,19 @@ impl Client {
         }
     }
 
+    /// The SWA page paired with each of `pages` (where its sliding-window
+    /// KV lives; SGLang's `translate_loc_from_full_to_swa`), `None` where a
+    /// page has none.
+    pub fn swa_pages(&mut self, pages: &[u32]) -> Result<Vec<Option<u32>>, ClientError> {
+        match self.send(Call::SwaPages(pages))? {
+            Reply::SwaPages(paired) => Ok(paired
+                .into_iter()
+                .map(|p| (p != u32::MAX).then_some(p))
+                .collect()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// The secondary components' figures; `None` when only FULL is on.
     pub fn component_stats(&mut self) -> Result<Option<ComponentStats>, ClientError> {
         match self.send(Call::StatsWith)? {

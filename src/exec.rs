@@ -123,6 +123,7 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
             state: f.u64("state")?,
         },
         "free_swa" => Request::FreeSwa { pages: f.pages()? },
+        "swa_pages" => Request::SwaPages { pages: f.pages()? },
         "session_commit" => Request::SessionCommit {
             session: f.session()?,
             tokens: f.tokens()?,
@@ -323,6 +324,13 @@ pub fn render_for(result: Result<Reply, Rejection>, components: &Components) -> 
         }),
         Ok(Reply::State { state }) => json!({"ok": true, "state": state}),
         Ok(Reply::SwaFreed { n }) => json!({"ok": true, "freed": n}),
+        Ok(Reply::SwaPages(pages)) => {
+            let pages: Vec<Value> = pages
+                .iter()
+                .map(|&p| if p == u32::MAX { Value::Null } else { json!(p) })
+                .collect();
+            json!({"ok": true, "swa_pages": pages})
+        }
         Ok(Reply::StatsWith {
             stats: s,
             sessions,

@@ -112,6 +112,11 @@ pub enum Request {
     /// `stats` with the secondary components' figures
     /// ([`Reply::StatsWith`]).
     StatsWith,
+    /// `swa_pages`: the SWA page paired with each page
+    /// ([`Reply::SwaPages`]; reads only).
+    SwaPages {
+        pages: Vec<u32>,
+    },
 }
 
 /// The answer to a successful request.
@@ -170,6 +175,8 @@ pub enum Reply {
     State { state: u32 },
     /// `free_swa`: SWA pages freed.
     SwaFreed { n: u64 },
+    /// `swa_pages`: one SWA page per page asked, `u32::MAX` for none.
+    SwaPages(Vec<u32>),
     /// `StatsWith`: `Stats` and the secondary components' figures (`None`
     /// when only FULL is on).
     StatsWith {
@@ -219,6 +226,7 @@ impl Reply {
             Self::EvictedComponents { .. } => "evicted_components",
             Self::State { .. } => "state",
             Self::SwaFreed { .. } => "swa_freed",
+            Self::SwaPages(_) => "swa_pages",
             Self::StatsWith { .. } => "stats_with",
         }
     }
@@ -636,6 +644,11 @@ pub fn apply_with<R: Region>(
             let freed = engine.free_swa(client, &pages);
             spare.keep(pages);
             Reply::SwaFreed { n: freed? }
+        }
+        Request::SwaPages { pages } => {
+            let paired = engine.swa_pages(&pages);
+            spare.keep(pages);
+            Reply::SwaPages(paired?)
         }
         Request::StatsWith => Reply::StatsWith {
             stats: engine.stats(),

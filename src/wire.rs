@@ -98,6 +98,7 @@ mod opcode {
     pub const FREE_STATE: u32 = 20;
     pub const FREE_SWA: u32 = 21;
     pub const STATS_WITH: u32 = 22;
+    pub const SWA_PAGES: u32 = 23;
 }
 
 /// Reply kinds.
@@ -115,6 +116,7 @@ mod kind {
     pub const STATE: u32 = 11;
     pub const SWA_FREED: u32 = 12;
     pub const STATS_WITH: u32 = 13;
+    pub const SWA_PAGES: u32 = 14;
 }
 
 /// `flags` bit: the request asks for a lock.
@@ -431,6 +433,7 @@ pub enum Call<'a> {
     FreeState(u64),
     FreeSwa(&'a [u32]),
     StatsWith,
+    SwaPages(&'a [u32]),
 }
 
 impl<'a> Call<'a> {
@@ -509,6 +512,7 @@ impl<'a> Call<'a> {
             Request::FreeState { state } => Self::FreeState(*state),
             Request::FreeSwa { pages } => Self::FreeSwa(pages),
             Request::StatsWith => Self::StatsWith,
+            Request::SwaPages { pages } => Self::SwaPages(pages),
         }
     }
 
@@ -522,6 +526,7 @@ impl<'a> Call<'a> {
             Self::MatchWith(tokens, _) => (tokens.len() / page_size.max(1) as usize + 1) * 4,
             Self::Stats => STATS_BYTES,
             Self::StatsWith => STATS_WITH_BYTES,
+            Self::SwaPages(pages) => pages.len() * 4,
             _ => 0,
         }
     }
@@ -572,6 +577,7 @@ impl<'a> Call<'a> {
             Self::FreeState(state) => (opcode::FREE_STATE, state, 0, none, none, ""),
             Self::FreeSwa(pages) => (opcode::FREE_SWA, 0, 0, none, pages, ""),
             Self::StatsWith => (opcode::STATS_WITH, 0, 0, none, none, ""),
+            Self::SwaPages(pages) => (opcode::SWA_PAGES, 0, 0, none, pages, ""),
         };
         let mut e = EncodedRequest {
             record: WireRequest {
@@ -870,6 +876,12 @@ pub fn decode_request<P: Payload + ?Sized>(
             }
         }
         opcode::STATS_WITH => none().map(|()| Request::StatsWith)?,
+        opcode::SWA_PAGES => {
+            exact(false, true, false)?;
+            Request::SwaPages {
+                pages: list(spare, tokens_end, r.n_pages)?,
+            }
+        }
         op => {
             return Err(Rejection::new(
                 ErrorKind::UnknownOp,
@@ -916,6 +928,10 @@ pub fn encode_reply(
         }
         Ok(Reply::Pages(pages)) => {
             w.kind = kind::PAGES;
+            push_u32s(payload, pages);
+        }
+        Ok(Reply::SwaPages(pages)) => {
+            w.kind = kind::SWA_PAGES;
             push_u32s(payload, pages);
         }
         Ok(Reply::Done) => w.kind = kind::DONE,
@@ -1127,6 +1143,7 @@ pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Reject
     };
     Ok(Ok(match w.kind {
         kind::PAGES => Reply::Pages(words()?),
+        kind::SWA_PAGES => Reply::SwaPages(words()?),
         kind::DONE => Reply::Done,
         kind::INSERTED => Reply::Inserted {
             cached: w.a,
@@ -1304,6 +1321,7 @@ mod tests {
             Request::AllocState,
             Request::FreeState { state: 1 << 35 },
             Request::FreeSwa { pages: vec![2, 3] },
+            Request::SwaPages { pages: vec![4, 0] },
             Request::StatsWith,
         ]
     }
@@ -1544,6 +1562,7 @@ mod tests {
             }),
             Ok(Reply::State { state: u32::MAX }),
             Ok(Reply::SwaFreed { n: 6 }),
+            Ok(Reply::SwaPages(vec![7, u32::MAX])),
             Ok(Reply::StatsWith {
                 stats,
                 sessions: 1,

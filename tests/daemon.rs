@@ -800,6 +800,14 @@ fn hybrid_client_methods_answer_as_the_in_process_engine_does() {
         let m = c.match_prefix(&key, false).unwrap();
         assert_eq!((m.len, &m.pages[..]), (8, &pages[..4]), "{anchoring}");
     }
+    assert_eq!(
+        c.swa_pages(&pages).unwrap(),
+        e.swa_pages(&pages)
+            .unwrap()
+            .into_iter()
+            .map(|p| (p != u32::MAX).then_some(p))
+            .collect::<Vec<_>>()
+    );
     let ev = c.evict_components(0, 2, 0).unwrap();
     assert_eq!(ev, e.evict_components(0, 2, 0).unwrap());
     assert_eq!(ev.swa_tokens, 4);

@@ -712,6 +712,18 @@ fn swa_ops_answer_as_documented(x: &mut Exec) {
         json!({"ok":true,"freed":0})
     );
     assert_eq!(x.call(json!({"op":"stats"}))["swa_free_pages"], json!(11));
+    // Where each page's sliding-window KV lives (page 4's is gone).
+    let paired = x.call(json!({"op":"swa_pages","pages":[0,1,4,5]}));
+    let sp = paired["swa_pages"].as_array().expect("swa_pages");
+    assert_eq!(sp.len(), 4, "{paired}");
+    assert!(
+        sp[2].is_null() && sp[0] != sp[1] && sp[3].is_u64(),
+        "{paired}"
+    );
+    assert_eq!(
+        error_kind(&x.call(json!({"op":"swa_pages","pages":[99]}))),
+        "page_out_of_range"
+    );
     let insert = |extra: Value| {
         let mut r = json!({"op":"insert","tokens":P12,"pages":[0,1,2,3,4,5]});
         for (k, v) in extra.as_object().unwrap() {
@@ -942,6 +954,7 @@ fn component_ops_on_a_full_only_cache(x: &mut Exec) {
             (json!({"op":"alloc_state"}), "component_off"),
             (json!({"op":"free_state","state":0}), "component_off"),
             (json!({"op":"free_swa","pages":[0]}), "component_off"),
+            (json!({"op":"swa_pages","pages":[0]}), "component_off"),
             (
                 json!({"op":"evict","tokens":2,"swa_tokens":2}),
                 "component_off",

@@ -91,6 +91,29 @@ fn a_tombstone_inside_the_window_cuts_the_match_back() {
 }
 
 #[test]
+fn every_page_says_where_its_swa_page_is() {
+    let mut e = swa(1, 8, 2);
+    let pages = e.alloc(C, 4).unwrap();
+    let paired = e.swa_pages(&pages).unwrap();
+    let mut distinct = paired.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 4, "{paired:?}");
+    assert!(paired.iter().all(|&s| s < 8));
+    e.free_swa(C, &pages[..1]).unwrap();
+    assert_eq!(e.swa_pages(&pages[..1]).unwrap(), [u32::MAX]);
+    assert_eq!(
+        e.swa_pages(&[8]),
+        Err(PageError::OutOfRange {
+            page: 8,
+            capacity: 8
+        })
+    );
+    let full = common::engine(1, 8);
+    assert!(matches!(full.swa_pages(&[0]), Err(PageError::Component(_))));
+}
+
+#[test]
 fn swa_eviction_takes_whole_leaves_and_tombstones_inner_nodes() {
     let mut e = swa(1, 32, 2);
     put(&mut e, &[1, 2]);

@@ -317,6 +317,16 @@ mod reply {
         }
     }
 
+    pub fn swa_pages(reply: Reply) -> PyResult<Vec<Option<u32>>> {
+        match reply {
+            Reply::SwaPages(pages) => Ok(pages
+                .into_iter()
+                .map(|p| (p != u32::MAX).then_some(p))
+                .collect()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     pub fn inserted(reply: Reply) -> PyResult<InsertResult> {
         match reply {
             Reply::Inserted {
@@ -549,6 +559,14 @@ macro_rules! cache_methods {
             fn free_swa(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<u64> {
                 let pages = input::u32s(pages, "pages")?;
                 reply::swa_freed(self.run(py, Request::FreeSwa { pages })?)
+            }
+
+            /// The SWA page paired with each of these pages (where its
+            /// sliding-window KV lives; SGLang's
+            /// `translate_loc_from_full_to_swa`), `None` where one has none.
+            fn swa_pages(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<Vec<Option<u32>>> {
+                let pages = input::u32s(pages, "pages")?;
+                reply::swa_pages(self.run(py, Request::SwaPages { pages })?)
             }
 
             /// Evicts per component: `tokens` FULL tokens, then SWA tokens

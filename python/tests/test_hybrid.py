@@ -73,6 +73,8 @@ def test_swa_calls_answer_as_documented(make):
     assert "mamba_free_states" not in s
     assert c.free_swa([pages[4]]) == 1
     assert c.free_swa([pages[4]]) == 0
+    paired = c.swa_pages(pages)
+    assert paired[4] is None and len({p for p in paired if p is not None}) == 5
     refused(c, "swa_mismatch", lambda: c.insert(KEY, pages, swa_evicted=3))
     refused(c, "swa_mismatch", lambda: c.insert(KEY, pages))
     refused(c, "component_off", lambda: c.insert(KEY, pages, mamba_state=0))

@@ -1106,6 +1106,20 @@ impl<R: Region> Engine<R> {
         Ok(pages.iter().filter(|&&p| self.arena.hy_unpair(p)).count() as u64)
     }
 
+    /// The SWA page paired with each of `pages` (SGLang's
+    /// `translate_loc_from_full_to_swa`): where a scheduler reads and
+    /// writes a page's sliding-window KV; `u32::MAX` where a page has none
+    /// (free, an SWA tombstone's, or freed with `free_swa`). Reads only.
+    pub fn swa_pages(&self, pages: &[u32]) -> Result<Vec<u32>, PageError> {
+        let Some(s) = self.arena.swa() else {
+            return Err(PageError::Component(ComponentError::NotEnabled(
+                Component::Swa,
+            )));
+        };
+        self.check_range(pages)?;
+        Ok(pages.iter().map(|&p| s.pair[p as usize]).collect())
+    }
+
     /// Drops every lock, session and page `client` holds, as when it dies.
     pub fn release_client(&mut self, client: ClientId) {
         self.release_client_sessions(client);

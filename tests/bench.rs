@@ -204,3 +204,23 @@ fn locked_prompts_are_held_through_the_run() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--locked"), "{err}");
 }
+
+#[test]
+fn a_hybrid_daemon_runs_the_scheduler_step_with_its_component() {
+    let runs = small_json_runs(&["--components", "full,swa", "--swa-window", "32"]);
+    assert_eq!(runs[0]["rejected"], 0, "{}", runs[0]);
+    assert!(runs[0]["ops"]["insert"]["count"].as_u64().unwrap() > 0);
+    let runs = small_json_runs(&["--components", "full,mamba", "--mamba-capacity", "64"]);
+    let ops = &runs[0]["ops"];
+    assert_eq!(runs[0]["rejected"], 0, "{}", runs[0]);
+    assert_eq!(ops["alloc_state"]["count"], ops["insert"]["count"], "{ops}");
+    // The components configure a daemon this bench starts.
+    let out = bench(&[
+        "--compare",
+        "--components",
+        "full,swa",
+        "--swa-window",
+        "32",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}

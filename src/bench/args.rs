@@ -101,6 +101,20 @@ pub struct BenchArgs {
     /// measures the daemon and publisher side alone.
     #[arg(long)]
     pub kv_events_no_subscriber: bool,
+    /// Components of the daemon this bench starts (a hybrid model):
+    /// full, full,swa or full,mamba. With MAMBA each step also takes a
+    /// state slot and checkpoints it with the insert (shm only).
+    #[arg(long, default_value = "full")]
+    pub components: String,
+    /// SWA window in tokens (with `--components full,swa`).
+    #[arg(long, value_name = "TOKENS")]
+    pub swa_window: Option<u32>,
+    /// SWA pool in pages (default: the capacity).
+    #[arg(long, value_name = "PAGES")]
+    pub swa_capacity: Option<u32>,
+    /// State slots (with `--components full,mamba`).
+    #[arg(long, value_name = "SLOTS")]
+    pub mamba_capacity: Option<u32>,
 }
 
 /// Flags of the hidden worker subcommand.
@@ -142,6 +156,18 @@ impl BenchArgs {
     /// Tokens per page of the measured cache.
     pub fn page_size(&self) -> u32 {
         self.page_size.unwrap_or(16)
+    }
+
+    /// The components of the daemon this bench starts.
+    pub fn components(&self) -> Result<crate::engine::Components, String> {
+        crate::engine::Components::parse(
+            &self.components,
+            self.swa_window,
+            self.swa_capacity,
+            self.mamba_capacity,
+            self.capacity(),
+        )
+        .map_err(|e| e.to_string())
     }
 
     /// Pages of the measured cache.

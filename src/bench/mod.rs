@@ -184,6 +184,16 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
             "--connect measures a running daemon over shm only".into(),
         ));
     }
+    let components = args.components().map_err(BenchError::Args)?;
+    if !components.is_full_only()
+        && (args.connect.is_some() || args.transport == Transport::Uds || args.compare)
+    {
+        return Err(BenchError::Args(
+            "--components configures a daemon this bench starts, over shm (a running one \
+             keeps its own: --connect measures it as it is)"
+                .into(),
+        ));
+    }
     let args = &args.resolve()?;
     if args.requests == 0 || args.prompt_tokens < args.page_size() {
         return Err(BenchError::Args(
@@ -292,6 +302,7 @@ pub fn run_once(
                     scratch_bytes: 1 << 20,
                     busy_poll: args.busy_poll,
                     events: args.kv_events.then(|| events_config(&name)),
+                    components: args.components().map_err(BenchError::Args)?,
                     ..ServeConfig::default()
                 };
                 let stop = &stop;

@@ -50,7 +50,15 @@ pub(super) fn merge(
 ) -> RunReport {
     let mut ops = BTreeMap::new();
     let mut requests = 0;
-    for op in OPS {
+    // The step's ops, then any a component adds (`alloc_state`, ...).
+    let extra = reports
+        .iter()
+        .flat_map(|r| r.samples.keys())
+        .filter(|op| !OPS.contains(&op.as_str()))
+        .cloned()
+        .collect::<std::collections::BTreeSet<String>>();
+    for op in OPS.iter().map(|op| op.to_string()).chain(extra) {
+        let op = op.as_str();
         let all: Vec<u64> = reports
             .iter()
             .flat_map(|r| r.samples.get(op).into_iter().flatten().copied())

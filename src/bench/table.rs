@@ -31,7 +31,8 @@ pub(super) fn print_table(out: &mut impl Write, r: &RunReport) -> io::Result<()>
         write!(out, " {:>14} {:>14}", "p50/ping-pong", "p50/4K copy")?;
     }
     writeln!(out)?;
-    for op in OPS {
+    let extra = r.ops.keys().filter(|op| !OPS.contains(&op.as_str()));
+    for op in OPS.iter().copied().chain(extra.map(String::as_str)) {
         if let Some(l) = r.ops.get(op) {
             write!(
                 out,

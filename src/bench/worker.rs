@@ -46,24 +46,36 @@ pub fn worker(args: &WorkerArgs) -> Result<(), BenchError> {
 
     let mut report = WorkerReport::default();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (u64::from(args.worker) + 1) << 17);
+    // A MAMBA daemon: each step also checkpoints a state with its insert.
+    let mamba = backend.components().mamba.is_some();
     let start = Instant::now();
     for step in 0..args.requests {
         let prompt = match &prompts {
             Some(p) => p[step as usize % p.len()].clone(),
             None => synthetic_prompt(&mut rng, args.worker, step, args.prompt_tokens),
         };
-        scheduler_step(backend.as_mut(), &prompt, args.page_size, step, &mut report);
+        scheduler_step(
+            backend.as_mut(),
+            &prompt,
+            args.page_size,
+            step,
+            mamba,
+            &mut report,
+        );
     }
     report.elapsed_ns = start.elapsed().as_nanos() as u64;
     send(&mut stdout, &report)
 }
 
-/// One step of a scheduler: match+lock, alloc the rest, insert, unlock.
+/// One step of a scheduler: match+lock, alloc the rest, insert, unlock
+/// (with `mamba`, a state slot taken and checkpointed with the insert, and
+/// freed when the prompt's node held one already).
 fn scheduler_step(
     backend: &mut dyn Backend,
     prompt: &[u32],
     page_size: u32,
     step: u32,
+    mamba: bool,
     report: &mut WorkerReport,
 ) {
     let mut timed = |op: &str, request: Request| {
@@ -99,14 +111,39 @@ fn scheduler_step(
         },
     ) {
         pages.extend(fresh);
-        timed(
-            "insert",
-            Request::Insert {
+        let state = match mamba.then(|| timed("alloc_state", Request::AllocState)) {
+            Some(Some(Reply::State { state })) => Some(state),
+            _ => None,
+        };
+        let insert = match state {
+            None => Request::Insert {
                 tokens: copy::to_vec(prompt),
                 pages,
                 lock: false,
             },
-        );
+            Some(_) => Request::InsertWith {
+                tokens: copy::to_vec(prompt),
+                pages,
+                lock: false,
+                mamba_state: state,
+                swa_evicted: 0,
+            },
+        };
+        let inserted = timed("insert", insert);
+        if let (
+            Some(state),
+            Some(Reply::InsertedWith {
+                mamba_exist: true, ..
+            }),
+        ) = (state, inserted)
+        {
+            timed(
+                "free_state",
+                Request::FreeState {
+                    state: u64::from(state),
+                },
+            );
+        }
     }
     if let Some(handle) = handle {
         timed("unlock", Request::Unlock { handle });

@@ -204,6 +204,10 @@ fn four_processes(c: &mut Criterion) {
                     kv_events_no_subscriber: false,
                     readers: 0,
                     locked: 0,
+                    components: "full".into(),
+                    swa_window: None,
+                    swa_capacity: None,
+                    mamba_capacity: None,
                 };
                 let report = run_once(&args, transport, 4, exe).expect("bench run");
                 Duration::from_secs_f64(report.seconds)

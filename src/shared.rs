@@ -107,7 +107,7 @@ pub struct LiveStats {
 }
 
 /// Figures of [`ComponentStats`] in [`LiveStats::components`].
-pub const COMPONENT_FIGURES: usize = 8;
+pub const COMPONENT_FIGURES: usize = ComponentStats::LEN;
 
 /// Bytes set aside for [`LiveStats`] at the start of the user area.
 const LIVE_STATS_BYTES: u64 = 4096;
@@ -159,17 +159,7 @@ impl LiveStats {
 
     /// Publishes the secondary components' figures.
     pub fn set_components(&self, c: &ComponentStats) {
-        let values = [
-            c.swa_evictable_tokens,
-            c.swa_protected_tokens,
-            c.swa_free_pages,
-            c.mamba_evictable_states,
-            c.mamba_protected_states,
-            c.mamba_free_states,
-            c.evict_scanned_swa,
-            c.evict_scanned_mamba,
-        ];
-        for (slot, v) in self.components.iter().zip(values) {
+        for (slot, v) in self.components.iter().zip(c.to_array()) {
             // Relaxed: independent gauges, read as a best-effort snapshot.
             slot.store(v, Ordering::Relaxed);
         }
@@ -178,18 +168,9 @@ impl LiveStats {
     /// Reads the secondary components' figures back.
     pub fn components(&self) -> ComponentStats {
         // Relaxed: independent gauges.
-        let [swa_evictable_tokens, swa_protected_tokens, swa_free_pages, mamba_evictable_states, mamba_protected_states, mamba_free_states, evict_scanned_swa, evict_scanned_mamba] =
-            std::array::from_fn(|i| self.components[i].load(Ordering::Relaxed));
-        ComponentStats {
-            swa_evictable_tokens,
-            swa_protected_tokens,
-            swa_free_pages,
-            mamba_evictable_states,
-            mamba_protected_states,
-            mamba_free_states,
-            evict_scanned_swa,
-            evict_scanned_mamba,
-        }
+        ComponentStats::from_array(std::array::from_fn(|i| {
+            self.components[i].load(Ordering::Relaxed)
+        }))
     }
 
     /// Reads the engine's figures back.

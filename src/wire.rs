@@ -342,41 +342,8 @@ pub fn reply_need(request: &Request, page_size: u32, capacity: u32) -> usize {
 /// Size of the stats answer.
 const STATS_BYTES: usize = (Stats::LEN + 1) * 8;
 
-/// Figures of [`ComponentStats`] on the wire.
-const COMPONENT_FIGURES: usize = 8;
-
 /// Size of the stats-with-components answer with the components' figures.
-const STATS_WITH_BYTES: usize = STATS_BYTES + COMPONENT_FIGURES * 8;
-
-/// The figures of `c` in declaration order.
-fn component_array(c: &ComponentStats) -> [u64; COMPONENT_FIGURES] {
-    [
-        c.swa_evictable_tokens,
-        c.swa_protected_tokens,
-        c.swa_free_pages,
-        c.mamba_evictable_states,
-        c.mamba_protected_states,
-        c.mamba_free_states,
-        c.evict_scanned_swa,
-        c.evict_scanned_mamba,
-    ]
-}
-
-/// The inverse of [`component_array`].
-fn component_stats(a: [u64; COMPONENT_FIGURES]) -> ComponentStats {
-    let [swa_evictable_tokens, swa_protected_tokens, swa_free_pages, mamba_evictable_states, mamba_protected_states, mamba_free_states, evict_scanned_swa, evict_scanned_mamba] =
-        a;
-    ComponentStats {
-        swa_evictable_tokens,
-        swa_protected_tokens,
-        swa_free_pages,
-        mamba_evictable_states,
-        mamba_protected_states,
-        mamba_free_states,
-        evict_scanned_swa,
-        evict_scanned_mamba,
-    }
-}
+const STATS_WITH_BYTES: usize = STATS_BYTES + ComponentStats::LEN * 8;
 
 /// The two words of `x`, low first.
 fn split64(x: u64) -> [u32; 2] {
@@ -1020,7 +987,7 @@ pub fn encode_reply(
             components,
         }) => {
             w.kind = kind::STATS_WITH;
-            let figures = components.as_ref().map(component_array);
+            let figures = components.as_ref().map(ComponentStats::to_array);
             if figures.is_some() {
                 w.flags |= FLAG_EXTRA;
             }
@@ -1206,11 +1173,11 @@ pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Reject
             }
             let (stats, sessions) = figures(payload);
             let components = extra.then(|| {
-                let mut c = [0u64; COMPONENT_FIGURES];
+                let mut c = [0u64; ComponentStats::LEN];
                 for (v, b) in c.iter_mut().zip(payload[STATS_BYTES..].chunks_exact(8)) {
                     *v = u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
                 }
-                component_stats(c)
+                ComponentStats::from_array(c)
             });
             Reply::StatsWith {
                 stats,

@@ -5,11 +5,14 @@
 //!
 //! FULL is the tree of [`super::tree`]: its nodes, pages and locks live in
 //! the shared region. Everything here lives in the writer's private
-//! memory, as the FULL LRU order does (`super::lru`): per node, whether it
-//! holds SWA pages or a state (a node without is a *tombstone* for that
-//! component), the component's lock count, and one LRU [`List`] per
-//! component; per FULL page, the SWA page paired with it (SGLang's
-//! `full_to_swa_index_mapping`). The tree calls the hooks below when it
+//! memory, as the FULL LRU order does (`super::lru`), except that each
+//! node record mirrors its `swa` and `mamba` words for lock-free readers.
+//! The private copies stay the truth: a word another process scribbled
+//! over is only ever read by readers, never used to free a page or a slot.
+//! Privately: per node, whether it holds SWA pages or a state (a node
+//! without is a *tombstone* for that component), the component's lock
+//! count, and one LRU [`List`] per component; per FULL page, the SWA page
+//! paired with it (SGLang's `full_to_swa_index_mapping`). The tree calls the hooks below when it
 //! splits a node, trims a page from a leaf, removes a node or frees a
 //! client's page, so FULL code paths stay what they were and cost one
 //! branch when no component is on.
@@ -262,6 +265,41 @@ pub struct ComponentStats {
     pub evict_scanned_swa: u64,
     /// MAMBA LRU nodes visited by eviction walks since start or reset.
     pub evict_scanned_mamba: u64,
+}
+
+impl ComponentStats {
+    /// Number of figures.
+    pub const LEN: usize = 8;
+
+    /// The figures in declaration order, for compact transport.
+    pub fn to_array(&self) -> [u64; Self::LEN] {
+        [
+            self.swa_evictable_tokens,
+            self.swa_protected_tokens,
+            self.swa_free_pages,
+            self.mamba_evictable_states,
+            self.mamba_protected_states,
+            self.mamba_free_states,
+            self.evict_scanned_swa,
+            self.evict_scanned_mamba,
+        ]
+    }
+
+    /// The inverse of [`ComponentStats::to_array`].
+    pub fn from_array(a: [u64; Self::LEN]) -> Self {
+        let [swa_evictable_tokens, swa_protected_tokens, swa_free_pages, mamba_evictable_states, mamba_protected_states, mamba_free_states, evict_scanned_swa, evict_scanned_mamba] =
+            a;
+        Self {
+            swa_evictable_tokens,
+            swa_protected_tokens,
+            swa_free_pages,
+            mamba_evictable_states,
+            mamba_protected_states,
+            mamba_free_states,
+            evict_scanned_swa,
+            evict_scanned_mamba,
+        }
+    }
 }
 
 /// The extras of an insert into a hybrid engine.

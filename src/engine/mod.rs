@@ -611,6 +611,11 @@ impl<R: Region> Engine<R> {
     /// (splitting the tombstone there), where every one of them is a
     /// paired duplicate.
     fn recover_swa(&mut self, node: u32, walked: &[u32], pages: &[u32], swa_evicted: u64) {
+        if self.arena.path_holds_swa(node) {
+            // No tombstone on the path (the usual case): nothing to
+            // recover, and no path to collect.
+            return;
+        }
         let p = u64::from(self.page_size());
         let from = (swa_evicted / p) as usize;
         let path = self.arena.path_up(node);
@@ -873,22 +878,26 @@ impl<R: Region> Engine<R> {
     /// [`TreeReader::peek_anchored`] on this engine's own region (what a
     /// client reads through the segment), for tests and tools.
     pub fn peek_anchored(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<Peeked> {
-        let base = std::ptr::NonNull::new(self.arena.region().as_ptr())?;
-        // SAFETY: the region is REGION_ALIGN-aligned and `layout.size()`
-        // bytes long (checked when the engine was built) and outlives the
-        // reader, which lives only in this call; `&self` keeps this
-        // process's writers out meanwhile, and the reader only copies.
-        let reader = unsafe { TreeReader::new(base, self.arena.layout) };
-        reader.peek_anchored(tokens, pages)
+        self.own_reader()?.peek_anchored(tokens, pages)
     }
 
     /// [`TreeReader::peek_usable`] on this engine's own region: what a
     /// match would answer (cut back by the components), touching nothing.
     pub fn peek_usable(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<Usable> {
+        self.own_reader()?
+            .peek_usable(tokens, pages)
+            .map(|(u, _)| u)
+    }
+
+    /// A reader of this engine's own region, for one call of `&self`.
+    fn own_reader(&self) -> Option<TreeReader> {
         let base = std::ptr::NonNull::new(self.arena.region().as_ptr())?;
-        // SAFETY: as in `peek_anchored`.
-        let reader = unsafe { TreeReader::new(base, self.arena.layout) };
-        reader.peek_usable(tokens, pages).map(|(u, _)| u)
+        // SAFETY: the region is REGION_ALIGN-aligned and `layout.size()`
+        // bytes long (checked when the engine was built) and outlives the
+        // reader, which the callers use only within their `&self` call;
+        // that borrow keeps this process's writers out meanwhile, and the
+        // reader only copies.
+        Some(unsafe { TreeReader::new(base, self.arena.layout) })
     }
 
     /// Finds the longest cached page-aligned prefix of `tokens`, writes its

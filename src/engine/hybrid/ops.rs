@@ -47,6 +47,20 @@ impl<R: Region> Arena<R> {
         }
     }
 
+    /// Whether every node from `node` up to the root holds SWA pages.
+    pub(crate) fn path_holds_swa(&self, mut node: u32) -> bool {
+        let Some(s) = self.swa() else { return true };
+        let mut hops = 0;
+        while node != ROOT {
+            hops = self.hop(hops);
+            if !s.live[node as usize] {
+                return false;
+            }
+            node = self.nodes()[node as usize].parent;
+        }
+        true
+    }
+
     pub(crate) fn swa(&self) -> Option<&Swa> {
         self.hybrid.as_deref().and_then(|h| h.swa.as_ref())
     }

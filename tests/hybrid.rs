@@ -670,3 +670,63 @@ fn secondary_evictions_publish_only_what_full_loses() {
         "{events:?}"
     );
 }
+
+/// The lock-free read counts the window in tokens at any page size: past
+/// a tombstone, two 4-token pages fill an 8-token window.
+#[test]
+fn the_read_counts_the_window_in_tokens() {
+    let mut e = swa(4, 32, 8);
+    let key: Vec<u32> = (1..=16).collect();
+    put(&mut e, &key);
+    // Capped at one window: [1..8] above [9..16]; the upper one goes.
+    assert_eq!(e.evict_components(0, 8, 0).unwrap().swa_tokens, 8);
+    let mut read = Vec::new();
+    let usable = e.peek_usable(&key, &mut read).unwrap();
+    assert_eq!((usable.len, read.len()), (16, 4));
+    assert_eq!(matched(&mut e, &key), 16);
+    // Inside the tail: a split there keeps 4 tokens, short of the window.
+    let usable = e.peek_usable(&key[..12], &mut read).unwrap();
+    assert_eq!(usable.len, 0);
+    assert_eq!(matched(&mut e, &key[..12]), 0);
+}
+
+/// ... and so does the read of a match that would end inside a node (the
+/// engine splits it there): here the cut page completes the window.
+#[test]
+fn the_read_of_a_cut_node_counts_its_tokens() {
+    let mut e = swa(4, 32, 12);
+    let key: Vec<u32> = (1..=24).collect();
+    for end in [8, 16, 24] {
+        put(&mut e, &key[..end]);
+    }
+    // [1..8] (least recently used) becomes a tombstone; [9..16] alone is
+    // short of the 12-token window, one page of [17..24] completes it.
+    assert_eq!(e.evict_components(0, 8, 0).unwrap().swa_tokens, 8);
+    let mut read = Vec::new();
+    let usable = e.peek_usable(&key[..20], &mut read).unwrap();
+    assert_eq!((usable.len, read.len()), (20, 5));
+    assert_eq!(matched(&mut e, &key[..20]), 20);
+}
+
+/// A read cut back by MAMBA keeps only the usable prefix's pages.
+#[test]
+fn a_read_cut_back_keeps_the_usable_pages() {
+    let mut e = mamba(4, 32, 4);
+    let key: Vec<u32> = (1..=16).collect();
+    let s = e.alloc_state(C).unwrap();
+    put_with(
+        &mut e,
+        &key[..8],
+        InsertExtra {
+            mamba_state: Some(s),
+            swa_evicted: 0,
+        },
+    );
+    put(&mut e, &key);
+    let mut read = Vec::new();
+    let usable = e.peek_usable(&key, &mut read).unwrap();
+    assert_eq!(
+        (usable.len, read.len(), usable.mamba_state),
+        (8, 2, Some(s))
+    );
+}

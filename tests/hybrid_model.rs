@@ -45,8 +45,6 @@ struct Model {
     swa_list: Vec<usize>,
     mamba_list: Vec<usize>,
     clock: i64,
-    /// Tokens covered by each SWA lock taken at a node.
-    receipts: BTreeMap<usize, Vec<usize>>,
 }
 
 const ROOT: usize = 0;
@@ -73,7 +71,6 @@ impl Model {
             swa_list: Vec::new(),
             mamba_list: Vec::new(),
             clock: 0,
-            receipts: BTreeMap::new(),
         }
     }
 
@@ -298,7 +295,11 @@ impl Model {
         (cached, exist)
     }
 
-    fn lock(&mut self, node: usize, up: bool) {
+    /// Takes (`up`) or drops a lock on `node`: FULL on the path, SWA on
+    /// the nodes covering the last window (SGLang's segment lock; a drop
+    /// walks as far as `reach`, its own lock's receipt), MAMBA at `node`.
+    /// Returns the tokens the SWA walk covered (the receipt of a lock).
+    fn lock(&mut self, node: usize, up: bool, reach: usize) -> usize {
         let mut cur = node;
         while cur != ROOT {
             if up {
@@ -309,20 +310,12 @@ impl Model {
             cur = self.nodes[cur].parent;
         }
         if node == ROOT {
-            return;
+            return 0;
         }
+        let mut covered = 0;
         if let Some(w) = self.window {
-            let reach = if up {
-                w
-            } else {
-                let r = self.receipts.get_mut(&node).unwrap();
-                let c = r.pop().unwrap();
-                if r.is_empty() {
-                    self.receipts.remove(&node);
-                }
-                c
-            };
-            let (mut cur, mut covered) = (node, 0);
+            let reach = if up { w } else { reach };
+            let mut cur = node;
             while cur != ROOT && covered < reach {
                 if up {
                     self.nodes[cur].lock_swa += 1;
@@ -332,9 +325,6 @@ impl Model {
                 covered += self.nodes[cur].key.len();
                 cur = self.nodes[cur].parent;
             }
-            if up {
-                self.receipts.entry(node).or_default().push(covered);
-            }
         }
         if self.mamba {
             if up {
@@ -343,6 +333,7 @@ impl Model {
                 self.nodes[node].lock_mamba -= 1;
             }
         }
+        covered
     }
 
     /// Deletes the evictable leaf `n`: (FULL tokens, SWA tokens, states).
@@ -450,7 +441,18 @@ impl Model {
     }
 }
 
-fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize) {
+/// The order in which held locks are released.
+#[derive(Clone, Copy, Debug)]
+enum Release {
+    /// Oldest first (requests finishing as they came).
+    Arrival,
+    /// Newest first.
+    Reverse,
+    /// Any.
+    Random,
+}
+
+fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize, release: Release) {
     let cap = 40u32;
     let comps = Components {
         swa: window.map(|window| SwaConfig {
@@ -469,7 +471,7 @@ fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize) {
     .unwrap();
     let mut m = Model::new(p as usize, window.map(|w| w as usize), mamba);
     let mut rng = Rng(seed);
-    let mut locks: Vec<(usize, u64)> = Vec::new();
+    let mut locks: Vec<(usize, usize, u64)> = Vec::new();
     let (mut hits, mut tombstones) = (0, 0);
     for step in 0..ops {
         let pages = 1 + rng.below(6) as usize;
@@ -479,7 +481,7 @@ fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize) {
                 (0..p).map(move |j| c * 100 + j)
             })
             .collect();
-        let ctx = format!("seed {seed} P{p} W{window:?} mamba {mamba} step {step}");
+        let ctx = format!("seed {seed} P{p} W{window:?} mamba {mamba} {release:?} step {step}");
         match rng.below(10) {
             0..=3 => {
                 let free = e.stats().free_pages as usize * p as usize;
@@ -525,14 +527,19 @@ fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize) {
                 );
                 hits += usize::from(len > 0);
                 if let (true, Some(h)) = (lock, r.handle) {
-                    m.lock(node, true);
-                    locks.push((node, h.to_raw()));
+                    let reach = m.lock(node, true, 0);
+                    locks.push((node, reach, h.to_raw()));
                 }
             }
             7 => {
                 if !locks.is_empty() {
-                    let (node, h) = locks.remove(rng.below(locks.len() as u64) as usize);
-                    m.lock(node, false);
+                    let at = match release {
+                        Release::Arrival => 0,
+                        Release::Reverse => locks.len() - 1,
+                        Release::Random => rng.below(locks.len() as u64) as usize,
+                    };
+                    let (node, reach, h) = locks.remove(at);
+                    m.lock(node, false, reach);
                     e.unlock(C, h).unwrap();
                 }
             }
@@ -585,17 +592,21 @@ fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize) {
 
 #[test]
 fn swa_engine_matches_the_model() {
-    for seed in 1..=4u64 {
-        run(seed * 7919, 1, Some(3), false, 3000);
-        run(seed * 104_729, 4, Some(12), false, 3000);
-        run(seed * 31, 2, Some(3), false, 3000);
+    for release in [Release::Arrival, Release::Reverse, Release::Random] {
+        for seed in 1..=4u64 {
+            run(seed * 7919, 1, Some(3), false, 3000, release);
+            run(seed * 104_729, 4, Some(12), false, 3000, release);
+            run(seed * 31, 2, Some(3), false, 3000, release);
+        }
     }
 }
 
 #[test]
 fn mamba_engine_matches_the_model() {
-    for seed in 1..=4u64 {
-        run(seed * 7919, 1, None, true, 3000);
-        run(seed * 104_729, 4, None, true, 3000);
+    for release in [Release::Arrival, Release::Reverse, Release::Random] {
+        for seed in 1..=4u64 {
+            run(seed * 7919, 1, None, true, 3000, release);
+            run(seed * 104_729, 4, None, true, 3000, release);
+        }
     }
 }

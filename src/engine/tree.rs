@@ -278,11 +278,14 @@ impl<R: Region> Arena<R> {
 
     /// Takes a lock on `node` and every ancestor (the root excluded), moving
     /// tokens from evictable to protected on each 0 → 1 transition.
-    pub fn lock_path(&mut self, node: u32) {
+    /// Returns the lock's serial, which its release names (0 without SWA,
+    /// whose locks are all alike).
+    pub fn lock_path(&mut self, node: u32) -> u32 {
         self.lock_path_inner(node);
-        self.hy_lock(node, true);
+        let serial = self.hy_lock(node);
         // Only `node` can be a leaf: its ancestors have children.
         self.refile(node);
+        serial
     }
 
     fn lock_path_inner(&mut self, mut node: u32) {
@@ -302,10 +305,10 @@ impl<R: Region> Arena<R> {
         }
     }
 
-    /// The mirror of [`Self::lock_path`].
-    pub fn unlock_path(&mut self, node: u32) {
+    /// The mirror of [`Self::lock_path`]: drops the lock `serial` names.
+    pub fn unlock_path(&mut self, node: u32, serial: u32) {
         self.unlock_path_inner(node);
-        self.hy_lock(node, false);
+        self.hy_unlock(node, serial);
         self.refile(node);
     }
 

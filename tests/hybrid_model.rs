@@ -4,7 +4,9 @@
 //! SGLang's access times. Random operations (inserts, matches, locks,
 //! unlocks, evictions of every component) must get the same answers and
 //! leave the same sizes, tombstones included. `python/tests_sglang` runs the
-//! same comparison against SGLang itself; this one runs in CI.
+//! same comparison against SGLang itself; this one runs in CI, under both
+//! recency rules (SGLang touches the lower half of a split; exact recency,
+//! the default, does not).
 //!
 //! FULL eviction is driven by the model's answer: SGLang frees whole
 //! leaves and radixd trims pages, so the engine is asked for exactly what
@@ -15,7 +17,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::Rng;
-use radixd::engine::{Components, Config, Engine, InsertExtra, MambaConfig, SwaConfig};
+use radixd::engine::{Components, Config, Engine, InsertExtra, MambaConfig, Recency, SwaConfig};
 
 const C: u32 = 1;
 /// Access times are scaled so that a match can stamp a path with
@@ -45,6 +47,8 @@ struct Model {
     swa_list: Vec<usize>,
     mamba_list: Vec<usize>,
     clock: i64,
+    /// What a split counts as a use of (SGLang's rule by default).
+    recency: Recency,
 }
 
 const ROOT: usize = 0;
@@ -71,6 +75,7 @@ impl Model {
             swa_list: Vec::new(),
             mamba_list: Vec::new(),
             clock: 0,
+            recency: Recency::Sglang,
         }
     }
 
@@ -130,7 +135,11 @@ impl Model {
         if c.swa {
             Self::list_insert_after(&mut self.swa_list, child, upper);
         }
-        self.nodes[child].time = self.tick();
+        // SGLang's `_split_node` touches the lower half; exact recency
+        // leaves it at its last use.
+        if self.recency == Recency::Sglang {
+            self.nodes[child].time = self.tick();
+        }
         upper
     }
 
@@ -142,7 +151,10 @@ impl Model {
             let Some(&child) = self.nodes[node].children.get(&key[pos..pos + self.p]) else {
                 break;
             };
-            if touch {
+            // SGLang touches the node before it may split it; exact
+            // recency touches only what the key reached (below).
+            let sglang = self.recency == Recency::Sglang;
+            if touch && sglang {
                 self.nodes[child].time = self.tick();
             }
             let ck = &self.nodes[child].key;
@@ -158,6 +170,9 @@ impl Model {
             } else {
                 child
             };
+            if touch && !sglang {
+                self.nodes[child].time = self.tick();
+            }
             path.push(child);
             pos += same;
             node = child;
@@ -453,6 +468,22 @@ enum Release {
 }
 
 fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize, release: Release) {
+    run_with(seed, p, window, mamba, ops, release, Recency::Sglang);
+    // Exact recency once per seed (the release order is not its concern).
+    if matches!(release, Release::Random) {
+        run_with(seed, p, window, mamba, ops, release, Recency::Exact);
+    }
+}
+
+fn run_with(
+    seed: u64,
+    p: u32,
+    window: Option<u32>,
+    mamba: bool,
+    ops: usize,
+    release: Release,
+    recency: Recency,
+) {
     let cap = 40u32;
     let comps = Components {
         swa: window.map(|window| SwaConfig {
@@ -469,7 +500,9 @@ fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize, release:
         comps,
     )
     .unwrap();
+    e.set_recency(recency);
     let mut m = Model::new(p as usize, window.map(|w| w as usize), mamba);
+    m.recency = recency;
     let mut rng = Rng(seed);
     let mut locks: Vec<(usize, usize, u64)> = Vec::new();
     let (mut hits, mut tombstones) = (0, 0);
@@ -481,7 +514,8 @@ fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize, release:
                 (0..p).map(move |j| c * 100 + j)
             })
             .collect();
-        let ctx = format!("seed {seed} P{p} W{window:?} mamba {mamba} {release:?} step {step}");
+        let ctx =
+            format!("seed {seed} P{p} W{window:?} mamba {mamba} {release:?} {recency} step {step}");
         match rng.below(10) {
             0..=3 => {
                 let free = e.stats().free_pages as usize * p as usize;

@@ -8,7 +8,8 @@ protected size and the free space of every pool.
 
 FULL eviction is driven by SGLang's answer: SGLang frees whole leaves and
 radixd trims pages, so radixd is asked for exactly the tokens SGLang freed
-(the same leaves, whole)."""
+(the same leaves, whole), which needs SGLang's recency rule
+(``recency="sglang"``: a split touches its lower half)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,12 @@ class Twin:
         full, swa_pages, window, slots = 40, 24, 3 * page_size, 6
         if kind == "swa":
             self.s = us.make_swa_cache(page_size, full, swa_pages, window)
-            self.r = radixd.Engine(page_size, full, components="full,swa", swa_window=window, swa_capacity=swa_pages)
+            self.r = radixd.Engine(
+                page_size, full, components="full,swa", swa_window=window, swa_capacity=swa_pages, recency="sglang"
+            )
         else:
             self.s = us.make_mamba_cache(page_size, full, slots)
-            self.r = radixd.Engine(page_size, full, components="full,mamba", mamba_capacity=slots)
+            self.r = radixd.Engine(page_size, full, components="full,mamba", mamba_capacity=slots, recency="sglang")
         self.locks: list[tuple] = []
         self.evictions = [0, 0, 0]
         self.hits = 0

@@ -45,6 +45,7 @@ pub use hybrid::{
     InsertedExtra, MambaConfig, MatchExtra, SwaConfig, MAX_STATES,
 };
 pub use layout::EngineLayout;
+pub use lru::{Recency, RecencyError};
 pub use mem::{Mapped, TreeMem};
 #[cfg(loom)]
 pub use mem::{Mirror, MirroredRegion};
@@ -247,6 +248,17 @@ impl<R: Region> Engine<R> {
         self.arena.hybrid = Hybrid::new(components, l.node_cap, l.capacity);
         self.reset();
         Ok(())
+    }
+
+    /// Sets what a split counts as a use of (see [`Recency`]); the cache
+    /// keeps what it holds.
+    pub fn set_recency(&mut self, recency: Recency) {
+        self.arena.lru.set_recency(recency);
+    }
+
+    /// What a split counts as a use of.
+    pub fn recency(&self) -> Recency {
+        self.arena.lru.recency()
     }
 
     /// The components this engine caches.

@@ -5,6 +5,7 @@
 
 use super::arena::Arena;
 use super::layout::{Node, NIL, NODE_FREE, NODE_LIVE, PAGE_CACHED, ROOT};
+use super::lru::Recency;
 use super::record::CacheEvent;
 use super::region::Region;
 use super::table::child_hash;
@@ -135,15 +136,22 @@ impl<R: Region> Arena<R> {
     /// The node whose path from the root is exactly what `walk` matched,
     /// splitting the partially matched child if there is one.
     ///
-    /// A split counts as a use of both halves, the lower one older: SGLang
-    /// touches the node it is about to split, and the upper node it makes
-    /// is newer still. The caller then touches the path as usual.
+    /// The caller then touches the path, the new upper node with it. By
+    /// default ([`Recency::Exact`]) that is the only use: the lower half,
+    /// which the match did not reach, keeps its last use. Under
+    /// [`Recency::Sglang`] the split is a use of both halves, the lower one
+    /// older, as SGLang touches the node it splits (and the upper node it
+    /// makes is newer still).
     pub fn settle(&mut self, walk: Walk) -> u32 {
         match walk.partial {
             None => walk.node,
             Some((child, at, upper)) => {
                 let m = self.split(child, at, upper);
-                self.lru.stamp(child);
+                if self.lru.recency() == Recency::Sglang {
+                    self.lru.stamp(child);
+                }
+                // A fresh stamp either way (the slot's last one is a freed
+                // node's), newer than the lower half's.
                 self.lru.stamp(m);
                 m
             }

@@ -64,19 +64,6 @@ impl Recency {
             Self::Sglang => "sglang",
         }
     }
-
-    /// The rule's number in the segment's `Info` (its index in [`Self::ALL`]).
-    pub fn code(self) -> u32 {
-        match self {
-            Self::Exact => 0,
-            Self::Sglang => 1,
-        }
-    }
-
-    /// The inverse of [`Recency::code`].
-    pub fn from_code(code: u32) -> Option<Self> {
-        Self::ALL.get(code as usize).copied()
-    }
 }
 
 impl fmt::Display for Recency {

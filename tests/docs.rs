@@ -680,8 +680,8 @@ fn capacity_of(header: &str) -> u64 {
         .unwrap_or_else(|_| panic!("capacity header {header:?}"))
 }
 
-/// Issue 29: the hit rates README.md and docs/replay.md quote are what
-/// `radixd replay` prints now, so a change of policy that moves one fails
+/// Issue 29: the hit rates README.md, docs/replay.md and docs/benchmarks.md
+/// quote are what `radixd replay` prints now, so a change of policy that moves one fails
 /// here until the docs say so.
 #[test]
 fn replay_figures_are_what_replay_prints() {
@@ -763,6 +763,23 @@ fn replay_figures_are_what_replay_prints() {
         quoted += 1;
     }
     assert_eq!(quoted, 2, "{line}");
+    // docs/benchmarks.md: "`radix` against `lru` | 21.57% against 21.53%".
+    let bench = read(&root().join("docs/benchmarks.md"));
+    let line = bench
+        .lines()
+        .find(|l| l.contains("hit rate, Mooncake conversation trace, 10,000 blocks"))
+        .expect("the benchmarks' hit-rate line");
+    let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+    let policies: Vec<&str> = cells[1].split('`').skip(1).step_by(2).collect();
+    let rates: Vec<&str> = cells[2].split(" against ").collect();
+    assert_eq!(policies, ["radix", "lru"], "{line}");
+    for (policy, rate) in policies.iter().zip(&rates) {
+        assert_eq!(
+            *rate,
+            lookup("conversation", "exact", policy, 10_000),
+            "docs/benchmarks.md: {policy}"
+        );
+    }
     // The hybrid table: the components' flags in the first cell, at 8,000
     // blocks on the conversation trace.
     let hybrid = table_after(&page, "On the conversation trace at 8,000 blocks");

@@ -406,9 +406,10 @@ impl BindingBoard {
         // `Version::read` (the seqlock of `radixd_ipc::version`).
         self.holders.store(holders, Ordering::Relaxed);
         self.len.store(bytes.len() as u64, Ordering::Relaxed);
-        for (i, word) in self.text.iter().enumerate() {
+        let mut chunks = bytes.chunks(8);
+        for word in &self.text {
             let mut w = [0u8; 8];
-            if let Some(chunk) = bytes.chunks(8).nth(i) {
+            if let Some(chunk) = chunks.next() {
                 w[..chunk.len()].copy_from_slice(chunk);
             }
             word.store(u64::from_le_bytes(w), Ordering::Relaxed);

@@ -18,6 +18,7 @@ use radixd_ipc::{
     RingError, Scratch, ScratchError, Segment, Spin, INFO_OFFSET,
 };
 
+use crate::binding::{BindingBoard, BoardError, PoolBinding, PoolIdentity};
 use crate::engine::{
     Anchor, ComponentStats, Components, Evicted, Handle, InsertExtra, InsertedExtra, MatchExtra,
     Peeked, Stats, TreeReader, Usable,
@@ -1484,5 +1485,46 @@ impl crate::op::Backend for Client {
 
     fn components(&self) -> Components {
         self.components
+    }
+}
+
+/// The pool binding (see [`crate::binding`]): which KV buffer the daemon's
+/// pages index.
+impl Client {
+    /// [`Client::connect`], then [`Client::bind`] to `pool`: a client of
+    /// another buffer than the one the daemon's pool is bound to gets
+    /// [`ClientError::Rejected`] of kind `pool_mismatch` (its message says
+    /// what to do) and holds nothing.
+    pub fn connect_bound(name: &str, pool: &PoolIdentity) -> Result<Self, ClientError> {
+        let mut client = Self::connect(name)?;
+        client.bind(pool)?;
+        Ok(client)
+    }
+
+    /// Binds this connection to the KV buffer `pool`: the first binder
+    /// binds the daemon's pool, a client of the same buffer joins the
+    /// binding, one of another is refused (`pool_mismatch`, nothing
+    /// changes). The binding is held until this client disconnects or
+    /// dies; returns how many clients hold it now.
+    pub fn bind(&mut self, pool: &PoolIdentity) -> Result<u64, ClientError> {
+        match self.send(Call::Bind(pool.as_str()))? {
+            Reply::Bound { holders } => Ok(holders),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// What the daemon's pool is bound to (`None`: nothing), read from the
+    /// segment without a round trip.
+    pub fn pool_binding(&self) -> Result<Option<PoolBinding>, ClientError> {
+        let board: &BindingBoard = self
+            .segment
+            .get(Offset::new(self.layout.binding))
+            .map_err(ProtocolError::Region)?;
+        board.read().map_err(|e| match e {
+            BoardError::Changing => ClientError::Contended,
+            BoardError::Garbled => {
+                ProtocolError::BadReply(BadReply::BadField("pool binding")).into()
+            }
+        })
     }
 }

@@ -20,6 +20,7 @@ use radixd_ipc::{
     RingError, Scratch, Segment, SlotLocks, SlotTable, Spin, Tenancy, INFO_OFFSET,
 };
 
+use crate::binding::{Binding, BindingBoard, Released};
 use crate::engine::{ClientId, Components, ComponentsError, ConfigError, Engine, CORRUPT};
 use crate::op::{self, ErrorKind, Rejection, Request};
 use crate::shared::{
@@ -223,6 +224,9 @@ pub fn serve_reporting(
     let live: &LiveStats = segment
         .get(Offset::new(layout.live_stats))
         .map_err(ServeError::Region)?;
+    let board: &BindingBoard = segment
+        .get(Offset::new(layout.binding))
+        .map_err(ServeError::Region)?;
     // SAFETY: this daemon created the segment and builds its only engine.
     let region = unsafe { ShmRegion::new(&segment, &layout) }.ok_or(ServeError::Region(
         RegionError::OutOfBounds {
@@ -281,6 +285,7 @@ pub fn serve_reporting(
         allow_reset: config.allow_reset,
         // The reader is expired by then, and its pages come back.
         reader_wait: config.reader_expiry * 2,
+        binding: Binding::new(board),
     };
     // Relaxed: a plain flag set by the signal handler; nothing to order.
     while stop.load(Ordering::Relaxed) == 0 {
@@ -290,7 +295,8 @@ pub fn serve_reporting(
             let Ok(word) = slots.word(index) else {
                 continue;
             };
-            peer.serving = adopt(&mut engine, peer, &slots, index, word, live);
+            let binding = &mut service.binding;
+            peer.serving = adopt(&mut engine, peer, &slots, index, word, live, binding);
             if !peer.serving || peer.broken {
                 continue;
             }
@@ -338,7 +344,7 @@ pub fn serve_reporting(
         }
         if now.duration_since(last_sweep) >= SWEEP {
             last_sweep = now;
-            sweep(&mut engine, &mut peers, &slots, live);
+            sweep(&mut engine, &mut peers, &slots, live, &mut service.binding);
             if let Some(damage) = peers.iter_mut().find_map(|p| p.corrupt.take()) {
                 return Err(ServeError::Corrupted(damage));
             }
@@ -450,6 +456,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
     index: u32,
     word: (u32, u32),
     live: &LiveStats,
+    binding: &mut Binding<'_>,
 ) -> bool {
     if peer.tenancy.serves(word) {
         return true;
@@ -481,7 +488,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
         probe,
         &mut || {
             reader.clear();
-            if let Err(damage) = forget(engine, index, live) {
+            if let Err(damage) = forget(engine, index, live, binding) {
                 *corrupt = Some(damage);
             }
         },
@@ -508,13 +515,27 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
 /// counting it as connected. Called by `Tenancy` only for a slot it had
 /// adopted, once its holder is provably gone. `Err` names corrupt shared
 /// data the engine met on the way (see `guarded`).
+///
+/// The last holder of the pool's binding leaving unbinds it, and the
+/// cached prefixes go (evicted as `evict` evicts): the KV they index lived
+/// in the buffer that went with its last holder.
 fn forget<R: crate::engine::Region>(
     engine: &mut Engine<R>,
     index: u32,
     live: &LiveStats,
+    binding: &mut Binding<'_>,
 ) -> Result<(), String> {
     LiveStats::bump(&live.clients, -1);
-    guarded(|| engine.release_client(client_id(index)))
+    guarded(|| engine.release_client(client_id(index)))?;
+    if binding.release(client_id(index)) == Released::Unbound {
+        let c = engine.components();
+        let all = |on: bool| if on { u64::MAX } else { 0 };
+        let (swa, mamba) = (all(c.swa.is_some()), all(c.mamba.is_some()));
+        // Cannot fail: only components the engine keeps are asked for.
+        guarded(|| engine.evict_components(u64::MAX, swa, mamba).map(|_| ()))?
+            .map_err(|e| format!("{CORRUPT}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// What the daemon counts while it serves, in its own memory: nothing on
@@ -554,7 +575,7 @@ impl Tally {
 
 /// What `drain` keeps from one request to the next: the counters and the
 /// buffers it reuses, so a warm daemon answers without allocating.
-struct Service {
+struct Service<'s> {
     tally: Tally,
     spare: op::Spare,
     /// Bytes of the answer being written to a reply window.
@@ -562,6 +583,8 @@ struct Service {
     allow_reset: bool,
     /// Longest an `alloc` waits for pages readers hold (see `drain`).
     reader_wait: Duration,
+    /// Which KV buffer the pool belongs to (`Request::Bind`).
+    binding: Binding<'s>,
 }
 
 /// Whether an `alloc` of `want` pages falls short only because readers
@@ -575,7 +598,7 @@ fn held_back<R: crate::engine::Region>(engine: &Engine<R>, want: u64) -> bool {
 /// Answers up to [`BATCH`] requests of one active slot; returns how many.
 fn drain<R: crate::engine::Region>(
     engine: &mut Engine<R>,
-    service: &mut Service,
+    service: &mut Service<'_>,
     peer: &mut Peer<'_>,
     index: u32,
     word: impl Fn(u32) -> Option<(u32, u32)>,
@@ -668,7 +691,7 @@ fn drain<R: crate::engine::Region>(
 /// (or the record, when it is small).
 fn answer<R: crate::engine::Region>(
     engine: &mut Engine<R>,
-    service: &mut Service,
+    service: &mut Service<'_>,
     client: ClientId,
     scratch: &Scratch<'_>,
     record: &WireRequest,
@@ -678,6 +701,7 @@ fn answer<R: crate::engine::Region>(
         spare,
         out,
         allow_reset,
+        binding,
         ..
     } = service;
     let window_ok = record
@@ -703,6 +727,12 @@ fn answer<R: crate::engine::Region>(
                             record.reply_len
                         ),
                     ));
+                }
+                if let Request::Bind { pool } = &request {
+                    // The daemon's own state, not the engine's.
+                    return binding
+                        .bind(client, pool)
+                        .map(|holders| op::Reply::Bound { holders });
                 }
                 if matches!(request, Request::Reset) && !*allow_reset {
                     // One client must not wipe every other scheduler's
@@ -769,6 +799,7 @@ fn sweep<R: crate::engine::Region, L: radixd_ipc::SlotLocks>(
     peers: &mut [Peer<'_>],
     slots: &radixd_ipc::SlotTable<'_, L>,
     live: &LiveStats,
+    binding: &mut Binding<'_>,
 ) {
     for status in slots.occupied() {
         let Some(peer) = peers.get_mut(status.index as usize) else {
@@ -785,7 +816,7 @@ fn sweep<R: crate::engine::Region, L: radixd_ipc::SlotLocks>(
             } = peer;
             tenancy.vacate(&mut || {
                 reader.clear();
-                if let Err(damage) = forget(engine, status.index, live) {
+                if let Err(damage) = forget(engine, status.index, live, binding) {
                     *corrupt = Some(damage);
                 }
             });

@@ -139,6 +139,10 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
         "stats" => Request::Stats,
         "reset" => Request::Reset,
         "validate" => Request::Validate,
+        "bind" => match f.get("pool")? {
+            Value::String(pool) => Request::Bind { pool: pool.clone() },
+            _ => return Err(malformed("\"pool\" must be a string")),
+        },
         other => {
             return Err(Rejection::new(
                 ErrorKind::UnknownOp,
@@ -324,6 +328,7 @@ pub fn render_for(result: Result<Reply, Rejection>, components: &Components) -> 
         }),
         Ok(Reply::State { state }) => json!({"ok": true, "state": state}),
         Ok(Reply::SwaFreed { n }) => json!({"ok": true, "freed": n}),
+        Ok(Reply::Bound { holders }) => json!({"ok": true, "holders": holders}),
         Ok(Reply::SwaPages(pages)) => {
             let pages: Vec<Value> = pages
                 .iter()

@@ -12,6 +12,7 @@
 //! - [`events`]: KV events in vLLM's wire format for cluster routers.
 //! - `index` (feature `index`): the cluster router's KV index over those
 //!   events (per-worker overlap scores, as Dynamo's router computes them).
+//! - [`binding`]: which KV buffer a daemon's page pool belongs to.
 //! - [`client`]: [`Client`], a scheduler's connection to the daemon.
 //! - [`order`]: cache-aware scheduling order (LPM, DFS-weight) from
 //!   lock-free peeks.
@@ -20,6 +21,8 @@
 //!   socket.
 //! - [`chart`]: the SVG line charts of `replay --plot` and `bench --plot`.
 
+#[cfg(not(loom))]
+pub mod binding;
 pub mod engine;
 // Under loom (`--cfg loom`, for `loom_tests`) only the engine and the
 // readers' grace period, which the models drive: the rest needs real
@@ -57,6 +60,8 @@ pub mod signal;
 #[cfg(feature = "cli")]
 pub mod stat;
 
+#[cfg(not(loom))]
+pub use binding::PoolIdentity;
 #[cfg(not(loom))]
 pub use client::{Client, ClientError};
 #[cfg(not(loom))]

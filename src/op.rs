@@ -117,6 +117,14 @@ pub enum Request {
     SwaPages {
         pages: Vec<u32>,
     },
+    /// Binds this client to the KV buffer `pool` names (a
+    /// [`crate::binding::PoolIdentity`], untrusted text): the first binder
+    /// binds the daemon's pool, a client of another buffer is refused
+    /// ([`ErrorKind::PoolMismatch`]). Answers [`Reply::Bound`]. A daemon's
+    /// business: an in-process engine, which has one client, refuses it.
+    Bind {
+        pool: String,
+    },
 }
 
 /// The answer to a successful request.
@@ -184,6 +192,8 @@ pub enum Reply {
         sessions: u64,
         components: Option<ComponentStats>,
     },
+    /// `Bind`: clients now holding the pool's binding.
+    Bound { holders: u64 },
 }
 
 /// Longest session id, in bytes.
@@ -228,6 +238,7 @@ impl Reply {
             Self::SwaFreed { .. } => "swa_freed",
             Self::SwaPages(_) => "swa_pages",
             Self::StatsWith { .. } => "stats_with",
+            Self::Bound { .. } => "bound",
         }
     }
 }
@@ -284,11 +295,14 @@ pub enum ErrorKind {
     SwaMismatch = 21,
     /// Every state slot is held by a client or a locked node.
     InsufficientStates = 22,
+    /// `Bind` from a client of another KV buffer than the one the daemon's
+    /// pool is bound to.
+    PoolMismatch = 23,
 }
 
 impl ErrorKind {
     /// Every kind, for decoding.
-    pub const ALL: [ErrorKind; 22] = [
+    pub const ALL: [ErrorKind; 23] = [
         Self::UnknownOp,
         Self::Malformed,
         Self::PageOutOfRange,
@@ -311,6 +325,7 @@ impl ErrorKind {
         Self::StateNotOwned,
         Self::SwaMismatch,
         Self::InsufficientStates,
+        Self::PoolMismatch,
     ];
 
     /// The wire name.
@@ -338,6 +353,7 @@ impl ErrorKind {
             Self::StateNotOwned => "state_not_owned",
             Self::SwaMismatch => "swa_mismatch",
             Self::InsufficientStates => "insufficient_states",
+            Self::PoolMismatch => "pool_mismatch",
         }
     }
 
@@ -655,6 +671,10 @@ pub fn apply_with<R: Region>(
             sessions: engine.sessions() as u64,
             components: engine.component_stats(),
         },
+        Request::Bind { .. } => return Err(Rejection::new(
+            ErrorKind::NotPermitted,
+            "pool bindings are a daemon's: an in-process engine has one client, whose buffer it is",
+        )),
     })
 }
 

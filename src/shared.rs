@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! [ipc header][daemon doorbell][Info][slot table][client blocks: rings + scratch]
-//! [user area: LiveStats | engine region]
+//! [user area: reader table | LiveStats | BindingBoard | engine region]
 //! ```
 //!
 //! [`Info`] sits at a fixed offset so a client can learn the configuration
@@ -23,6 +23,7 @@ use radixd_ipc::{
     ShmSafe, INFO_BYTES,
 };
 
+pub use crate::binding::{BindingBoard, BINDING_BYTES};
 use crate::engine::layout::ENGINE_VERSION;
 use crate::engine::{
     ComponentStats, Components, EngineLayout, MambaConfig, Region, Stats, SwaConfig, REGION_ALIGN,
@@ -33,8 +34,9 @@ use crate::wire::{WireReply, WireRequest};
 /// Version of radixd's own structures (`Info`, `LiveStats`, the wire
 /// records and the ops they carry, the engine layout); mixed into the
 /// layout hash. 3: the anchored ops `MatchAt`/`InsertAt` and `aux`; 4:
-/// the component ops and `Info`'s components.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// the component ops and `Info`'s components; 5: the pool binding (`Bind`,
+/// `BindingBoard`).
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Requests (and replies) a client may have in flight.
 pub const RING_CAPACITY: u32 = 64;
 
@@ -209,6 +211,8 @@ pub struct SharedLayout {
     pub readers_at: u64,
     /// Offset of [`LiveStats`]; from here to the end clients map read-only.
     pub live_stats: u64,
+    /// Offset of the [`BindingBoard`] (what the pool is bound to).
+    pub binding: u64,
     /// Offset of the engine region.
     pub engine_at: u64,
 }
@@ -253,18 +257,22 @@ impl SharedLayout {
             request_capacity: RING_CAPACITY,
             response_capacity: RING_CAPACITY,
             scratch_bytes: config.scratch_bytes,
-            user_bytes: readers_bytes(config.clients) + LIVE_STATS_BYTES + engine.size() as u64,
+            user_bytes: readers_bytes(config.clients)
+                + LIVE_STATS_BYTES
+                + BINDING_BYTES
+                + engine.size() as u64,
             // Both versions are hashed, so a client of another protocol or
             // engine layout is refused at connect (`LayoutMismatch`).
             user_version: (PROTOCOL_VERSION << 16) | ENGINE_VERSION,
         })
         .map_err(LayoutProblem::Ipc)?;
         // The user area is page aligned and the reader table a whole
-        // number of pages, so the stats page and the engine region after it
-        // are too (what `mprotect` in the client and REGION_ALIGN need).
+        // number of pages, so the stats page, the binding's page and the
+        // engine region after them are too (what `mprotect` in the client and REGION_ALIGN need).
         let readers_at = ipc.user;
         let live_stats = readers_at + readers_bytes(config.clients);
-        let engine_at = live_stats + LIVE_STATS_BYTES;
+        let binding = live_stats + LIVE_STATS_BYTES;
+        let engine_at = binding + BINDING_BYTES;
         debug_assert_eq!(engine_at % REGION_ALIGN as u64, 0);
         Ok(Self {
             config,
@@ -272,6 +280,7 @@ impl SharedLayout {
             engine,
             readers_at,
             live_stats,
+            binding,
             engine_at,
         })
     }

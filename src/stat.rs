@@ -7,6 +7,7 @@ use std::time::Duration;
 use radixd_ipc::sync::Ordering;
 use radixd_ipc::{Offset, Segment, INFO_OFFSET};
 
+use crate::binding::{BindingBoard, BoardError};
 use crate::shared::{bucket_floor, read_components, read_info, Info, LiveStats, SharedLayout};
 
 /// Why the figures could not be read.
@@ -76,6 +77,22 @@ pub fn quantile(histogram: &[u64], q: f64) -> Option<u64> {
     None
 }
 
+/// What the pool is bound to, as the `pool` line says it.
+fn pool_line(segment: &Segment, layout: &SharedLayout) -> String {
+    let board = segment.get::<BindingBoard>(Offset::new(layout.binding));
+    match board.map(BindingBoard::read) {
+        Ok(Ok(Some(b))) => format!(
+            "bound to {} ({} client{} bound)",
+            b.identity,
+            b.holders,
+            if b.holders == 1 { "" } else { "s" }
+        ),
+        Ok(Ok(None)) => "not bound (the first client that binds a KV buffer binds it)".to_owned(),
+        Ok(Err(BoardError::Changing)) => "binding changing, try again".to_owned(),
+        Ok(Err(BoardError::Garbled)) | Err(_) => "binding unreadable".to_owned(),
+    }
+}
+
 /// Prints the daemon's figures, with rates over `interval`.
 pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
     let segment = Segment::open_unverified(name).map_err(StatError::Open)?;
@@ -129,6 +146,7 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
         "config      page size {}, {} pages, {} client slots{named}",
         config.page_size, config.capacity, config.clients
     );
+    println!("pool        {}", pool_line(&segment, &layout));
     println!(
         "clients     {} connected, {} reaped after dying",
         after.clients, after.reaped

@@ -19,6 +19,7 @@ use std::mem::size_of;
 
 use radixd_ipc::{copy, Scratch, ScratchError};
 
+use crate::binding::MAX_POOL_IDENTITY;
 use crate::engine::{Anchor, ComponentStats, Handle, Stats};
 use crate::op::{check_session_id, check_session_len, ErrorKind, Rejection, Reply, Request, Spare};
 
@@ -99,6 +100,7 @@ mod opcode {
     pub const FREE_SWA: u32 = 21;
     pub const STATS_WITH: u32 = 22;
     pub const SWA_PAGES: u32 = 23;
+    pub const BIND: u32 = 24;
 }
 
 /// Reply kinds.
@@ -117,6 +119,7 @@ mod kind {
     pub const SWA_FREED: u32 = 12;
     pub const STATS_WITH: u32 = 13;
     pub const SWA_PAGES: u32 = 14;
+    pub const BOUND: u32 = 15;
 }
 
 /// `flags` bit: the request asks for a lock.
@@ -401,6 +404,9 @@ pub enum Call<'a> {
     FreeSwa(&'a [u32]),
     StatsWith,
     SwaPages(&'a [u32]),
+    /// See [`Request::Bind`]: the identity travels where a session id
+    /// does.
+    Bind(&'a str),
 }
 
 impl<'a> Call<'a> {
@@ -480,6 +486,7 @@ impl<'a> Call<'a> {
             Request::FreeSwa { pages } => Self::FreeSwa(pages),
             Request::StatsWith => Self::StatsWith,
             Request::SwaPages { pages } => Self::SwaPages(pages),
+            Request::Bind { pool } => Self::Bind(pool),
         }
     }
 
@@ -545,6 +552,7 @@ impl<'a> Call<'a> {
             Self::FreeSwa(pages) => (opcode::FREE_SWA, 0, 0, none, pages, ""),
             Self::StatsWith => (opcode::STATS_WITH, 0, 0, none, none, ""),
             Self::SwaPages(pages) => (opcode::SWA_PAGES, 0, 0, none, pages, ""),
+            Self::Bind(pool) => (opcode::BIND, 0, 0, none, none, pool),
         };
         let mut e = EncodedRequest {
             record: WireRequest {
@@ -849,6 +857,20 @@ pub fn decode_request<P: Payload + ?Sized>(
                 pages: list(spare, tokens_end, r.n_pages)?,
             }
         }
+        opcode::BIND => {
+            exact(false, false, true)?;
+            // The length is checked before anything is copied; what the
+            // bytes say, `binding::Binding::bind` checks.
+            if tail > MAX_POOL_IDENTITY {
+                return Err(malformed(format!(
+                    "a pool identity of {tail} bytes is over the limit of {MAX_POOL_IDENTITY}"
+                )));
+            }
+            let bytes = payload.bytes(pages_end, tail)?;
+            let pool =
+                String::from_utf8(bytes).map_err(|_| malformed("pool identity is not UTF-8"))?;
+            Request::Bind { pool }
+        }
         op => {
             return Err(Rejection::new(
                 ErrorKind::UnknownOp,
@@ -995,6 +1017,10 @@ pub fn encode_reply(
             for x in all.chain(figures.into_iter().flatten()) {
                 payload.extend_from_slice(&x.to_ne_bytes());
             }
+        }
+        Ok(Reply::Bound { holders }) => {
+            w.kind = kind::BOUND;
+            w.a = *holders;
         }
     }
     w.payload_len = payload.len() as u32;
@@ -1185,6 +1211,7 @@ pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Reject
                 components,
             }
         }
+        kind::BOUND => Reply::Bound { holders: w.a },
         k => return Err(BadReply::UnknownKind(k)),
     }))
 }
@@ -1290,6 +1317,9 @@ mod tests {
             Request::FreeSwa { pages: vec![2, 3] },
             Request::SwaPages { pages: vec![4, 0] },
             Request::StatsWith,
+            Request::Bind {
+                pool: "device=cuda:0;pages=64".into(),
+            },
         ]
     }
 
@@ -1550,6 +1580,8 @@ mod tests {
             Err(Rejection::new(ErrorKind::StateNotOwned, "slot 3")),
             Err(Rejection::new(ErrorKind::SwaMismatch, "window")),
             Err(Rejection::new(ErrorKind::InsufficientStates, "full")),
+            Ok(Reply::Bound { holders: 3 }),
+            Err(Rejection::new(ErrorKind::PoolMismatch, "another buffer")),
         ];
         let mut payload = Vec::new();
         for reply in replies {
@@ -1679,6 +1711,40 @@ mod tests {
             ..WireRequest::default()
         };
         assert!(decode_request(&aux, &[][..], spare).is_err());
+    }
+
+    #[test]
+    fn bind_records_carry_a_bounded_utf8_identity_and_nothing_else() {
+        let spare = &mut Spare::default();
+        let bind = |text: &[u8]| WireRequest {
+            op: opcode::BIND,
+            payload_len: text.len() as u32,
+            ..WireRequest::default()
+        };
+        let fits = vec![b'a'; MAX_POOL_IDENTITY];
+        assert!(decode_request(&bind(&fits), &fits[..], spare).is_ok());
+        let over = vec![b'a'; MAX_POOL_IDENTITY + 1];
+        let e = decode_request(&bind(&over), &over[..], spare).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Malformed);
+        assert!(e.message.contains("over the limit"), "{e}");
+        let e = decode_request(&bind(&[0xff, 0x3d]), &[0xff, 0x3d][..], spare).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Malformed);
+        let with_pages = WireRequest {
+            n_pages: 1,
+            payload_len: 8,
+            ..bind(b"a=1")
+        };
+        assert!(decode_request(
+            &with_pages,
+            &[0, 0, 0, 0, b'a', b'=', b'1', b'2'][..],
+            spare
+        )
+        .is_err());
+        let locked = WireRequest {
+            flags: FLAG_LOCK,
+            ..bind(b"a=1")
+        };
+        assert!(decode_request(&locked, &b"a=1"[..], spare).is_err());
     }
 
     #[test]

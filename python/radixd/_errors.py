@@ -58,6 +58,9 @@ KINDS = (
     "state_not_owned",
     "swa_mismatch",
     "insufficient_states",
+    # A client of another KV buffer than the one the daemon's pool is bound
+    # to (`radixd.Client(name, pool=...)`).
+    "pool_mismatch",
 )
 
 #: kind string -> exception class

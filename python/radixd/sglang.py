@@ -5,8 +5,10 @@
 it starts, and it registers :func:`radixd_cache_factory` with
 ``sglang.srt.mem_cache.registry.register_radix_cache_backend("radixd", ...)``.
 The factory connects to the daemon named by ``RADIXD_NAME`` (default
-``radixd``), installs radixd's pool into SGLang's token-to-KV allocator and
-returns a :class:`RadixdPrefixCache`.
+``radixd``), binds the daemon's pool to this scheduler's KV buffer
+(:func:`pool_identity`: a daemon serves one KV pool, and a scheduler of
+another is refused at start-up), installs radixd's pool into SGLang's
+token-to-KV allocator and returns a :class:`RadixdPrefixCache`.
 
 Every method follows SGLang 0.5.23's ``RadixCache``
 (``python/sglang/srt/mem_cache/radix_cache.py``) and ``BasePrefixCache``
@@ -599,8 +601,14 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
     if getattr(serving, "enable_streaming_session", False):
         _refuse("--enable-streaming-session", "streaming sessions are not mapped to radixd sessions yet")
     name = os.environ.get("RADIXD_NAME", "radixd")
+    pool = pool_identity(ctx)
     try:
-        client = radixd.Client(name)
+        client = radixd.Client(name, pool=pool)
+    except radixd.PoolMismatchError as e:
+        raise radixd.PoolMismatchError(
+            f"--radix-cache-backend radixd: daemon {name!r} refused this scheduler's KV pool: {e.message} "
+            f"(this scheduler's KV pool: {_canonical(pool)})"
+        ) from None
     except radixd.DaemonGoneError as e:
         num_pages = params.token_to_kv_pool_allocator.size // params.page_size
         raise RuntimeError(
@@ -614,8 +622,99 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
             f"a daemon started with --components {client.components}",
             "this model is full-attention only: its matches must not be cut back by a second component",
         )
-    logger.info("radixd: connected to %r (page size %d, %d pages)", name, client.page_size, client.capacity)
-    return RadixdPrefixCache(params, client)
+    logger.info(
+        "radixd: connected to %r (page size %d, %d pages), its pool bound to %s",
+        name, client.page_size, client.capacity, client.pool,
+    )
+    try:
+        return RadixdPrefixCache(params, client)
+    except BaseException:
+        client.close()  # releases the binding at once
+        raise
+
+
+#: Env var naming the KV buffer when processes that are not one server map
+#: one buffer (CUDA IPC, a shared file): each sets the same name, and it
+#: stands in the identity for the server's address.
+POOL_ENV = "RADIXD_POOL"
+
+
+def _value(v: Any) -> str:
+    """``v`` as a pool identity value: printable ASCII without ``;``,
+    other characters replaced by ``_``, at most 200 characters."""
+    text = "".join(c if " " <= c <= "~" and c != ";" else "_" for c in str(v))[:200]
+    return text or "_"
+
+
+def _canonical(pool: dict) -> str:
+    return ";".join(f"{k}={v}" for k, v in sorted(pool.items()))
+
+
+def pool_identity(ctx: Any) -> dict:
+    """Which KV buffer this scheduler's pages index, for the daemon's pool
+    binding (docs/protocol.md, "One daemon, one KV pool"):
+
+    - ``device`` (the KV pool's torch device) and, on CUDA, ``uuid`` (the
+      GPU's, from ``torch.cuda.get_device_properties``);
+    - the pool's geometry: ``page_size``, ``pages``, ``dtype`` and, where
+      the allocator has its KV pool, ``layers``, ``heads``, ``head_dim``,
+      ``v_head_dim`` (MHA) or ``kv_lora_rank``, ``qk_rope_head_dim`` (MLA);
+    - whose buffer it is: ``server`` (the server's ``host:port``, so two
+      servers on one node never bind one pool), or ``buffer`` from
+      ``RADIXD_POOL`` when it is set: processes that truly map one buffer
+      without being one server set the same name in each.
+
+    Two schedulers that map one buffer derive the same identity and share
+    the binding; any other pair differs in something and the second is
+    refused at start-up. The ranks of one tensor-parallel server (refused
+    today) will bind as one server: each rank's pool holds its shard of
+    the same page ids, so their identity will name the server and its
+    group instead of one rank's device (see ``_rank_keys``).
+    """
+    params = ctx.params
+    allocator = params.token_to_kv_pool_allocator
+    ps = params.page_size
+    pool: dict = {"page_size": ps}
+    if allocator is not None:
+        pool["pages"] = allocator.size // ps
+        pool["dtype"] = str(getattr(allocator, "dtype", "unknown")).replace("torch.", "")
+        pool.update(_rank_keys(getattr(allocator, "device", "cpu")))
+        kv = allocator.get_kvcache() if hasattr(allocator, "get_kvcache") else None
+        for attr, key in (
+            ("layer_num", "layers"),
+            ("head_num", "heads"),
+            ("head_dim", "head_dim"),
+            ("v_head_dim", "v_head_dim"),
+            ("kv_lora_rank", "kv_lora_rank"),
+            ("qk_rope_head_dim", "qk_rope_head_dim"),
+        ):
+            if isinstance(getattr(kv, attr, None), int):
+                pool[key] = getattr(kv, attr)
+    named = os.environ.get(POOL_ENV)
+    if named:
+        pool["buffer"] = named
+    else:
+        serving = _serving_args(ctx)
+        pool["server"] = f"{getattr(serving, 'host', None)}:{getattr(serving, 'port', None)}"
+    return {k: _value(v) for k, v in pool.items()}
+
+
+def _rank_keys(device: Any) -> dict:
+    """The keys naming the device this rank's KV pool lives on: the torch
+    device and, on CUDA, the GPU's UUID (indices are per process, UUIDs per
+    machine). The place where a tensor-parallel group (issue 31) will name
+    the server's group instead."""
+    dev = torch.device(device) if isinstance(device, (str, torch.device)) else torch.device("cpu")
+    keys = {"device": str(dev)}
+    if dev.type == "cuda":
+        try:
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        except Exception:  # no CUDA runtime to ask: the index must do
+            uuid = None
+        if uuid is not None:
+            keys["uuid"] = str(uuid)
+    return keys
 
 
 def _serving_args(ctx: Any) -> Any:
@@ -641,6 +740,7 @@ __all__ = [
     "RadixdNode",
     "RadixdAllocatorMixin",
     "install_allocator",
+    "pool_identity",
     "radixd_cache_factory",
     "register",
 ]

@@ -26,8 +26,9 @@ use std::time::Duration;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
-use pyo3::types::{PyDict, PyInt};
+use pyo3::types::{PyDict, PyInt, PyMapping};
 
+use radixd::binding::{IdentityError, PoolIdentity};
 use radixd::engine::{Components, Config, Engine as RustEngine, HeapRegion, Recency};
 use radixd::op::{apply, Backend, ErrorKind, Local, Rejection, Reply, Request};
 use radixd::order::{order_matched, Policy};
@@ -127,6 +128,31 @@ fn order(
         matched.push(matched_pages(&tokens)?);
     }
     Ok(order_matched(&matched, policy))
+}
+
+/// A pool identity from Python: a `key=value;...` string, or a mapping
+/// whose values are written with `str()`; a bad one raises
+/// `radixd.MalformedError`, as the daemon would answer it.
+fn pool_identity(obj: &Bound<'_, PyAny>) -> PyResult<PoolIdentity> {
+    let py = obj.py();
+    let checked = |r: Result<PoolIdentity, IdentityError>| r.map_err(|e| rejected(py, e.into()));
+    if let Ok(text) = obj.extract::<String>() {
+        return checked(PoolIdentity::parse(&text));
+    }
+    let Ok(mapping) = obj.downcast::<PyMapping>() else {
+        return Err(PyTypeError::new_err(
+            "pool must be a 'key=value;...' string or a mapping of keys to values",
+        ));
+    };
+    let mut pairs = Vec::new();
+    for item in mapping.items()?.iter() {
+        let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract()?;
+        let key = k
+            .extract::<String>()
+            .map_err(|_| PyTypeError::new_err("pool keys must be str"))?;
+        pairs.push((key, v.str()?.to_string()));
+    }
+    checked(PoolIdentity::new(pairs))
 }
 
 /// A handle as Python prints it.
@@ -700,9 +726,13 @@ macro_rules! cache_methods {
 
 /// A connection to a running radixd daemon.
 ///
-/// `Client(name="radixd", timeout=None)`: `name` is the segment's name
-/// (`radixd serve --name`), `timeout` the longest wait for one answer in
-/// seconds (`None`: no limit; a dead daemon is noticed regardless).
+/// `Client(name="radixd", timeout=None, pool=None)`: `name` is the
+/// segment's name (`radixd serve --name`), `timeout` the longest wait for
+/// one answer in seconds (`None`: no limit; a dead daemon is noticed
+/// regardless), `pool` the KV buffer this client's pages index (a
+/// `key=value;...` string or a mapping, see `radixd::binding`): the first
+/// client that names one binds the daemon's pool, a client of another is
+/// refused with `radixd.PoolMismatchError`.
 #[pyclass(module = "radixd")]
 pub struct Client {
     inner: Mutex<Option<RustClient>>,
@@ -711,6 +741,8 @@ pub struct Client {
     capacity: u32,
     /// The daemon's components (fixed for its lifetime).
     components: Components,
+    /// The KV buffer this client bound the pool to, canonical.
+    pool: Option<String>,
 }
 
 impl Client {
@@ -755,8 +787,14 @@ cache_methods! {
     #[pymethods]
     impl Client {
         #[new]
-        #[pyo3(signature = (name = "radixd", timeout = None))]
-        fn new(py: Python<'_>, name: &str, timeout: Option<f64>) -> PyResult<Self> {
+        #[pyo3(signature = (name = "radixd", timeout = None, pool = None))]
+        fn new(
+            py: Python<'_>,
+            name: &str,
+            timeout: Option<f64>,
+            pool: Option<&Bound<'_, PyAny>>,
+        ) -> PyResult<Self> {
+            let pool = pool.filter(|p| !p.is_none()).map(pool_identity).transpose()?;
             let timeout = match timeout {
                 None => NO_TIMEOUT,
                 Some(t) => Duration::try_from_secs_f64(t)
@@ -764,7 +802,10 @@ cache_methods! {
             };
             let owned = name.to_owned();
             let mut client = py
-                .allow_threads(|| RustClient::connect(&owned))
+                .allow_threads(|| match &pool {
+                    Some(pool) => RustClient::connect_bound(&owned, pool),
+                    None => RustClient::connect(&owned),
+                })
                 .map_err(|e| rejected(py, client_error(e)))?;
             client.timeout = timeout;
             Ok(Self {
@@ -773,7 +814,27 @@ cache_methods! {
                 components: client.components(),
                 inner: Mutex::new(Some(client)),
                 name: name.to_owned(),
+                pool: pool.map(|p| p.as_str().to_owned()),
             })
+        }
+
+        /// The KV buffer this client bound the daemon's pool to (canonical
+        /// `key=value;...`), or `None`.
+        #[getter]
+        fn pool(&self) -> Option<&str> {
+            self.pool.as_deref()
+        }
+
+        /// What the daemon's pool is bound to, `(identity, holders)`, or
+        /// `None`; read from the segment, no round trip.
+        fn pool_binding(&self, py: Python<'_>) -> PyResult<Option<(String, u64)>> {
+            let binding = self
+                .hold(py)?
+                .as_ref()
+                .ok_or_else(closed)?
+                .pool_binding()
+                .map_err(|e| rejected(py, client_error(e)))?;
+            Ok(binding.map(|b| (b.identity.as_str().to_owned(), b.holders)))
         }
 
         /// The segment's name.

@@ -1,0 +1,636 @@
+//! A daemon's page pool belongs to one KV buffer.
+//!
+//! radixd hands out page *ids*; the KV bytes they index live in a buffer
+//! the schedulers own (a GPU's KV pool). A scheduler of another buffer that
+//! matched those ids would read other tokens' KV (or nothing) from its own
+//! buffer: wrong attention, no error. So a client may say which buffer it
+//! is, a [`PoolIdentity`]; the first to say it binds the daemon's pool
+//! ([`Binding`]), a client of another buffer is refused with
+//! `pool_mismatch`, and the binding is released when its last holder is
+//! gone (disconnected or dead, as its locks are). Clients that bind
+//! nothing are not asked. [`BindingBoard`] publishes the binding in the
+//! segment for `radixd stat` and [`crate::Client::pool_binding`].
+//!
+//! When the binding goes, the cached prefixes go too (evicted as `evict`
+//! evicts, KV events and all): their KV lived in the buffer that left with
+//! its last holder, so whoever binds next starts from an empty tree.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::mem::size_of;
+
+use radixd_ipc::sync::{AtomicU32, AtomicU64, Ordering};
+use radixd_ipc::{ShmSafe, Version};
+
+use crate::op::{ErrorKind, Rejection};
+
+/// Longest identity, in bytes of its canonical form.
+pub const MAX_POOL_IDENTITY: usize = 1024;
+/// Longest key of one pair.
+pub const MAX_KEY: usize = 64;
+
+/// Which KV buffer a client's pages index: `key=value` pairs, held in
+/// canonical form (keys sorted, unique, joined by `;`), so two clients that
+/// say the same pairs in any order are one buffer.
+///
+/// A key is 1 to [`MAX_KEY`] bytes of `a-z`, `0-9`, `_`, `.`, `-`; a value
+/// 1 or more bytes of printable ASCII (space to `~`) except `;`; the whole
+/// at most [`MAX_POOL_IDENTITY`] bytes. What the keys are is the binder's
+/// business; the SGLang backend's are in docs/protocol.md.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PoolIdentity {
+    text: String,
+}
+
+/// Why text or pairs are not a [`PoolIdentity`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IdentityError {
+    /// No pair at all.
+    Empty,
+    /// The canonical form would be `len` bytes, over [`MAX_POOL_IDENTITY`].
+    TooLong { len: usize },
+    /// Piece `index` (0-based, `;`-separated) has no `=`.
+    NotAPair { index: usize },
+    /// A key that is empty, too long or has a byte outside `a-z0-9_.-`
+    /// (shown cut to [`MAX_KEY`] bytes, escaped).
+    BadKey { key: String },
+    /// The value of `key` is empty or has a byte outside printable ASCII
+    /// or a `;`.
+    BadValue { key: String },
+    /// `key` appears twice.
+    Duplicate { key: String },
+}
+
+impl fmt::Display for IdentityError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Empty => f.write_str("a pool identity needs at least one key=value pair"),
+            Self::TooLong { len } => write!(
+                f,
+                "a pool identity of {len} bytes is over the limit of {MAX_POOL_IDENTITY}"
+            ),
+            Self::NotAPair { index } => {
+                write!(f, "piece {index} of the pool identity is not key=value")
+            }
+            Self::BadKey { key } => write!(
+                f,
+                "pool identity key {key:?} is not 1..={MAX_KEY} bytes of a-z, 0-9, '_', '.', '-'"
+            ),
+            Self::BadValue { key } => write!(
+                f,
+                "the value of pool identity key {key} is empty or not printable ASCII without ';'"
+            ),
+            Self::Duplicate { key } => write!(f, "pool identity key {key} appears twice"),
+        }
+    }
+}
+
+impl std::error::Error for IdentityError {}
+
+impl From<IdentityError> for Rejection {
+    fn from(e: IdentityError) -> Self {
+        Rejection::new(ErrorKind::Malformed, e.to_string())
+    }
+}
+
+fn key_ok(key: &str) -> bool {
+    (1..=MAX_KEY).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b))
+}
+
+fn value_ok(value: &str) -> bool {
+    !value.is_empty()
+        && value
+            .bytes()
+            .all(|b| (b' '..=b'~').contains(&b) && b != b';')
+}
+
+/// `key` as an error shows it: at most [`MAX_KEY`] bytes, escaped.
+fn shown(key: &str) -> String {
+    key.chars()
+        .take(MAX_KEY)
+        .collect::<String>()
+        .escape_debug()
+        .to_string()
+}
+
+impl PoolIdentity {
+    /// The identity of `pairs`, in any order.
+    pub fn new<K: AsRef<str>, V: AsRef<str>>(
+        pairs: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Self, IdentityError> {
+        let mut sorted: Vec<(String, String)> = Vec::new();
+        let mut len = 0usize;
+        for (k, v) in pairs {
+            let (k, v) = (k.as_ref(), v.as_ref());
+            if !key_ok(k) {
+                return Err(IdentityError::BadKey { key: shown(k) });
+            }
+            if !value_ok(v) {
+                return Err(IdentityError::BadValue { key: k.to_owned() });
+            }
+            // Checked as it grows, so a huge input is refused early.
+            len += k.len() + v.len() + 2;
+            if len > MAX_POOL_IDENTITY + 1 {
+                return Err(IdentityError::TooLong { len: len - 1 });
+            }
+            sorted.push((k.to_owned(), v.to_owned()));
+        }
+        if sorted.is_empty() {
+            return Err(IdentityError::Empty);
+        }
+        sorted.sort();
+        if let Some(w) = sorted.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(IdentityError::Duplicate {
+                key: w[0].0.clone(),
+            });
+        }
+        let text = sorted
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(";");
+        Ok(Self { text })
+    }
+
+    /// The identity written as `key=value;key=value...` (any order).
+    pub fn parse(text: &str) -> Result<Self, IdentityError> {
+        if text.len() > MAX_POOL_IDENTITY {
+            return Err(IdentityError::TooLong { len: text.len() });
+        }
+        if text.is_empty() {
+            return Err(IdentityError::Empty);
+        }
+        let pairs = text
+            .split(';')
+            .enumerate()
+            .map(|(index, piece)| {
+                piece
+                    .split_once('=')
+                    .ok_or(IdentityError::NotAPair { index })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::new(pairs)
+    }
+
+    /// The canonical form.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The pairs, sorted by key.
+    pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.text.split(';').filter_map(|p| p.split_once('='))
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.pairs().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
+    /// The keys whose values differ (or that only one side has): `(key,
+    /// self's value, other's value)`, sorted by key.
+    pub fn differences<'a>(
+        &'a self,
+        other: &'a PoolIdentity,
+    ) -> Vec<(&'a str, Option<&'a str>, Option<&'a str>)> {
+        let keys: BTreeSet<&str> = self.pairs().chain(other.pairs()).map(|(k, _)| k).collect();
+        keys.into_iter()
+            .map(|k| (k, self.get(k), other.get(k)))
+            .filter(|(_, a, b)| a != b)
+            .collect()
+    }
+}
+
+impl fmt::Display for PoolIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::str::FromStr for PoolIdentity {
+    type Err = IdentityError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+/// What a pool is bound to, as the segment shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolBinding {
+    pub identity: PoolIdentity,
+    /// Clients holding the binding.
+    pub holders: u64,
+}
+
+/// What [`Binding::release`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The client held no binding.
+    NotHeld,
+    /// The client held it; others still do.
+    Held,
+    /// The client was the last holder: the pool is unbound now.
+    Unbound,
+}
+
+/// The daemon's side: which buffer its pool belongs to and which clients
+/// hold that binding. Every change is published on its board.
+pub struct Binding<'b> {
+    identity: Option<PoolIdentity>,
+    holders: BTreeSet<u32>,
+    board: &'b BindingBoard,
+}
+
+/// Longest value a refusal quotes, in characters.
+const QUOTED: usize = 40;
+
+fn quoted(v: Option<&str>) -> String {
+    match v {
+        None => "none".to_owned(),
+        Some(v) if v.chars().count() > QUOTED => {
+            format!("{}...", v.chars().take(QUOTED).collect::<String>())
+        }
+        Some(v) => v.to_owned(),
+    }
+}
+
+impl<'b> Binding<'b> {
+    /// An unbound pool, published on `board`.
+    pub fn new(board: &'b BindingBoard) -> Self {
+        board.publish(None, 0);
+        Self {
+            identity: None,
+            holders: BTreeSet::new(),
+            board,
+        }
+    }
+
+    /// The identity the pool is bound to.
+    pub fn identity(&self) -> Option<&PoolIdentity> {
+        self.identity.as_ref()
+    }
+
+    /// Clients holding the binding.
+    pub fn holders(&self) -> u64 {
+        self.holders.len() as u64
+    }
+
+    /// Binds `client` to the buffer `text` names (untrusted: checked
+    /// here). The first binder sets the pool's binding; a client of the
+    /// same buffer joins it; a client of another buffer, or one bound
+    /// already to another, is refused (`pool_mismatch`) and nothing
+    /// changes. Returns the holders after the call.
+    pub fn bind(&mut self, client: u32, text: &str) -> Result<u64, Rejection> {
+        let asked = PoolIdentity::parse(text)?;
+        match &self.identity {
+            Some(bound) if *bound != asked => {
+                let mut diffs = bound
+                    .differences(&asked)
+                    .into_iter()
+                    .map(|(k, b, a)| {
+                        format!("{k} (bound {}, this client {})", quoted(b), quoted(a))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                if self.holders.contains(&client) {
+                    diffs = format!("{diffs}; this client bound the pool already, and a connection's binding does not change");
+                }
+                return Err(Rejection::new(
+                    ErrorKind::PoolMismatch,
+                    format!(
+                        "this daemon's page pool belongs to another KV buffer ({} client(s) bound), whose KV its page \
+                         ids index. One daemon per KV pool: start one for this buffer (`radixd serve --name OTHER ...`) \
+                         and point this server at it (RADIXD_NAME=OTHER); to share prefixes across servers, use the \
+                         node-wide store (`radixd serve --store SIZE`). Differs in: {diffs}",
+                        self.holders.len(),
+                    ),
+                ));
+            }
+            Some(_) => {}
+            None => self.identity = Some(asked),
+        }
+        self.holders.insert(client);
+        self.publish();
+        Ok(self.holders())
+    }
+
+    /// Drops `client`'s hold (it disconnected or died); the last one
+    /// leaving unbinds the pool.
+    pub fn release(&mut self, client: u32) -> Released {
+        if !self.holders.remove(&client) {
+            return Released::NotHeld;
+        }
+        let done = if self.holders.is_empty() {
+            self.identity = None;
+            Released::Unbound
+        } else {
+            Released::Held
+        };
+        self.publish();
+        done
+    }
+
+    fn publish(&self) {
+        self.board.publish(
+            self.identity.as_ref().map(PoolIdentity::as_str),
+            self.holders(),
+        );
+    }
+}
+
+/// Words of [`BindingBoard::text`].
+const TEXT_WORDS: usize = MAX_POOL_IDENTITY / 8;
+
+/// The binding as the segment shows it: written by the daemon only (it
+/// lies in the part clients map read-only), read by `radixd stat` and
+/// clients under its version word.
+#[repr(C)]
+#[derive(Debug)]
+pub struct BindingBoard {
+    /// Odd while the daemon rewrites the board.
+    version: Version,
+    _reserved: AtomicU32,
+    /// Clients holding the binding.
+    holders: AtomicU64,
+    /// Bytes of `text` in use; 0: the pool is not bound.
+    len: AtomicU64,
+    /// The canonical identity, little-endian bytes packed eight to a word.
+    text: [AtomicU64; TEXT_WORDS],
+}
+
+/// Bytes set aside for the board in the segment.
+pub const BINDING_BYTES: u64 = 4096;
+const _: () = assert!(size_of::<BindingBoard>() as u64 <= BINDING_BYTES);
+const _: () = assert!(size_of::<BindingBoard>() == 24 + MAX_POOL_IDENTITY);
+
+// SAFETY: nothing but atomics (and `Version`, one atomic), valid for every
+// bit pattern; all zero is an unbound board.
+unsafe impl ShmSafe for BindingBoard {}
+
+/// Why a board could not be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoardError {
+    /// The daemon kept rewriting it.
+    Changing,
+    /// What it holds is no identity (someone else wrote the segment).
+    Garbled,
+}
+
+/// Reads of the board before it counts as [`BoardError::Changing`].
+const READ_TRIES: u32 = 1000;
+
+impl Default for BindingBoard {
+    fn default() -> Self {
+        Self {
+            version: Version::new(),
+            _reserved: AtomicU32::new(0),
+            holders: AtomicU64::new(0),
+            len: AtomicU64::new(0),
+            text: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl BindingBoard {
+    /// Writes `identity` (`None`: unbound) and its holders. One writer.
+    pub fn publish(&self, identity: Option<&str>, holders: u64) {
+        let bytes = identity.unwrap_or("").as_bytes();
+        let bytes = &bytes[..bytes.len().min(MAX_POOL_IDENTITY)];
+        self.version.begin();
+        // Relaxed, all: ordered by the version's Release fence in `begin`
+        // and Release store in `end`, which pair with the Acquire in
+        // `Version::read` (the seqlock of `radixd_ipc::version`).
+        self.holders.store(holders, Ordering::Relaxed);
+        self.len.store(bytes.len() as u64, Ordering::Relaxed);
+        let mut chunks = bytes.chunks(8);
+        for word in &self.text {
+            let mut w = [0u8; 8];
+            if let Some(chunk) = chunks.next() {
+                w[..chunk.len()].copy_from_slice(chunk);
+            }
+            word.store(u64::from_le_bytes(w), Ordering::Relaxed);
+        }
+        self.version.end();
+    }
+
+    /// The binding shown (`None`: the pool is not bound).
+    pub fn read(&self) -> Result<Option<PoolBinding>, BoardError> {
+        for _ in 0..READ_TRIES {
+            let copied = self.version.read(|| {
+                // Relaxed, all: validated by the version (Acquire in
+                // `Version::read`, pairing with the Release in `end`).
+                let holders = self.holders.load(Ordering::Relaxed);
+                let len = self.len.load(Ordering::Relaxed);
+                let mut text = [0u8; MAX_POOL_IDENTITY];
+                for (chunk, word) in text.chunks_mut(8).zip(&self.text) {
+                    chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+                }
+                (holders, len, text)
+            });
+            let Some(((holders, len, text), _)) = copied else {
+                radixd_ipc::sync::spin_loop();
+                continue;
+            };
+            if len == 0 {
+                return Ok(None);
+            }
+            let text = usize::try_from(len)
+                .ok()
+                .and_then(|len| text.get(..len))
+                .and_then(|t| std::str::from_utf8(t).ok())
+                .ok_or(BoardError::Garbled)?;
+            let identity = PoolIdentity::parse(text).map_err(|_| BoardError::Garbled)?;
+            return Ok(Some(PoolBinding { identity, holders }));
+        }
+        Err(BoardError::Changing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(text: &str) -> PoolIdentity {
+        PoolIdentity::parse(text).unwrap()
+    }
+
+    #[test]
+    fn identities_are_canonical_and_checked() {
+        let a = id("pages=64;device=cuda:0;uuid=GPU-1");
+        assert_eq!(a.as_str(), "device=cuda:0;pages=64;uuid=GPU-1");
+        assert_eq!(
+            a,
+            PoolIdentity::new([("uuid", "GPU-1"), ("device", "cuda:0"), ("pages", "64")]).unwrap()
+        );
+        assert_eq!(a.get("pages"), Some("64"));
+        assert_eq!(id("server=a=b").get("server"), Some("a=b"));
+        assert_eq!(PoolIdentity::parse(""), Err(IdentityError::Empty));
+        assert_eq!(
+            PoolIdentity::parse("a=1;;b=2"),
+            Err(IdentityError::NotAPair { index: 1 })
+        );
+        assert_eq!(
+            PoolIdentity::parse("junk"),
+            Err(IdentityError::NotAPair { index: 0 })
+        );
+        assert!(matches!(
+            PoolIdentity::parse("A=1"),
+            Err(IdentityError::BadKey { .. })
+        ));
+        assert!(matches!(
+            PoolIdentity::parse("=1"),
+            Err(IdentityError::BadKey { .. })
+        ));
+        assert!(matches!(
+            PoolIdentity::parse("a="),
+            Err(IdentityError::BadValue { .. })
+        ));
+        assert!(matches!(
+            PoolIdentity::parse("a=\u{0}"),
+            Err(IdentityError::BadValue { .. })
+        ));
+        assert!(matches!(
+            PoolIdentity::parse("a=é"),
+            Err(IdentityError::BadValue { .. })
+        ));
+        assert_eq!(
+            PoolIdentity::parse("a=1;a=1"),
+            Err(IdentityError::Duplicate { key: "a".into() })
+        );
+        let long_key = format!("{}=1", "k".repeat(MAX_KEY + 1));
+        assert!(matches!(
+            PoolIdentity::parse(&long_key),
+            Err(IdentityError::BadKey { .. })
+        ));
+        // The limit is on the canonical form, exactly.
+        let fits = format!("k={}", "v".repeat(MAX_POOL_IDENTITY - 2));
+        assert_eq!(id(&fits).as_str().len(), MAX_POOL_IDENTITY);
+        let over = format!("k={}", "v".repeat(MAX_POOL_IDENTITY - 1));
+        assert!(matches!(
+            PoolIdentity::parse(&over),
+            Err(IdentityError::TooLong { .. })
+        ));
+        let many = (0..200).map(|i| (format!("k{i}"), "12345".to_owned()));
+        assert!(matches!(
+            PoolIdentity::new(many),
+            Err(IdentityError::TooLong { .. })
+        ));
+        assert_eq!(
+            PoolIdentity::new(Vec::<(&str, &str)>::new()),
+            Err(IdentityError::Empty)
+        );
+    }
+
+    #[test]
+    fn differences_name_every_key_that_differs() {
+        let a = id("device=cuda:0;pages=64;uuid=GPU-1");
+        let b = id("device=cuda:0;pages=32;server=x");
+        assert_eq!(
+            a.differences(&b),
+            vec![
+                ("pages", Some("64"), Some("32")),
+                ("server", None, Some("x")),
+                ("uuid", Some("GPU-1"), None)
+            ]
+        );
+        assert!(a.differences(&a).is_empty());
+    }
+
+    #[test]
+    fn the_first_binder_sets_the_pool_and_the_last_leaving_frees_it() {
+        let board = BindingBoard::default();
+        let mut b = Binding::new(&board);
+        assert_eq!(board.read(), Ok(None));
+        assert_eq!(b.bind(3, "pages=64;device=cpu"), Ok(1));
+        // The same buffer, its pairs in another order: one binding.
+        assert_eq!(b.bind(5, "device=cpu;pages=64"), Ok(2));
+        assert_eq!(
+            b.bind(5, "device=cpu;pages=64"),
+            Ok(2),
+            "binding again changes nothing"
+        );
+        let shown = board.read().unwrap().unwrap();
+        assert_eq!(shown.identity.as_str(), "device=cpu;pages=64");
+        assert_eq!(shown.holders, 2);
+
+        let refused = b.bind(7, "device=cpu;pages=32").unwrap_err();
+        assert_eq!(refused.kind, ErrorKind::PoolMismatch);
+        for needle in [
+            "radixd serve --name OTHER",
+            "RADIXD_NAME=OTHER",
+            "radixd serve --store",
+            "pages (bound 64, this client 32)",
+        ] {
+            assert!(
+                refused.message.contains(needle),
+                "{needle} not in {}",
+                refused.message
+            );
+        }
+        // A holder cannot switch buffers either.
+        let switched = b.bind(3, "device=cpu;pages=32").unwrap_err();
+        assert_eq!(switched.kind, ErrorKind::PoolMismatch);
+        assert!(switched.message.contains("does not change"));
+        // Garbage is malformed and changes nothing.
+        let garbage = b.bind(7, "not an identity").unwrap_err();
+        assert_eq!(garbage.kind, ErrorKind::Malformed);
+        let over = format!("k={}", "v".repeat(2 * MAX_POOL_IDENTITY));
+        assert_eq!(b.bind(7, &over).unwrap_err().kind, ErrorKind::Malformed);
+        assert_eq!(
+            (b.holders(), board.read().unwrap().unwrap().holders),
+            (2, 2)
+        );
+
+        assert_eq!(b.release(7), Released::NotHeld);
+        assert_eq!(b.release(3), Released::Held);
+        assert_eq!(board.read().unwrap().unwrap().holders, 1);
+        assert_eq!(b.release(5), Released::Unbound);
+        assert_eq!(b.identity(), None);
+        assert_eq!(board.read(), Ok(None));
+        // Unbound, any buffer may bind it again.
+        assert_eq!(b.bind(7, "device=cpu;pages=32"), Ok(1));
+        assert_eq!(
+            board.read().unwrap().unwrap().identity.as_str(),
+            "device=cpu;pages=32"
+        );
+    }
+
+    #[test]
+    fn a_refusal_fits_the_reply_window_and_keeps_its_advice() {
+        let board = BindingBoard::default();
+        let mut b = Binding::new(&board);
+        let long = |c: char| {
+            (0..12)
+                .map(|i| format!("key{i}={}", c.to_string().repeat(70)))
+                .collect::<Vec<_>>()
+                .join(";")
+        };
+        b.bind(0, &long('a')).unwrap();
+        let m = b.bind(1, &long('b')).unwrap_err().message;
+        let cut = &m[..m.len().min(crate::wire::MIN_REPLY_WINDOW)];
+        assert!(cut.contains("radixd serve --store SIZE"), "{cut}");
+    }
+
+    #[test]
+    fn a_garbled_board_is_refused_not_trusted() {
+        let board = BindingBoard::default();
+        board.publish(Some("a=1"), 1);
+        // Relaxed: one thread.
+        board
+            .len
+            .store(MAX_POOL_IDENTITY as u64 + 1, Ordering::Relaxed);
+        assert_eq!(board.read(), Err(BoardError::Garbled));
+        board.len.store(2, Ordering::Relaxed);
+        assert_eq!(
+            board.read(),
+            Err(BoardError::Garbled),
+            "\"a=\" is no identity"
+        );
+        board.version.begin();
+        assert_eq!(board.read(), Err(BoardError::Changing));
+    }
+}

@@ -35,6 +35,9 @@ pub const PAGE: u64 = 4096;
 pub const DATA_ALIGN: u64 = 2 << 20;
 /// Largest extent: the unit of memory that moves between value sizes.
 pub const MAX_EXTENT: u64 = 16 << 20;
+/// A store is cut into at least this many extents (fewer, larger ones
+/// above 128 MiB): a small store still takes values of a quarter of it.
+pub const EXTENTS_AT_LEAST: u64 = 8;
 /// Smallest store.
 pub const MIN_STORE: u64 = 1 << 20;
 /// Largest store (1 TiB).
@@ -186,12 +189,12 @@ impl std::error::Error for ConfigError {}
 
 impl StoreConfig {
     /// The configuration `radixd serve --store SIZE` uses: extents of
-    /// `min(16 MiB, SIZE / 16)` (page aligned), one entry per 32 KiB.
+    /// `min(16 MiB, SIZE / 8)` (page aligned), one entry per 32 KiB.
     pub fn for_size(store_bytes: u64, clients: u32) -> Result<Self, ConfigError> {
         if !(MIN_STORE..=MAX_STORE).contains(&store_bytes) {
             return Err(ConfigError::Size(store_bytes));
         }
-        let extent_bytes = (store_bytes / 16).min(MAX_EXTENT) / PAGE * PAGE;
+        let extent_bytes = (store_bytes / EXTENTS_AT_LEAST).min(MAX_EXTENT) / PAGE * PAGE;
         let extents = store_bytes / extent_bytes;
         let entries = (store_bytes / BYTES_PER_ENTRY)
             .clamp(u64::from(MIN_ENTRIES), u64::from(MAX_ENTRIES)) as u32;
@@ -376,7 +379,7 @@ mod tests {
     #[test]
     fn sizes_give_extents_entries_and_an_aligned_file() {
         let c = StoreConfig::for_size(64 << 20, 16).unwrap();
-        assert_eq!(c.extent_bytes, 4 << 20);
+        assert_eq!(c.extent_bytes, 8 << 20);
         assert_eq!(c.data_bytes, 64 << 20);
         assert_eq!(c.entries, 2048);
         let l = StoreLayout::new(c).unwrap();

@@ -47,6 +47,9 @@ enum Command {
     /// One client process of `radixd bench` (internal).
     #[command(hide = true)]
     BenchWorker(WorkerArgs),
+    /// One reader process of `radixd bench --store` (internal).
+    #[command(hide = true)]
+    BenchStoreReader(bench::store::StoreReaderArgs),
 }
 
 #[derive(clap::Args)]
@@ -365,6 +368,7 @@ fn main() -> ExitCode {
             bench::run(&args, &mut out).map_err(|e| e.to_string())
         }
         Command::BenchWorker(args) => bench::worker(&args).map_err(|e| e.to_string()),
+        Command::BenchStoreReader(args) => bench::store::reader(&args).map_err(|e| e.to_string()),
         Command::Events(args) => signal::install()
             .map_err(|e| format!("cannot install signal handlers: {e}"))
             .and_then(|()| {

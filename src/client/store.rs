@@ -292,7 +292,7 @@ impl Client {
             // (checked by `store_slot_ptr`) and is reserved for this
             // client; the pieces sum to `value_size`; the caller vouches
             // for `src`.
-            unsafe { radixd_ipc::copy::copy_bytes(src, dst.add(at), len) };
+            unsafe { radixd_ipc::copy::copy_bulk(src, dst.add(at), len) };
             at += len;
         }
         Ok(())

@@ -11,7 +11,7 @@
 //! for longer than the expiry) never returns torn bytes or another key's
 //! bytes: its version check fails and the read is a miss.
 
-use radixd_ipc::copy::copy_bytes;
+use radixd_ipc::copy::copy_bulk;
 use radixd_ipc::sync::Ordering;
 
 use super::layout::{key_hash, key_words, COMMITTED, MAX_KEY, MAX_NAME, NAMESPACES, NIL};
@@ -174,7 +174,7 @@ impl StoreReader {
                 // for `dst`. Another process may write the source meanwhile
                 // (a reused slot of an expired reader): the version check
                 // below then throws the copy away.
-                unsafe { copy_bytes(src.add(at), dst, len) };
+                unsafe { copy_bulk(src.add(at), dst, len) };
                 at += len;
             }
             let Some(entry) = self.view.entry(found.index) else {

@@ -237,3 +237,31 @@ fn adoption_rebuilds_and_refuses_garbage() {
     assert_eq!(StoreIndex::adopt(view).err(), Some(AdoptError::Magic));
     let _ = half;
 }
+
+#[test]
+fn a_copy_of_an_entry_evicted_and_reused_under_it_is_thrown_away() {
+    // One entry: the next put evicts the value a reader has found and
+    // reuses its entry and slot for another key (the interleaving of an
+    // expired reader; no grace period here).
+    let mut s = store(1, 1, PAGE);
+    let ns = s.index.namespace(b"m", 64).unwrap();
+    assert!(put(&mut s, ns, b"old", None));
+    let found = s.reader.find(ns, b"old").unwrap();
+    assert!(put(&mut s, ns, b"new", None));
+    assert_eq!(
+        s.reader.find(ns, b"new").unwrap().data,
+        found.data,
+        "slot reused"
+    );
+    let mut out = vec![0u8; 64];
+    let pieces = [(out.as_mut_ptr(), out.len())];
+    // SAFETY: `out` is a live buffer of the pieces' length.
+    let kept = unsafe { s.reader.copy_found(ns, found, &pieces, 1) };
+    assert!(!kept, "the version moved: the copy (of \"new\") is refused");
+    assert_eq!(out, value(b"new", 64), "what was copied was the new key's");
+    // Before any change the same copy is kept.
+    let found = s.reader.find(ns, b"new").unwrap();
+    // SAFETY: as above.
+    assert!(unsafe { s.reader.copy_found(ns, found, &pieces, 2) });
+    assert_eq!(out, value(b"new", 64));
+}

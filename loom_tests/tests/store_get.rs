@@ -87,7 +87,7 @@ fn get(reader: &StoreReader, ns: StoreNs, key: &[u8], stamp: u64) -> Option<[u8;
 fn a_get_never_returns_another_keys_bytes() {
     explore_bounded(
         "a_get_never_returns_another_keys_bytes",
-        50,
+        10_000,
         Some(1),
         || {
             let (store, mut index, ns) = store_with_o();

@@ -10,6 +10,8 @@
 //! timeouts, so an idle daemon costs nothing and a busy one never pays a
 //! futex wake per request. `--busy-poll` never sleeps.
 
+mod store;
+
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -25,7 +27,7 @@ use crate::engine::{ClientId, Components, ComponentsError, ConfigError, Engine, 
 use crate::op::{self, ErrorKind, Rejection, Request};
 use crate::shared::{
     bucket_of, write_components, write_info, Info, LayoutProblem, LiveStats, SegmentConfig,
-    SharedLayout, ShmGrace, ShmRegion, HISTOGRAM_BUCKETS,
+    SharedGrace, SharedLayout, ShmGrace, ShmRegion, HISTOGRAM_BUCKETS,
 };
 use crate::wire::{self, ScratchWindow, WireReply, WireRequest};
 
@@ -82,6 +84,10 @@ pub struct ServeConfig {
     pub components: Components,
     /// What a split counts as a use of (`--recency`; exact by default).
     pub recency: crate::engine::Recency,
+    /// Bytes of the node-wide KV store (`--store SIZE`; `None`: no store).
+    pub store: Option<u64>,
+    /// Discard the store file a previous daemon left (`--store-reset`).
+    pub store_reset: bool,
 }
 
 impl Default for ServeConfig {
@@ -101,6 +107,8 @@ impl Default for ServeConfig {
             events: None,
             components: Components::full(),
             recency: crate::engine::Recency::default(),
+            store: None,
+            store_reset: false,
         }
     }
 }
@@ -132,6 +140,8 @@ pub enum ServeError {
     /// removed the segment.
     Corrupted(String),
     Events(crate::events::EventsError),
+    /// The store could not be opened (created or adopted).
+    Store(String),
 }
 
 impl fmt::Display for ServeError {
@@ -154,6 +164,7 @@ impl fmt::Display for ServeError {
                 "stopped: {m}; the segment was removed (restart the daemon)"
             ),
             Self::Events(e) => write!(f, "cannot publish KV events: {e}"),
+            Self::Store(e) => write!(f, "cannot open the store: {e}"),
         }
     }
 }
@@ -247,7 +258,9 @@ pub fn serve_reporting(
     // dropped before it.
     let grace = unsafe { ShmGrace::new(&segment, &layout, config.reader_expiry) }
         .map_err(ServeError::Region)?;
-    engine.set_grace(Box::new(grace));
+    let grace = SharedGrace::new(grace);
+    engine.set_grace(Box::new(grace.clone()));
+    let kv_store = store::open(config, &grace, info)?;
     let (_, readers) = layout.readers(&segment).map_err(ServeError::Region)?;
     let mut events = crate::events::Events::start(config.events.as_ref(), &mut engine, live)
         .map_err(ServeError::Events)?;
@@ -286,6 +299,7 @@ pub fn serve_reporting(
         // The reader is expired by then, and its pages come back.
         reader_wait: config.reader_expiry * 2,
         binding: Binding::new(board),
+        store: kv_store,
     };
     // Relaxed: a plain flag set by the signal handler; nothing to order.
     while stop.load(Ordering::Relaxed) == 0 {
@@ -310,6 +324,7 @@ pub fn serve_reporting(
         if engine.in_limbo() != (0, 0) {
             guarded(|| engine.reclaim()).map_err(ServeError::Corrupted)?;
         }
+        store::tidy(service.store.as_mut(), &peers, false);
         events.after_requests(&mut engine, live);
         // Relaxed: the daemon wrote this gauge itself (in `adopt`/`forget`).
         let clients = live.clients.load(Ordering::Relaxed);
@@ -345,6 +360,7 @@ pub fn serve_reporting(
         if now.duration_since(last_sweep) >= SWEEP {
             last_sweep = now;
             sweep(&mut engine, &mut peers, &slots, live, &mut service.binding);
+            store::tidy(service.store.as_mut(), &peers, true);
             if let Some(damage) = peers.iter_mut().find_map(|p| p.corrupt.take()) {
                 return Err(ServeError::Corrupted(damage));
             }
@@ -585,6 +601,8 @@ struct Service<'s> {
     reader_wait: Duration,
     /// Which KV buffer the pool belongs to (`Request::Bind`).
     binding: Binding<'s>,
+    /// The node-wide KV store (`--store`).
+    store: Option<crate::store::StoreFile>,
 }
 
 /// Whether an `alloc` of `want` pages falls short only because readers
@@ -702,6 +720,7 @@ fn answer<R: crate::engine::Region>(
         out,
         allow_reset,
         binding,
+        store: kv_store,
         ..
     } = service;
     let window_ok = record
@@ -733,6 +752,10 @@ fn answer<R: crate::engine::Region>(
                     return binding
                         .bind(client, pool)
                         .map(|holders| op::Reply::Bound { holders });
+                }
+                if let Request::Store(r) = request {
+                    let generation = (record.seq >> 32) as u32;
+                    return store::answer(kv_store.as_mut(), client, generation, r);
                 }
                 if matches!(request, Request::Reset) && !*allow_reset {
                     // One client must not wipe every other scheduler's

@@ -24,9 +24,9 @@
 #[cfg(not(loom))]
 pub mod binding;
 pub mod engine;
-// Under loom (`--cfg loom`, for `loom_tests`) only the engine and the
-// readers' grace period, which the models drive: the rest needs real
-// shared memory.
+// Under loom (`--cfg loom`, for `loom_tests`) only the engine, the
+// readers' grace period and the store's index and reader, which the models
+// drive: the rest needs real shared memory.
 #[cfg(not(loom))]
 pub mod client;
 #[cfg(not(loom))]
@@ -42,6 +42,7 @@ pub mod order;
 pub mod readers;
 #[cfg(not(loom))]
 pub mod shared;
+pub mod store;
 #[cfg(not(loom))]
 pub mod wire;
 

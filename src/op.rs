@@ -4,6 +4,12 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+mod store;
+
+pub use store::{
+    apply_store, check_key, KeyList, StoreAccess, StoreReply, StoreRequest, WithStore, NO_PARENT,
+};
+
 use crate::engine::{
     Anchor, AnchorError, ClientId, ComponentError, ComponentStats, Components, Engine, HandleError,
     InsertExtra, Inserted, InsertedExtra, PageError, Region, SessionError, Stats,
@@ -125,6 +131,8 @@ pub enum Request {
     Bind {
         pool: String,
     },
+    /// A store write ([`StoreRequest`]); the daemon routes it to its store.
+    Store(StoreRequest),
 }
 
 /// The answer to a successful request.
@@ -194,6 +202,8 @@ pub enum Reply {
     },
     /// `Bind`: clients now holding the pool's binding.
     Bound { holders: u64 },
+    /// The answer to a [`Request::Store`].
+    Store(StoreReply),
 }
 
 /// Longest session id, in bytes.
@@ -239,6 +249,7 @@ impl Reply {
             Self::SwaPages(_) => "swa_pages",
             Self::StatsWith { .. } => "stats_with",
             Self::Bound { .. } => "bound",
+            Self::Store(_) => "store",
         }
     }
 }
@@ -298,11 +309,23 @@ pub enum ErrorKind {
     /// `Bind` from a client of another KV buffer than the one the daemon's
     /// pool is bound to.
     PoolMismatch = 23,
+    /// The daemon runs without `--store`.
+    NoStore = 40,
+    /// A value of another size than its namespace's.
+    SizeMismatch = 41,
+    /// No room in the store: everything is reserved or still read.
+    StoreFull = 42,
+    /// A store key that is empty or too long.
+    BadKey = 43,
+    /// A commit or abort of a slot the client did not reserve.
+    NotReserved = 44,
+    /// A store namespace id nobody registered.
+    UnknownNamespace = 45,
 }
 
 impl ErrorKind {
     /// Every kind, for decoding.
-    pub const ALL: [ErrorKind; 23] = [
+    pub const ALL: [ErrorKind; 29] = [
         Self::UnknownOp,
         Self::Malformed,
         Self::PageOutOfRange,
@@ -326,6 +349,12 @@ impl ErrorKind {
         Self::SwaMismatch,
         Self::InsufficientStates,
         Self::PoolMismatch,
+        Self::NoStore,
+        Self::SizeMismatch,
+        Self::StoreFull,
+        Self::BadKey,
+        Self::NotReserved,
+        Self::UnknownNamespace,
     ];
 
     /// The wire name.
@@ -354,6 +383,12 @@ impl ErrorKind {
             Self::SwaMismatch => "swa_mismatch",
             Self::InsufficientStates => "insufficient_states",
             Self::PoolMismatch => "pool_mismatch",
+            Self::NoStore => "no_store",
+            Self::SizeMismatch => "size_mismatch",
+            Self::StoreFull => "store_full",
+            Self::BadKey => "bad_key",
+            Self::NotReserved => "not_reserved",
+            Self::UnknownNamespace => "unknown_namespace",
         }
     }
 
@@ -507,6 +542,9 @@ pub fn apply_with<R: Region>(
         check_session_id(session.as_bytes())?;
     }
     Ok(match request {
+        // An engine alone has no store: the daemon routes store requests
+        // to its own (`apply_store`) before they reach here.
+        Request::Store(_) => return Err(crate::store::StoreError::NoStore.into()),
         Request::Alloc { n } => {
             let mut pages = spare.list();
             engine.alloc_into(client, n, &mut pages)?;
@@ -708,6 +746,11 @@ pub trait Backend {
     /// and prints depends on them).
     fn components(&self) -> Components {
         Components::full()
+    }
+
+    /// The store beside the cache, if any (`exec`'s store ops).
+    fn store(&mut self) -> Option<&mut dyn StoreAccess> {
+        None
     }
 }
 

@@ -594,6 +594,25 @@ macro_rules! cache_methods {
                 Ok(self.components()?.names())
             }
 
+            /// The SWA window in tokens (`--swa-window`), `None` without SWA.
+            #[getter]
+            fn swa_window(&self) -> PyResult<Option<u32>> {
+                Ok(self.components()?.swa.map(|s| s.window))
+            }
+
+            /// Pages in the SWA pool (`--swa-capacity`), `None` without SWA.
+            #[getter]
+            fn swa_capacity(&self) -> PyResult<Option<u32>> {
+                Ok(self.components()?.swa.map(|s| s.capacity))
+            }
+
+            /// State slots in the MAMBA pool (`--mamba-capacity`), `None`
+            /// without MAMBA.
+            #[getter]
+            fn mamba_capacity(&self) -> PyResult<Option<u32>> {
+                Ok(self.components()?.mamba.map(|m| m.capacity))
+            }
+
             /// Takes `n` pages from the pool (evicting as needed), as
             /// `array.array('I')`.
             fn alloc<'py>(&self, py: Python<'py>, n: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -817,6 +836,24 @@ cache_methods! {
             Ok((len, input::array_out(py, &pages)?))
         }
 
+        /// `(len, pages)` of the longest prefix of `tokens` FULL caches (the
+        /// tree's own walk, before SWA or MAMBA cut it back), read straight
+        /// from the shared tree: no round trip, no lock, no LRU touch. The
+        /// pages a just-inserted (and locked) key lives on.
+        fn peek_full<'py>(
+            &self,
+            py: Python<'py>,
+            tokens: &Bound<'py, PyAny>,
+        ) -> PyResult<(usize, Bound<'py, PyAny>)> {
+            let tokens = input::u32s(tokens, "tokens")?;
+            let (peeked, pages) = self
+                .hold(py)?
+                .as_ref()
+                .ok_or_else(closed)?
+                .peek_anchored(&tokens)
+                .map_err(|e| rejected(py, client_error(e)))?;
+            Ok((peeked.len, input::array_out(py, &pages)?))
+        }
 
         /// Indices into `prompts` in the order to run them under `policy`
         /// (`"lpm"` or `"dfs-weight"`), from lock-free peeks.
@@ -948,6 +985,18 @@ cache_methods! {
             Ok(guard(&self.inner)?.engine.capacity())
         }
 
+        /// As `Client.peek_full`: FULL's own walk of `tokens`, touching
+        /// nothing.
+        fn peek_full<'py>(
+            &self,
+            py: Python<'py>,
+            tokens: &Bound<'py, PyAny>,
+        ) -> PyResult<(usize, Bound<'py, PyAny>)> {
+            let tokens = input::u32s(tokens, "tokens")?;
+            let mut pages = Vec::new();
+            let len = guard(&self.inner)?.engine.peek(&tokens, &mut pages);
+            Ok((len, input::array_out(py, &pages)?))
+        }
 
         /// As `Client.order`, from the engine's own tree.
         #[pyo3(signature = (prompts, policy = "lpm"))]

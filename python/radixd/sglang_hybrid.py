@@ -665,7 +665,17 @@ class RadixdHybridCache(BasePrefixCache):
             # Tombstone recovery may have moved this request's SWA pages
             # onto the tree's; the window is what the request reads next.
             self.token_to_kv_pool_allocator.radixd_sync_pairs(self._window_pages(node))
-        self.unlock(req.lock)
+        old = req.lock
+        if old is not None and getattr(old.node, "handle", None) == handle:
+            # The insert ended on the node the old lock holds (it grew in
+            # place): SGLang releases the old lock and takes a new one, whose
+            # window covers the node as it is now. A release here takes the
+            # newest of a node's locks, so both go and a fresh one is taken.
+            self.backend.unlock(handle)
+            self.backend.unlock(handle)
+            self.backend.lock(handle)
+        else:
+            self.unlock(old)
         req.lock = TreeLock(node, IncLockRefResult(node_id=handle).to_dec_params())
         kv.cache_protected_len = aligned
         req.last_node = node

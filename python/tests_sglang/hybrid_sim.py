@@ -361,9 +361,9 @@ class Workload:
 
 class HybridTwin:
     """SGLang's ``UnifiedRadixCache`` (a) and radixd's backend (b) under the
-    same random scheduler steps; ``release`` picks which running request
-    finishes: ``"newest"`` (the latest admitted, so locks on one node go
-    newest first) or ``"random"``."""
+    same random scheduler steps. ``release`` says which requests may release
+    their lock (finish, or move it in a checkpoint): ``"newest"``, only one
+    whose lock is the newest on its node, or ``"any"``."""
 
     def __init__(self, kind: str, page_size: int, backend_cache: Callable, seed: int, release: str = "newest"):
         self.kind, self.ps, self.release = kind, page_size, release
@@ -376,6 +376,7 @@ class HybridTwin:
         self.work = Workload(self.rng, page_size, longest)
         self.prompts: dict[str, list] = {}
         self.order: list[str] = []
+        self.stamps: dict[str, int] = {}
         self.next_rid = 0
         self.ops = 0
         self.counts = {"hits": 0, "evictions": 0, "checkpoints": 0, "cow": 0, "aborts": 0, "branch": 0}
@@ -464,13 +465,29 @@ class HybridTwin:
             return free >= per + 1
         return True
 
+    def releasable(self, rid: str) -> bool:
+        """Whether ``rid`` may release its lock now: under ``"newest"``, only
+        when no running request locked the same node after it (a node's
+        locks go newest first); under ``"any"``, always."""
+        if self.release == "any":
+            return True
+        node = self.a.running[rid].lock.node
+        if self.a.cache.is_root(node):
+            return True  # a lock on the root holds nothing
+        stamp = self.stamps[rid]
+        return not any(
+            other != rid and req.lock is not None and req.lock.node == node and self.stamps[other] > stamp
+            for other, req in self.a.running.items()
+        )
+
+    def stamp(self, rid: str) -> None:
+        self.stamps[rid] = self.ops
+
     def finishing(self) -> Optional[str]:
-        running = [r for r in self.order if r in self.a.running and self.a.running[r].kv.kv_allocated_len]
-        if not running:
-            return None
-        if self.release == "newest":
-            return running[-1]
-        return self.rng.choice(running)
+        running = [
+            r for r in self.order if r in self.a.running and self.a.running[r].kv.kv_allocated_len and self.releasable(r)
+        ]
+        return self.rng.choice(running) if running else None
 
     def step(self) -> None:
         r = self.rng
@@ -483,6 +500,7 @@ class HybridTwin:
             prompt = self.work.prompt()
             self.prompts[rid] = prompt
             self.order.append(rid)
+            self.stamp(rid)
             got = self.a.arrive(rid, prompt)
             self.same("arrival", got, self.b.arrive(rid, prompt))
             self.counts["hits"] += got["prefix_len"] > 0
@@ -507,7 +525,8 @@ class HybridTwin:
                 return
             self.a.extend(rid, n, outputs)
             self.b.extend(rid, n, outputs)
-            if (outputs is None or r.random() < 0.2) and self.can_checkpoint():
+            if (outputs is None or r.random() < 0.2) and self.can_checkpoint() and self.releasable(rid):
+                self.stamp(rid)
                 self.same("checkpoint: cache_protected_len", self.a.checkpoint(rid), self.b.checkpoint(rid))
                 self.counts["checkpoints"] += 1
         elif roll < 0.8:

@@ -9,9 +9,12 @@ size and pool's free space agrees after every step, and every matched
 prefix's KV slots hold its own tokens (FULL; SWA over its window; the
 copied state its own prefix's).
 
-Releases go newest first for now: radixd releases a node's newest lock
-whatever handle names it (issue 29, being fixed in the engine), so finishing
-in another order can leave other SWA pages protected than SGLang does."""
+Locks are released newest first on each node for now (``release="newest"``:
+a request finishes, or moves its lock in a checkpoint, only when no running
+request locked its node after it): radixd releases a node's newest lock
+whatever handle names it (issue 29, being fixed in the engine), so releases
+in any order (``release="any"``, which HybridTwin also runs) leave other SWA
+pages protected than SGLang does on some runs."""
 
 from __future__ import annotations
 
@@ -38,7 +41,6 @@ def _engine_cache(kind: str, page_size: int):
                 swa_window=HybridTwin.window(ps),
                 swa_capacity=HybridTwin.SWA_PAGES[ps],
             )
-            p.tree_components = None
         else:
             engine = radixd.Engine(ps, HybridTwin.FULL_PAGES[ps], components="full,mamba", mamba_capacity=HybridTwin.SLOTS[ps])
         p.tree_components = None

@@ -50,14 +50,16 @@ def publish(page_size: int) -> None:
     us._server_args(page_size)
 
 
-def swa_params(page_size: int, full_pages: int, swa_pages: int, window: int, rows: int = 16) -> CacheInitParams:
+def swa_params(
+    page_size: int, full_pages: int, swa_pages: int, window: int, rows: int = 16, context: int = MAX_CONTEXT
+) -> CacheInitParams:
     """SGLang's pools for a FULL+SWA model: an ``SWAKVPool`` and its
     ``SWATokenToKVPoolAllocator``, sliding window ``window``."""
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-    pool = ReqToTokenPool(size=rows, max_context_len=MAX_CONTEXT, device="cpu", enable_memory_saver=False)
+    pool = ReqToTokenPool(size=rows, max_context_len=context, device="cpu", enable_memory_saver=False)
     kv = SWAKVPool(
         size=full_pages * page_size,
         size_swa=swa_pages * page_size,
@@ -83,7 +85,7 @@ def swa_params(page_size: int, full_pages: int, swa_pages: int, window: int, row
     )
 
 
-def mamba_params(page_size: int, full_pages: int, slots: int, rows: int = 8) -> CacheInitParams:
+def mamba_params(page_size: int, full_pages: int, slots: int, rows: int = 8, context: int = MAX_CONTEXT) -> CacheInitParams:
     """SGLang's pools for a FULL+MAMBA model: a ``HybridReqToTokenPool``
     with a ``MambaPool`` of ``slots`` states (the extra ping-pong buffer at
     page sizes above 1, as SGLang requires) and the KV allocator."""
@@ -102,7 +104,7 @@ def mamba_params(page_size: int, full_pages: int, slots: int, rows: int = 8) -> 
         size=rows,
         mamba_size=slots,
         mamba_spec_state_size=rows,
-        max_context_len=MAX_CONTEXT,
+        max_context_len=context,
         device="cpu",
         enable_memory_saver=False,
         cache_params=cache_params,

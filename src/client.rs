@@ -1210,11 +1210,16 @@ impl Client {
         };
         // The handle names the node holding exactly the matched tokens
         // (a match splits there): its version and page count now.
-        let Some(anchor) = self
-            .reader()
-            .ok()
-            .and_then(|r| r.anchor_of(h.index, h.generation))
-        else {
+        // A lock's handle (SWA) carries the lock's serial, not the node's
+        // generation: the lock it names holds that node in place.
+        let Some(anchor) = self.reader().ok().and_then(|r| {
+            let generation = if h.is_lock() {
+                r.generation_of(h.node())?
+            } else {
+                h.generation
+            };
+            r.anchor_of(h.node(), generation)
+        }) else {
             return;
         };
         self.last_key.clear();

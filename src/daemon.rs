@@ -79,6 +79,8 @@ pub struct ServeConfig {
     /// The components cached beside FULL (`--components`; FULL alone by
     /// default).
     pub components: Components,
+    /// What a split counts as a use of (`--recency`; exact by default).
+    pub recency: crate::engine::Recency,
 }
 
 impl Default for ServeConfig {
@@ -97,6 +99,7 @@ impl Default for ServeConfig {
             reader_expiry: READER_EXPIRY,
             events: None,
             components: Components::full(),
+            recency: crate::engine::Recency::default(),
         }
     }
 }
@@ -234,6 +237,7 @@ pub fn serve_reporting(
             .set_components(config.components)
             .map_err(ServeError::Components)?;
     }
+    engine.set_recency(config.recency);
     // SAFETY: this daemon created the segment and is its only collector;
     // `engine`, which owns the grace, is declared after `segment` and so
     // dropped before it.

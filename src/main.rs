@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use radixd::bench::{self, BenchArgs, WorkerArgs};
 use radixd::daemon::{self, ServeConfig, Started};
-use radixd::engine::{Components, Config, Engine};
+use radixd::engine::{Components, Config, Engine, Recency};
 use radixd::exec;
 use radixd::op::Local;
 use radixd::replay::{self, ReplayArgs};
@@ -107,6 +107,12 @@ struct ComponentArgs {
     /// MAMBA: state slots in the pool (needed by full,mamba).
     #[arg(long, value_name = "SLOTS")]
     mamba_capacity: Option<u32>,
+    /// What a split counts as a use of: exact (the part below a match
+    /// keeps its last use: exact per-block LRU) or sglang (SGLang's
+    /// touch-before-split, to compare evictions with SGLang) [default:
+    /// exact].
+    #[arg(long, value_name = "exact|sglang")]
+    recency: Option<Recency>,
 }
 
 impl ComponentArgs {
@@ -219,6 +225,11 @@ fn exec(args: ExecArgs) -> Result<(), String> {
                 ));
             }
         }
+        if args.components.recency.is_some() {
+            return Err(format!(
+                "--recency is the daemon's (radixd serve --name {name} --recency ...); leave it out"
+            ));
+        }
         if args.components.given() {
             let asked = args.components.parse(client.capacity())?;
             if asked != client.components() {
@@ -237,7 +248,8 @@ fn exec(args: ExecArgs) -> Result<(), String> {
         capacity: args.capacity.unwrap_or(65_536),
     };
     let components = args.components.parse(config.capacity)?;
-    let engine = Engine::with_components(config, components).map_err(|e| e.to_string())?;
+    let mut engine = Engine::with_components(config, components).map_err(|e| e.to_string())?;
+    engine.set_recency(args.components.recency.unwrap_or_default());
     let mut local = Local {
         engine,
         client: 0,
@@ -261,19 +273,25 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         reader_expiry: Duration::from_millis(args.reader_expiry_ms),
         events: args.events.config(),
         components,
+        recency: args.components.recency.unwrap_or_default(),
     };
     signal::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     // Announced only once the segment exists and is ready: a configuration
     // error is never preceded by a "serving" line.
     let announce = |started: &Started| {
         eprintln!(
-            "radixd: serving {} ({}; page size {}, {} pages, {} clients{}{}{})",
+            "radixd: serving {} ({}; page size {}, {} pages, {} clients{}{}{}{})",
             started.path.display(),
             human_bytes(started.bytes),
             config.page_size,
             config.capacity,
             config.max_clients,
             component_note(&config.components),
+            if config.recency == Recency::Sglang {
+                ", sglang recency"
+            } else {
+                ""
+            },
             if config.busy_poll { ", busy-poll" } else { "" },
             if config.allow_reset {
                 ", reset allowed"

@@ -602,3 +602,194 @@ fn the_check_catches_renamed_flags_and_dead_links() {
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].text, "b.md");
 }
+
+// ---- Figures a deterministic command prints ----
+
+/// The Mooncake traces: `../shared/traces` beside the repository (as the
+/// docs say), else where this machine keeps them, or `RADIXD_TRACES`.
+fn traces() -> PathBuf {
+    let candidates = [
+        std::env::var_os("RADIXD_TRACES").map(PathBuf::from),
+        Some(root().join("../shared/traces")),
+        Some(PathBuf::from("/work/shared/traces")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|d| d.join("conversation_trace.jsonl").is_file())
+        .expect("the Mooncake traces (set RADIXD_TRACES)")
+}
+
+/// `radixd replay TRACE ARGS...`: each summary line's overall hit rate as
+/// the docs print it (`21.57%`), by (policy, capacity).
+fn replay_rates(trace: &str, args: &[&str]) -> Vec<(String, u64, String)> {
+    let path = traces().join(format!("{trace}_trace.jsonl"));
+    let out = Command::new(env!("CARGO_BIN_EXE_radixd"))
+        .arg("replay")
+        .arg(&path)
+        .args(args)
+        .output()
+        .expect("radixd replay runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a summary line");
+            let rate = v["overall_hit_rate"].as_f64().expect("rate") * 100.0;
+            (
+                v["policy"].as_str().expect("policy").to_owned(),
+                v["capacity_blocks"].as_u64().expect("capacity"),
+                format!("{rate:.2}%"),
+            )
+        })
+        .collect()
+}
+
+/// The cells of the Markdown table rows of `text` after the line `after`
+/// up to the first line that is not a row (header and rule skipped).
+fn table_after(text: &str, after: &str) -> Vec<Vec<String>> {
+    let start = text
+        .lines()
+        .position(|l| l.contains(after))
+        .unwrap_or_else(|| panic!("no line {after:?}"));
+    text.lines()
+        .skip(start + 1)
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+/// A capacity column header (`10,000 blocks`) as a number.
+fn capacity_of(header: &str) -> u64 {
+    header
+        .trim_end_matches(" blocks")
+        .replace(',', "")
+        .parse()
+        .unwrap_or_else(|_| panic!("capacity header {header:?}"))
+}
+
+/// Issue 29: the hit rates README.md, docs/replay.md and docs/benchmarks.md
+/// quote are what `radixd replay` prints now, so a change of policy that moves one fails
+/// here until the docs say so.
+#[test]
+fn replay_figures_are_what_replay_prints() {
+    let page = read(&root().join("docs/replay.md"));
+    let caps = ["1000", "10000", "50000"];
+    let mut printed = Vec::new();
+    for trace in ["conversation", "synthetic"] {
+        for (recency, policies) in [("exact", "lru,lfu,s3fifo,radix"), ("sglang", "radix")] {
+            let args = [
+                "--policy",
+                policies,
+                "--capacity",
+                &caps.join(","),
+                "--recency",
+                recency,
+            ];
+            for (policy, cap, rate) in replay_rates(trace, &args) {
+                printed.push((trace, recency, policy, cap, rate));
+            }
+        }
+    }
+    let lookup = |trace: &str, recency: &str, policy: &str, cap: u64| {
+        printed
+            .iter()
+            .find(|p| (p.0, p.1, p.2.as_str(), p.3) == (trace, recency, policy, cap))
+            .map(|p| p.4.clone())
+            .unwrap_or_else(|| panic!("nothing printed for {trace} {recency} {policy} {cap}"))
+    };
+    // The main table: trace, policy, one column per capacity.
+    let main = table_after(&page, "## Hit rates");
+    assert_eq!(main.len(), 8, "{main:?}");
+    for row in &main {
+        for (cell, cap) in row[2..].iter().zip(caps) {
+            let want = lookup(&row[0], "exact", &row[1], cap.parse().unwrap());
+            assert_eq!(
+                cell, &want,
+                "docs/replay.md: {} {} at {cap}",
+                row[0], row[1]
+            );
+        }
+    }
+    // The --recency sglang table: trace, one column per capacity.
+    let sglang = table_after(&page, "With `--recency sglang`");
+    assert_eq!(sglang.len(), 2, "{sglang:?}");
+    for row in &sglang {
+        for (cell, cap) in row[1..].iter().zip(caps) {
+            let want = lookup(&row[0], "sglang", "radix", cap.parse().unwrap());
+            assert_eq!(cell, &want, "docs/replay.md, sglang: {} at {cap}", row[0]);
+        }
+    }
+    // The capacity headers are the capacities run.
+    let header = page
+        .lines()
+        .find(|l| l.starts_with("| trace | policy |"))
+        .expect("the main table's header");
+    let heads: Vec<u64> = header
+        .trim_matches('|')
+        .split('|')
+        .skip(2)
+        .map(|h| capacity_of(h.trim()))
+        .collect();
+    assert_eq!(heads, [1000, 10_000, 50_000]);
+    // README: "21.57% (`radix`) vs 21.53% (`lru`)" at 10,000 blocks.
+    let readme = read(&root().join("README.md"));
+    let line = readme
+        .lines()
+        .find(|l| l.contains("hit rate, Mooncake conversation trace, 10,000 blocks"))
+        .expect("the README's hit-rate line");
+    let cell = line.split('|').nth(2).expect("the figures cell");
+    let mut quoted = 0;
+    for part in cell.split(" vs ") {
+        let (rate, policy) = part.trim().split_once(' ').expect("RATE (`policy`)");
+        let policy = policy.trim_matches(|c| "()`".contains(c));
+        assert_eq!(
+            rate,
+            lookup("conversation", "exact", policy, 10_000),
+            "README: {policy}"
+        );
+        quoted += 1;
+    }
+    assert_eq!(quoted, 2, "{line}");
+    // docs/benchmarks.md: "`radix` against `lru` | 21.57% against 21.53%".
+    let bench = read(&root().join("docs/benchmarks.md"));
+    let line = bench
+        .lines()
+        .find(|l| l.contains("hit rate, Mooncake conversation trace, 10,000 blocks"))
+        .expect("the benchmarks' hit-rate line");
+    let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+    let policies: Vec<&str> = cells[1].split('`').skip(1).step_by(2).collect();
+    let rates: Vec<&str> = cells[2].split(" against ").collect();
+    assert_eq!(policies, ["radix", "lru"], "{line}");
+    for (policy, rate) in policies.iter().zip(&rates) {
+        assert_eq!(
+            *rate,
+            lookup("conversation", "exact", policy, 10_000),
+            "docs/benchmarks.md: {policy}"
+        );
+    }
+    // The hybrid table: the components' flags in the first cell, at 8,000
+    // blocks on the conversation trace.
+    let hybrid = table_after(&page, "On the conversation trace at 8,000 blocks");
+    assert_eq!(hybrid.len(), 4, "{hybrid:?}");
+    for row in &hybrid {
+        let flags = row[0].split('`').nth(1).expect("`flags`");
+        let mut args = vec!["--policy", "radix", "--capacity", "8000", "--components"];
+        args.extend(flags.split_whitespace());
+        let printed = replay_rates("conversation", &args);
+        assert_eq!(printed.len(), 1);
+        assert_eq!(row[1], printed[0].2, "docs/replay.md, hybrid: {flags}");
+    }
+}

@@ -3,7 +3,7 @@
 //! every error path (each must change nothing), and the O(M + K) eviction
 //! scan on the adversarial layouts of the SGLang proposal.
 
-use radixd::engine::{Engine, HandleError, PageError, Stats};
+use radixd::engine::{Engine, HandleError, PageError, Recency, Stats};
 
 mod common;
 
@@ -185,10 +185,41 @@ fn eviction_takes_the_least_recently_used_leaf_first() {
 }
 
 #[test]
-fn a_split_uses_its_lower_half_as_sglang_does() {
-    // SGLang's match touches the node it splits: the lower half [3,4] is
-    // as new as the match, so the older prompt [9,9] goes first.
+fn a_split_leaves_its_lower_half_at_its_last_use() {
+    // Exact recency (the default): the match [1,2] used only the upper
+    // half; the lower half [3,4] is as old as the first insert, older than
+    // [9,9], so it goes first.
     let mut e = engine(1, 16);
+    assert_eq!(e.recency(), Recency::Exact);
+    put(&mut e, A, &[1, 2, 3, 4]);
+    put(&mut e, A, &[9, 9]);
+    let mut pages = Vec::new();
+    e.match_prefix(A, &[1, 2, 7], false, &mut pages);
+    assert_eq!(e.evict(2), 2);
+    assert_eq!(matched(&e, &[9, 9]).0, 2);
+    assert_eq!(matched(&e, &[1, 2, 3, 4]).0, 2);
+    // The same through an insert that splits.
+    let mut e = engine(1, 16);
+    put(&mut e, A, &[5, 6, 7, 8]);
+    put(&mut e, A, &[8, 8]);
+    put(&mut e, A, &[5, 6, 1]);
+    assert_eq!(e.evict(2), 2);
+    assert_eq!(matched(&e, &[8, 8]).0, 2);
+    assert_eq!(matched(&e, &[5, 6, 7, 8]).0, 2);
+    ok(&e);
+}
+
+#[test]
+fn a_split_uses_its_lower_half_as_sglang_does() {
+    // `Recency::Sglang`: SGLang's match touches the node it splits: the
+    // lower half [3,4] is as new as the match, so the older prompt [9,9]
+    // goes first.
+    let sglang = || {
+        let mut e = engine(1, 16);
+        e.set_recency(Recency::Sglang);
+        e
+    };
+    let mut e = sglang();
     put(&mut e, A, &[1, 2, 3, 4]);
     put(&mut e, A, &[9, 9]);
     let mut pages = Vec::new();
@@ -197,14 +228,27 @@ fn a_split_uses_its_lower_half_as_sglang_does() {
     assert_eq!(matched(&e, &[9, 9]).0, 0);
     assert_eq!(matched(&e, &[1, 2, 3, 4]).0, 4);
     // The same through an insert that splits.
-    let mut e = engine(1, 16);
+    let mut e = sglang();
     put(&mut e, A, &[5, 6, 7, 8]);
     put(&mut e, A, &[8, 8]);
     put(&mut e, A, &[5, 6, 1]);
     assert_eq!(e.evict(2), 2);
     assert_eq!(matched(&e, &[8, 8]).0, 0);
     assert_eq!(matched(&e, &[5, 6, 7, 8]).0, 4);
+    // A reset keeps the rule.
+    e.reset();
+    assert_eq!(e.recency(), Recency::Sglang);
     ok(&e);
+}
+
+#[test]
+fn recency_names_parse_and_print() {
+    for r in Recency::ALL {
+        assert_eq!(r.name().parse::<Recency>(), Ok(r));
+        assert_eq!(r.to_string(), r.name());
+    }
+    let err = "lru".parse::<Recency>().unwrap_err();
+    assert!(err.to_string().contains("exact or sglang"), "{err}");
 }
 
 #[test]

@@ -217,7 +217,16 @@ fn shared_prefixes_split_dedupe_and_extend(x: &mut Exec) {
     let m = call(x, json!({"op":"match","tokens":[1,2,3,4,5,6,7,8,9]}));
     assert_eq!((&m["len"], &m["pages"]), (&json!(8), &json!([0, 1, 2, 3])));
     let m = call(x, json!({"op":"match","tokens":[1,2,3,4,5,6],"lock":true}));
-    assert_eq!((&m["len"], &m["handle"]), (&json!(6), &json!(h6)));
+    assert_eq!(m["len"], json!(6));
+    if x.component() == Some(Hybrid::Swa) {
+        // With SWA a lock's handle names the lock (its window): the same
+        // node (low 31 bits), another lock.
+        let h = m["handle"].as_u64().expect("handle");
+        assert_ne!(h, h6);
+        assert_eq!(h & 0x7fff_ffff, h6 & 0x7fff_ffff);
+    } else {
+        assert_eq!(m["handle"], json!(h6));
+    }
     // Shorter than a page: nothing, no handle.
     assert_eq!(
         call(x, json!({"op":"match","tokens":[1],"lock":true})),
@@ -1039,4 +1048,56 @@ fn bad_components_are_refused_with_status_2() {
         same.call(json!({"op":"alloc_state"})),
         json!({"ok":true,"state":0})
     );
+}
+
+/// Issue 29: a split uses only what the match reached (exact recency, the
+/// default), or both halves as SGLang's tree does (`--recency sglang`):
+/// which leaf a partial eviction takes tells them apart.
+fn split_recency(x: &mut Exec, sglang: bool) {
+    assert_eq!(
+        x.call(json!({"op":"alloc","n":6}))["pages"],
+        json!([0, 1, 2, 3, 4, 5])
+    );
+    x.call(json!({"op":"insert","tokens":[1,2,3,4],"pages":[0,1,2,3]}));
+    x.call(json!({"op":"insert","tokens":[9,9],"pages":[4,5]}));
+    // Splits [1,2 | 3,4].
+    assert_eq!(
+        x.call(json!({"op":"match","tokens":[1,2]}))["len"],
+        json!(2)
+    );
+    assert_eq!(
+        x.call(json!({"op":"evict","tokens":2})),
+        json!({"ok":true,"evicted":2})
+    );
+    let (long, short) = if sglang { (4, 0) } else { (2, 2) };
+    assert_eq!(
+        x.call(json!({"op":"match","tokens":[1,2,3,4]}))["len"],
+        json!(long)
+    );
+    assert_eq!(
+        x.call(json!({"op":"match","tokens":[9,9]}))["len"],
+        json!(short)
+    );
+}
+
+#[test]
+fn recency_is_exact_unless_sglang_is_asked_for() {
+    let base = ["--page-size", "1", "--capacity", "8"];
+    split_recency(&mut Exec::start(&base), false);
+    let mut sglang = base.to_vec();
+    sglang.extend(["--recency", "sglang"]);
+    split_recency(&mut Exec::start(&sglang), true);
+    // A daemon's rule is its own: `serve --recency`; exec --connect
+    // refuses the flag.
+    let daemon = Daemon::start(&sglang);
+    split_recency(&mut Exec::start(&["--connect", &daemon.name]), true);
+    let out = common::radixd()
+        .args(["exec", "--connect", &daemon.name, "--recency", "exact"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--recency"));
+    let daemon = Daemon::start(&base);
+    split_recency(&mut Exec::start(&["--connect", &daemon.name]), false);
 }

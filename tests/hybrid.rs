@@ -730,3 +730,205 @@ fn a_read_cut_back_keeps_the_usable_pages() {
         (8, 2, Some(s))
     );
 }
+
+/// The scenario of issue 29: two locks on one node, a split between them,
+/// released oldest first and newest first. Each release gives back exactly
+/// the window its lock took (SGLang's `dec_lock_ref` with its receipt).
+#[test]
+fn each_lock_releases_the_window_it_took_in_any_order() {
+    for oldest_first in [true, false] {
+        // FULL+SWA, page size 4, window 10 tokens.
+        let mut e = swa(4, 64, 10);
+        let t: Vec<u32> = (1000..1068).collect();
+        put(&mut e, &t);
+        let sizes = |e: &Engine| {
+            let s = stats(e);
+            (s.swa_protected_tokens, s.swa_evictable_tokens)
+        };
+        let mut pages = Vec::new();
+        let one = e.match_prefix(C, &t[..50], true, &mut pages);
+        assert_eq!(one.len, 48);
+        // Splits the locked node at 12: the lock held 48 tokens, still does.
+        assert_eq!(matched(&mut e, &t[..15]), 12);
+        assert_eq!(sizes(&e), (48, 20));
+        let two = e.match_prefix(C, &t[..50], true, &mut pages);
+        assert_eq!(two.len, 48);
+        // The same node, two locks: each handle names its own.
+        let (one, two) = (one.handle.unwrap(), two.handle.unwrap());
+        assert_eq!(one.node(), two.node());
+        assert_ne!(one, two);
+        e.validate().unwrap();
+        if oldest_first {
+            // Lock 1 took both halves (48 tokens); lock 2 the lower one (36).
+            e.unlock(C, one.to_raw()).unwrap();
+            assert_eq!(sizes(&e), (36, 32));
+        } else {
+            e.unlock(C, two.to_raw()).unwrap();
+            assert_eq!(sizes(&e), (48, 20));
+        }
+        e.validate().unwrap();
+        let last = if oldest_first { two } else { one };
+        e.unlock(C, last.to_raw()).unwrap();
+        assert_eq!(sizes(&e), (0, 68));
+        e.validate().unwrap();
+        // Released, a lock's handle still names its node, for `lock`; it
+        // holds no lock of its own any more.
+        assert_eq!(
+            e.unlock(C, one.to_raw()),
+            Err(radixd::engine::HandleError::NotLocked(one.to_raw()))
+        );
+        e.lock(C, one.to_raw()).unwrap();
+        assert_eq!(sizes(&e), (36, 32));
+        e.unlock(C, one.to_raw()).unwrap();
+        assert_eq!(sizes(&e), (0, 68));
+        e.validate().unwrap();
+    }
+}
+
+/// A lock's handle is checked as a node's is: one from before the node's
+/// slot was reused is stale, one never handed out unknown; a node's handle
+/// drops the oldest lock its client holds there.
+#[test]
+fn lock_handles_name_their_node_while_it_lives() {
+    let mut e = swa(4, 8, 8);
+    let t: Vec<u32> = (1..=8).collect();
+    put(&mut e, &t);
+    let mut pages = Vec::new();
+    let m = e.match_prefix(C, &t, true, &mut pages);
+    let h = m.handle.unwrap();
+    assert!(h.is_lock());
+    // A serial the node never gave out.
+    let ahead = radixd::engine::Handle {
+        generation: h.generation + 1,
+        ..h
+    };
+    assert_eq!(
+        e.lock(C, ahead.to_raw()),
+        Err(radixd::engine::HandleError::Stale(ahead.to_raw()))
+    );
+    let nowhere = radixd::engine::Handle {
+        index: radixd::engine::Handle::LOCK | 1_000_000,
+        generation: 1,
+    };
+    assert_eq!(
+        e.unlock(C, nowhere.to_raw()),
+        Err(radixd::engine::HandleError::Unknown(nowhere.to_raw()))
+    );
+    // Another client cannot release it.
+    assert_eq!(
+        e.unlock(C + 1, h.to_raw()),
+        Err(radixd::engine::HandleError::NotLocked(h.to_raw()))
+    );
+    // A node's handle (a match without lock) drops the oldest lock.
+    let plain = e.match_prefix(C, &t, false, &mut pages).handle.unwrap();
+    assert!(!plain.is_lock());
+    e.unlock(C, plain.to_raw()).unwrap();
+    assert_eq!(stats(&e).swa_protected_tokens, 0);
+    e.validate().unwrap();
+    // Evicted, its node's slot reused: the lock's handle is stale.
+    e.evict(64);
+    put(&mut e, &(50..58).collect::<Vec<_>>());
+    assert_eq!(
+        e.lock(C, h.to_raw()),
+        Err(radixd::engine::HandleError::Stale(h.to_raw()))
+    );
+    e.validate().unwrap();
+}
+
+/// Random matches, splits and locks, then every lock released in arrival,
+/// reverse or random order: after each release the SWA sizes are those of
+/// the same operations with the released locks never taken (with no
+/// eviction, a lock changes nothing but lock counts).
+#[test]
+fn released_locks_leave_no_trace_in_any_order() {
+    #[derive(Clone, Copy)]
+    enum Op {
+        Put(u64),
+        Match(u64, usize),
+        Lock(u64, usize),
+    }
+    fn key(seed: u64, len: usize) -> Vec<u32> {
+        (0..len)
+            .map(|i| (seed as u32 % 3) * 100 + i as u32 % 7)
+            .collect()
+    }
+    fn apply(ops: &[Op], skip: &[usize]) -> (Engine, Vec<u64>) {
+        let mut e = swa(2, 256, 5);
+        let mut handles = Vec::new();
+        let mut pages = Vec::new();
+        for (i, &op) in ops.iter().enumerate() {
+            match op {
+                Op::Put(s) => {
+                    let k = key(s, 2 * (1 + s as usize % 9));
+                    let m = e.match_prefix(C, &k, true, &mut pages);
+                    let fresh = e.alloc(C, ((k.len() - m.len) / 2) as u64).unwrap();
+                    pages.extend(fresh);
+                    e.insert(C, &k, &pages, false).unwrap();
+                    if let Some(h) = m.handle {
+                        e.unlock(C, h.to_raw()).unwrap();
+                    }
+                }
+                Op::Match(s, len) => {
+                    e.match_prefix(C, &key(s, len), false, &mut pages);
+                }
+                Op::Lock(s, len) if !skip.contains(&i) => {
+                    let m = e.match_prefix(C, &key(s, len), true, &mut pages);
+                    handles.extend(m.handle.map(|h| h.to_raw()));
+                }
+                Op::Lock(s, len) => {
+                    e.match_prefix(C, &key(s, len), false, &mut pages);
+                }
+            }
+        }
+        (e, handles)
+    }
+    let mut rng = Rng(29);
+    for round in 0..12 {
+        let ops: Vec<Op> = (0..40)
+            .map(|_| {
+                let (s, len) = (rng.below(6), 1 + rng.below(20) as usize);
+                match rng.below(3) {
+                    0 => Op::Put(s),
+                    1 => Op::Match(s, len),
+                    _ => Op::Lock(s, len),
+                }
+            })
+            .collect();
+        let lock_ops: Vec<usize> = (0..ops.len())
+            .filter(|&i| {
+                matches!(ops[i], Op::Lock(..)) && {
+                    // Locks that matched something have handles.
+                    let (e, h) = apply(&ops[..=i], &[]);
+                    drop(e);
+                    let (_, before) = apply(&ops[..i], &[]);
+                    h.len() > before.len()
+                }
+            })
+            .collect();
+        let (mut e, handles) = apply(&ops, &[]);
+        assert_eq!(handles.len(), lock_ops.len());
+        let mut order: Vec<usize> = (0..handles.len()).collect();
+        match round % 3 {
+            0 => {}
+            1 => order.reverse(),
+            _ => {
+                for i in (1..order.len()).rev() {
+                    order.swap(i, rng.below(i as u64 + 1) as usize);
+                }
+            }
+        }
+        let mut released = Vec::new();
+        for k in order {
+            e.unlock(C, handles[k]).unwrap();
+            e.validate().unwrap();
+            released.push(lock_ops[k]);
+            let (twin, _) = apply(&ops, &released);
+            assert_eq!(
+                stats(&e),
+                stats(&twin),
+                "round {round}: after releasing {released:?}"
+            );
+        }
+        assert_eq!(stats(&e).swa_protected_tokens, 0);
+    }
+}

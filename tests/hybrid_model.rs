@@ -4,7 +4,9 @@
 //! SGLang's access times. Random operations (inserts, matches, locks,
 //! unlocks, evictions of every component) must get the same answers and
 //! leave the same sizes, tombstones included. `python/tests_sglang` runs the
-//! same comparison against SGLang itself; this one runs in CI.
+//! same comparison against SGLang itself; this one runs in CI, under both
+//! recency rules (SGLang touches the lower half of a split; exact recency,
+//! the default, does not).
 //!
 //! FULL eviction is driven by the model's answer: SGLang frees whole
 //! leaves and radixd trims pages, so the engine is asked for exactly what
@@ -15,7 +17,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::Rng;
-use radixd::engine::{Components, Config, Engine, InsertExtra, MambaConfig, SwaConfig};
+use radixd::engine::{Components, Config, Engine, InsertExtra, MambaConfig, Recency, SwaConfig};
 
 const C: u32 = 1;
 /// Access times are scaled so that a match can stamp a path with
@@ -45,8 +47,8 @@ struct Model {
     swa_list: Vec<usize>,
     mamba_list: Vec<usize>,
     clock: i64,
-    /// Tokens covered by each SWA lock taken at a node.
-    receipts: BTreeMap<usize, Vec<usize>>,
+    /// What a split counts as a use of (SGLang's rule by default).
+    recency: Recency,
 }
 
 const ROOT: usize = 0;
@@ -73,7 +75,7 @@ impl Model {
             swa_list: Vec::new(),
             mamba_list: Vec::new(),
             clock: 0,
-            receipts: BTreeMap::new(),
+            recency: Recency::Sglang,
         }
     }
 
@@ -133,7 +135,11 @@ impl Model {
         if c.swa {
             Self::list_insert_after(&mut self.swa_list, child, upper);
         }
-        self.nodes[child].time = self.tick();
+        // SGLang's `_split_node` touches the lower half; exact recency
+        // leaves it at its last use.
+        if self.recency == Recency::Sglang {
+            self.nodes[child].time = self.tick();
+        }
         upper
     }
 
@@ -145,7 +151,10 @@ impl Model {
             let Some(&child) = self.nodes[node].children.get(&key[pos..pos + self.p]) else {
                 break;
             };
-            if touch {
+            // SGLang touches the node before it may split it; exact
+            // recency touches only what the key reached (below).
+            let sglang = self.recency == Recency::Sglang;
+            if touch && sglang {
                 self.nodes[child].time = self.tick();
             }
             let ck = &self.nodes[child].key;
@@ -161,6 +170,9 @@ impl Model {
             } else {
                 child
             };
+            if touch && !sglang {
+                self.nodes[child].time = self.tick();
+            }
             path.push(child);
             pos += same;
             node = child;
@@ -298,7 +310,11 @@ impl Model {
         (cached, exist)
     }
 
-    fn lock(&mut self, node: usize, up: bool) {
+    /// Takes (`up`) or drops a lock on `node`: FULL on the path, SWA on
+    /// the nodes covering the last window (SGLang's segment lock; a drop
+    /// walks as far as `reach`, its own lock's receipt), MAMBA at `node`.
+    /// Returns the tokens the SWA walk covered (the receipt of a lock).
+    fn lock(&mut self, node: usize, up: bool, reach: usize) -> usize {
         let mut cur = node;
         while cur != ROOT {
             if up {
@@ -309,20 +325,12 @@ impl Model {
             cur = self.nodes[cur].parent;
         }
         if node == ROOT {
-            return;
+            return 0;
         }
+        let mut covered = 0;
         if let Some(w) = self.window {
-            let reach = if up {
-                w
-            } else {
-                let r = self.receipts.get_mut(&node).unwrap();
-                let c = r.pop().unwrap();
-                if r.is_empty() {
-                    self.receipts.remove(&node);
-                }
-                c
-            };
-            let (mut cur, mut covered) = (node, 0);
+            let reach = if up { w } else { reach };
+            let mut cur = node;
             while cur != ROOT && covered < reach {
                 if up {
                     self.nodes[cur].lock_swa += 1;
@@ -332,9 +340,6 @@ impl Model {
                 covered += self.nodes[cur].key.len();
                 cur = self.nodes[cur].parent;
             }
-            if up {
-                self.receipts.entry(node).or_default().push(covered);
-            }
         }
         if self.mamba {
             if up {
@@ -343,6 +348,7 @@ impl Model {
                 self.nodes[node].lock_mamba -= 1;
             }
         }
+        covered
     }
 
     /// Deletes the evictable leaf `n`: (FULL tokens, SWA tokens, states).
@@ -450,7 +456,34 @@ impl Model {
     }
 }
 
-fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize) {
+/// The order in which held locks are released.
+#[derive(Clone, Copy, Debug)]
+enum Release {
+    /// Oldest first (requests finishing as they came).
+    Arrival,
+    /// Newest first.
+    Reverse,
+    /// Any.
+    Random,
+}
+
+fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize, release: Release) {
+    run_with(seed, p, window, mamba, ops, release, Recency::Sglang);
+    // Exact recency once per seed (the release order is not its concern).
+    if matches!(release, Release::Random) {
+        run_with(seed, p, window, mamba, ops, release, Recency::Exact);
+    }
+}
+
+fn run_with(
+    seed: u64,
+    p: u32,
+    window: Option<u32>,
+    mamba: bool,
+    ops: usize,
+    release: Release,
+    recency: Recency,
+) {
     let cap = 40u32;
     let comps = Components {
         swa: window.map(|window| SwaConfig {
@@ -467,9 +500,11 @@ fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize) {
         comps,
     )
     .unwrap();
+    e.set_recency(recency);
     let mut m = Model::new(p as usize, window.map(|w| w as usize), mamba);
+    m.recency = recency;
     let mut rng = Rng(seed);
-    let mut locks: Vec<(usize, u64)> = Vec::new();
+    let mut locks: Vec<(usize, usize, u64)> = Vec::new();
     let (mut hits, mut tombstones) = (0, 0);
     for step in 0..ops {
         let pages = 1 + rng.below(6) as usize;
@@ -479,7 +514,8 @@ fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize) {
                 (0..p).map(move |j| c * 100 + j)
             })
             .collect();
-        let ctx = format!("seed {seed} P{p} W{window:?} mamba {mamba} step {step}");
+        let ctx =
+            format!("seed {seed} P{p} W{window:?} mamba {mamba} {release:?} {recency} step {step}");
         match rng.below(10) {
             0..=3 => {
                 let free = e.stats().free_pages as usize * p as usize;
@@ -525,14 +561,19 @@ fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize) {
                 );
                 hits += usize::from(len > 0);
                 if let (true, Some(h)) = (lock, r.handle) {
-                    m.lock(node, true);
-                    locks.push((node, h.to_raw()));
+                    let reach = m.lock(node, true, 0);
+                    locks.push((node, reach, h.to_raw()));
                 }
             }
             7 => {
                 if !locks.is_empty() {
-                    let (node, h) = locks.remove(rng.below(locks.len() as u64) as usize);
-                    m.lock(node, false);
+                    let at = match release {
+                        Release::Arrival => 0,
+                        Release::Reverse => locks.len() - 1,
+                        Release::Random => rng.below(locks.len() as u64) as usize,
+                    };
+                    let (node, reach, h) = locks.remove(at);
+                    m.lock(node, false, reach);
                     e.unlock(C, h).unwrap();
                 }
             }
@@ -585,17 +626,21 @@ fn run(seed: u64, p: u32, window: Option<u32>, mamba: bool, ops: usize) {
 
 #[test]
 fn swa_engine_matches_the_model() {
-    for seed in 1..=4u64 {
-        run(seed * 7919, 1, Some(3), false, 3000);
-        run(seed * 104_729, 4, Some(12), false, 3000);
-        run(seed * 31, 2, Some(3), false, 3000);
+    for release in [Release::Arrival, Release::Reverse, Release::Random] {
+        for seed in 1..=4u64 {
+            run(seed * 7919, 1, Some(3), false, 3000, release);
+            run(seed * 104_729, 4, Some(12), false, 3000, release);
+            run(seed * 31, 2, Some(3), false, 3000, release);
+        }
     }
 }
 
 #[test]
 fn mamba_engine_matches_the_model() {
-    for seed in 1..=4u64 {
-        run(seed * 7919, 1, None, true, 3000);
-        run(seed * 104_729, 4, None, true, 3000);
+    for release in [Release::Arrival, Release::Reverse, Release::Random] {
+        for seed in 1..=4u64 {
+            run(seed * 7919, 1, None, true, 3000, release);
+            run(seed * 104_729, 4, None, true, 3000, release);
+        }
     }
 }

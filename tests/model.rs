@@ -10,9 +10,11 @@
 //! residency, and the stats counters. `validate()` runs after every op.
 //!
 //! How the model predicts eviction: every page carries a unique last-use
-//! tick; a touch of a path gives it fresh ticks with deeper pages older, and
-//! a split (as SGLang's match and insert touch the node they split) first
-//! gives the lower half fresh ticks, older than the path's; so a node's
+//! tick; a touch of a path gives it fresh ticks with deeper pages older; a
+//! split leaves the lower half's ticks as they were (`Recency::Exact`, the
+//! default: an exact per-page LRU) or, under `Recency::Sglang` (as SGLang's
+//! match and insert touch the node they split), first gives the lower half
+//! fresh ticks, older than the path's; so a node's
 //! pages always occupy one contiguous tick range and the engine's LRU order
 //! (a node's last use, root side newest) orders nodes exactly by tick. The
 //! engine takes the oldest unlocked leaf node and trims it from its end;
@@ -28,7 +30,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use proptest::prelude::*;
 use radixd::engine::{
-    Config, Engine, Handle, HandleError, Inserted, Matched, PageError, SessionError, Stats,
+    Config, Engine, Handle, HandleError, Inserted, Matched, PageError, Recency, SessionError, Stats,
 };
 
 const CLIENTS: u32 = 3;
@@ -55,6 +57,8 @@ struct MPage {
 struct Model {
     p: usize,
     cap: u32,
+    /// What a split counts as a use of.
+    recency: Recency,
     free: VecDeque<u32>,
     state: Vec<PageState>,
     trie: BTreeMap<Vec<u32>, MPage>,
@@ -74,10 +78,11 @@ struct Model {
 }
 
 impl Model {
-    fn new(p: usize, cap: u32) -> Self {
+    fn new(p: usize, cap: u32, recency: Recency) -> Self {
         Self {
             p,
             cap,
+            recency,
             free: (0..cap).collect(),
             state: vec![PageState::Free; cap as usize],
             trie: BTreeMap::new(),
@@ -102,7 +107,7 @@ impl Model {
             handles,
             recent,
             next_label: self.next_label,
-            ..Self::new(self.p, self.cap)
+            ..Self::new(self.p, self.cap, self.recency)
         };
     }
 
@@ -147,11 +152,16 @@ impl Model {
         if end > at.len() {
             let upper = self.label();
             let (tick, p) = (self.tick, self.p);
-            let lower_pages = ((end - at.len()) / p) as u64;
+            let sglang = self.recency == Recency::Sglang;
+            let lower_pages = if sglang {
+                ((end - at.len()) / p) as u64
+            } else {
+                0
+            };
             for (k, m) in self.trie.iter_mut() {
                 if m.label == l && k.len() <= at.len() {
                     m.label = upper;
-                } else if m.label == l {
+                } else if m.label == l && sglang {
                     // The lower half is used too, deeper pages older.
                     m.tick = tick + lower_pages - ((k.len() - at.len()) / p) as u64;
                 }
@@ -636,13 +646,14 @@ fn alloc_both(e: &mut Engine, m: &mut Model, client: u32, n: u64) {
     );
 }
 
-fn run(p: u32, cap: u32, ops: &[Op]) {
+fn run(p: u32, cap: u32, ops: &[Op], recency: Recency) {
     let mut e = Engine::new(Config {
         page_size: p,
         capacity: cap,
     })
     .unwrap();
-    let mut m = Model::new(p as usize, cap);
+    e.set_recency(recency);
+    let mut m = Model::new(p as usize, cap, recency);
     let mut buf = Vec::new();
     for (step, op) in ops.iter().enumerate() {
         match *op {
@@ -851,8 +862,9 @@ proptest! {
         p in 1u32..=4,
         cap in 4u32..=32,
         ops in prop::collection::vec(op(3), 300),
+        sglang in any::<bool>(),
     ) {
-        run(p, cap, &ops);
+        run(p, cap, &ops, if sglang { Recency::Sglang } else { Recency::Exact });
     }
 }
 
@@ -868,7 +880,8 @@ proptest! {
     fn wide_tree_matches_model(
         cap in 48u32..=96,
         ops in prop::collection::vec(op(24), 300),
+        sglang in any::<bool>(),
     ) {
-        run(1, cap, &ops);
+        run(1, cap, &ops, if sglang { Recency::Sglang } else { Recency::Exact });
     }
 }

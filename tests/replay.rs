@@ -3,14 +3,15 @@
 //!
 //! Every expected number is derived by hand in the comment next to it.
 
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Parser;
 use radixd::replay::{
-    make_policy, parse_trace, replay, run, small_queue_capacity, ReplayArgs, ReplayError,
-    RequestOutcome, Summary, PLOT_TITLE,
+    make_policy, parse_trace, replay, replay_with, run, small_queue_capacity, ReplayArgs,
+    ReplayError, RequestOutcome, Summary, PLOT_TITLE,
 };
 
 const CONVERSATION: &str = "/work/shared/traces/conversation_trace.jsonl";
@@ -762,4 +763,158 @@ fn the_cli_exits_2_naming_the_bad_line() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.stdout.is_empty());
+}
+
+/// An exact per-block LRU with leaf-first eviction, driven as the radix
+/// policy drives its engine, written from the definition: blocks form a
+/// trie by prefix (a block is its parent and its id); a request hits its
+/// longest resident prefix, which it uses (every block of it gets the
+/// request's time) and protects; the rest of the request is cached as far
+/// as the capacity allows, evicting first the block used longest ago among
+/// those with no resident child, off the request's path (a parent's last
+/// use is never older than its child's, so ties only fall along one path,
+/// where the child goes first).
+struct ExactLru {
+    capacity: usize,
+    /// (parent, id) → block; the root is 0.
+    index: HashMap<(u32, u64), u32>,
+    /// Per block: parent, id, last use, resident children.
+    blocks: Vec<(u32, u64, u64, u32)>,
+    free: Vec<u32>,
+    /// The blocks eviction may take: (last use, block).
+    leaves: BTreeSet<(u64, u32)>,
+    resident: usize,
+    clock: u64,
+}
+
+impl ExactLru {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            index: HashMap::new(),
+            blocks: vec![(0, 0, 0, 0)],
+            free: Vec::new(),
+            leaves: BTreeSet::new(),
+            resident: 0,
+            clock: 0,
+        }
+    }
+
+    fn leaf_key(&self, b: u32) -> (u64, u32) {
+        (self.blocks[b as usize].2, b)
+    }
+
+    /// Serves one request; returns its hit in blocks.
+    fn request(&mut self, ids: &[u64]) -> usize {
+        self.clock += 1;
+        let now = self.clock;
+        let mut path = vec![0u32];
+        for &id in ids {
+            match self.index.get(&(*path.last().unwrap(), id)) {
+                Some(&b) => path.push(b),
+                None => break,
+            }
+        }
+        let hit = path.len() - 1;
+        // Use the hit (its end leaves the candidates while protected).
+        for &b in &path[1..] {
+            let key = self.leaf_key(b);
+            let was_leaf = self.leaves.remove(&key);
+            self.blocks[b as usize].2 = now;
+            debug_assert!(!was_leaf || b == *path.last().unwrap());
+        }
+        let want = (ids.len() - hit).min(self.capacity - hit);
+        while self.resident + want > self.capacity {
+            let (_, victim) = self.leaves.pop_first().expect("an evictable block");
+            let (parent, id, _, _) = self.blocks[victim as usize];
+            self.index.remove(&(parent, id));
+            self.free.push(victim);
+            self.resident -= 1;
+            let p = &mut self.blocks[parent as usize];
+            p.3 -= 1;
+            if p.3 == 0 && parent != 0 && !path.contains(&parent) {
+                let key = self.leaf_key(parent);
+                self.leaves.insert(key);
+            }
+        }
+        let mut at = *path.last().unwrap();
+        for &id in &ids[hit..hit + want] {
+            let b = self.free.pop().unwrap_or_else(|| {
+                self.blocks.push((0, 0, 0, 0));
+                self.blocks.len() as u32 - 1
+            });
+            self.blocks[b as usize] = (at, id, now, 0);
+            self.blocks[at as usize].3 += 1;
+            self.index.insert((at, id), b);
+            self.resident += 1;
+            at = b;
+        }
+        // The new end (or the hit's, when nothing was added) is a leaf
+        // again once the request is done.
+        if at != 0 && self.blocks[at as usize].3 == 0 {
+            let key = self.leaf_key(at);
+            self.leaves.insert(key);
+        }
+        hit
+    }
+}
+
+/// Issue 29: the radix policy is an exact per-block LRU with leaf-first
+/// eviction (a split leaves the part below the match at its old use), on
+/// both traces, request by request.
+#[test]
+fn radix_replay_is_an_exact_per_block_lru_on_both_traces() {
+    for path in [CONVERSATION, SYNTHETIC] {
+        let text = fs::read(path).unwrap();
+        let requests = parse_trace(text.as_slice(), path).unwrap();
+        for capacity in [1000, 10_000] {
+            let mut reference = ExactLru::new(capacity);
+            let want: Vec<u64> = requests
+                .iter()
+                .map(|r| reference.request(&r.hash_ids) as u64)
+                .collect();
+            let mut radix = make_policy("radix", capacity).unwrap();
+            let mut got = Vec::with_capacity(requests.len());
+            let s = replay_with(&requests, radix.as_mut(), capacity, 512, |o| {
+                got.push(o.hit_blocks);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+            let first = got.iter().zip(&want).position(|(g, w)| g != w);
+            assert_eq!(first, None, "{path} at {capacity}: first differing request");
+            assert_eq!(s.hit_blocks, want.iter().sum::<u64>());
+            assert_eq!(s.final_cache_blocks, reference.resident);
+        }
+    }
+}
+
+/// `--recency sglang` keeps SGLang's touch-before-split, which loses hits
+/// on the conversation trace (issue 29's 21.18% against 21.57%).
+#[test]
+fn sglang_recency_is_an_option_of_replay() {
+    let run = |recency: &str| {
+        let a = args(&[
+            CONVERSATION,
+            "--policy",
+            "radix",
+            "--capacity",
+            "10000",
+            "--recency",
+            recency,
+        ]);
+        run_ok(&a)[0].total_hit_tokens
+    };
+    assert_eq!(run("exact"), 31_238_981);
+    assert_eq!(run("sglang"), 30_665_029);
+    let bad = Cli::try_parse_from([
+        "replay",
+        CONVERSATION,
+        "--policy",
+        "radix",
+        "--capacity",
+        "1",
+        "--recency",
+        "lfu",
+    ]);
+    assert!(bad.is_err());
 }

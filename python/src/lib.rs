@@ -28,7 +28,7 @@ use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyDict, PyInt};
 
-use radixd::engine::{Components, Config, Engine as RustEngine, HeapRegion};
+use radixd::engine::{Components, Config, Engine as RustEngine, HeapRegion, Recency};
 use radixd::op::{apply, Backend, ErrorKind, Local, Rejection, Reply, Request};
 use radixd::order::{order_matched, Policy};
 use radixd::{Client as RustClient, ClientError};
@@ -942,11 +942,14 @@ cache_methods! {
     #[pymethods]
     impl Engine {
         /// `Engine(page_size, capacity, components="full", swa_window=None,
-        /// swa_capacity=None, mamba_capacity=None)`: the flags of `radixd
-        /// exec` (`components` is `"full"`, `"full,swa"` or `"full,mamba"`;
-        /// `swa_capacity` defaults to `capacity`).
+        /// swa_capacity=None, mamba_capacity=None, recency="exact")`: the
+        /// flags of `radixd exec` (`components` is `"full"`, `"full,swa"`
+        /// or `"full,mamba"`; `swa_capacity` defaults to `capacity`;
+        /// `recency="sglang"` makes a split a use of both halves, as
+        /// SGLang's tree does).
         #[new]
-        #[pyo3(signature = (page_size, capacity, components = "full", swa_window = None, swa_capacity = None, mamba_capacity = None))]
+        #[pyo3(signature = (page_size, capacity, components = "full", swa_window = None, swa_capacity = None, mamba_capacity = None, recency = "exact"))]
+        #[allow(clippy::too_many_arguments)] // the flags of `radixd exec`, by keyword
         fn new(
             page_size: u32,
             capacity: u32,
@@ -954,6 +957,7 @@ cache_methods! {
             swa_window: Option<u32>,
             swa_capacity: Option<u32>,
             mamba_capacity: Option<u32>,
+            recency: &str,
         ) -> PyResult<Self> {
             let config = Config {
                 page_size,
@@ -963,7 +967,9 @@ cache_methods! {
             let comps =
                 Components::parse(components, swa_window, swa_capacity, mamba_capacity, capacity)
                     .map_err(|e| bad(&e))?;
-            let engine = RustEngine::with_components(config, comps).map_err(|e| bad(&e))?;
+            let recency: Recency = recency.parse().map_err(|e| bad(&e))?;
+            let mut engine = RustEngine::with_components(config, comps).map_err(|e| bad(&e))?;
+            engine.set_recency(recency);
             Ok(Self {
                 inner: Mutex::new(Local {
                     engine,
@@ -996,6 +1002,12 @@ cache_methods! {
             let mut pages = Vec::new();
             let len = guard(&self.inner)?.engine.peek(&tokens, &mut pages);
             Ok((len, input::array_out(py, &pages)?))
+        }
+
+        /// What a split counts as a use of: `"exact"` or `"sglang"`.
+        #[getter]
+        fn recency(&self) -> PyResult<&'static str> {
+            Ok(guard(&self.inner)?.engine.recency().name())
         }
 
         /// As `Client.order`, from the engine's own tree.

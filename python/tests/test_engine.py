@@ -232,3 +232,21 @@ def test_order_lpm_and_dfs_weight_differ():
     assert e.order(prompts, "lpm") == [1, 3, 4, 0, 2]
     assert e.order(prompts, policy="dfs-weight") == [3, 4, 0, 1, 2]
     assert e.order([], "lpm") == []
+
+
+def test_recency_is_exact_by_default_and_sglang_on_request():
+    """A split uses only the matched upper half (exact recency), or both
+    halves, as SGLang's tree does (``recency="sglang"``): the older leaf
+    partial eviction takes differs."""
+    found = {}
+    for recency in ("exact", "sglang"):
+        e = radixd.Engine(1, 16) if recency == "exact" else radixd.Engine(1, 16, recency=recency)
+        assert e.recency == recency
+        for t in ([1, 2, 3, 4], [9, 9]):
+            e.insert(t, e.alloc(len(t)))
+        e.match_prefix([1, 2])  # splits [1, 2 | 3, 4]
+        assert e.evict(2) == 2
+        found[recency] = (e.match_prefix([1, 2, 3, 4]).len, e.match_prefix([9, 9]).len)
+    assert found == {"exact": (2, 2), "sglang": (4, 0)}
+    with pytest.raises(ValueError, match="exact or sglang"):
+        radixd.Engine(1, 16, recency="lru")

@@ -218,3 +218,29 @@ def test_prefix_cache_carries_sglang_s_hybrid_match_fields():
     full.insert(KEY[:4], kv)
     m = full.match_prefix(KEY[:4])
     assert (m.full_kv_hit_length, m.swa_branching_seqlen, m.mamba_branching_seqlen) == (4, None, None)
+
+
+@pytest.mark.parametrize("oldest_first", [True, False])
+def test_each_lock_releases_its_own_window(make, oldest_first):
+    """Two locks on one node with a split between them (FULL+SWA, page size
+    4, window 10): each handle names its lock, which ``unlock`` releases
+    exactly, in either order (SGLang's protected/evictable SWA tokens after
+    the first release: 36/32 oldest first, 48/20 newest first)."""
+    c = make(4, 64, components="full,swa", swa_window=10)
+    t = list(range(1000, 1068))
+    c.insert(t, c.alloc(17))
+    one = c.match_prefix(t[:50], lock=True)
+    assert c.match_prefix(t[:15]).len == 12
+    two = c.match_prefix(t[:50], lock=True)
+    assert one.len == two.len == 48 and one.handle != two.handle
+
+    def swa():
+        s = c.stats()
+        return s["swa_protected_tokens"], s["swa_evictable_tokens"]
+
+    first, second = (one, two) if oldest_first else (two, one)
+    c.unlock(first.handle)
+    assert swa() == ((36, 32) if oldest_first else (48, 20))
+    c.unlock(second.handle)
+    assert swa() == (0, 68)
+    c.validate()

@@ -2,7 +2,10 @@
 scheduler operations (arrivals, chunked prefill, decode, finishing,
 aborting, eviction under pressure), through SGLang's own Req,
 ReqToTokenPool, allocators and scheduler functions: every match length,
-cache_protected_len, eviction and size must agree."""
+cache_protected_len, eviction and size must agree. radixd runs with
+``recency="sglang"`` (``radixd serve --recency sglang``): SGLang touches the
+node it splits, so its partial evictions take other leaves than radixd's
+exact default would."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ PAGES = 48
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_in_process(page_size):
-    twin = Twin(page_size, PAGES, lambda p: RadixdPrefixCache(p, radixd.Engine(page_size, PAGES)), seed=page_size, lru=True)
+    twin = Twin(page_size, PAGES, lambda p: RadixdPrefixCache(p, radixd.Engine(page_size, PAGES, recency="sglang")), seed=page_size, lru=True)
     for _ in range(OPS):
         twin.step()
     twin.drain()
@@ -32,7 +35,7 @@ def test_in_process(page_size):
 def test_through_daemon(page_size, start_daemon, monkeypatch):
     from sim import radixd_cache
 
-    d = start_daemon(page_size=page_size, capacity=PAGES)
+    d = start_daemon("--recency", "sglang", page_size=page_size, capacity=PAGES)
     monkeypatch.setenv("RADIXD_NAME", d.name)
     twin = Twin(page_size, PAGES, radixd_cache, seed=100 + page_size, lru=True)
     assert type(twin.b.cache) is RadixdPrefixCache
@@ -44,7 +47,7 @@ def test_through_daemon(page_size, start_daemon, monkeypatch):
 
 
 def test_partial_evictions_follow_sglang_lru():
-    twin = Twin(1, PAGES, lambda p: RadixdPrefixCache(p, radixd.Engine(1, PAGES)), seed=1, lru=True)
+    twin = Twin(1, PAGES, lambda p: RadixdPrefixCache(p, radixd.Engine(1, PAGES, recency="sglang")), seed=1, lru=True)
     for _ in range(OPS):
         twin.step()
 
@@ -60,7 +63,12 @@ def test_a_split_touches_its_lower_half_as_sglang_does():
         return RadixKey(array("q", t))
 
     found = []
-    for cache in (RadixCache(params(1, 16)), RadixdPrefixCache(params(1, 16), radixd.Engine(1, 16))):
+    caches = (
+        RadixCache(params(1, 16)),
+        RadixdPrefixCache(params(1, 16), radixd.Engine(1, 16, recency="sglang")),
+        RadixdPrefixCache(params(1, 16), radixd.Engine(1, 16)),
+    )
+    for cache in caches:
         for t in ((1, 2, 3, 4), (9, 9)):
             kv = cache.token_to_kv_pool_allocator.alloc(len(t))
             cache.insert(InsertParams(key=key(*t), value=kv))
@@ -69,3 +77,6 @@ def test_a_split_touches_its_lower_half_as_sglang_does():
         found.append([cache.match_prefix(MatchPrefixParams(key=key(*t))).device_prefix_len for t in ((1, 2, 3, 4), (9, 9))])
     assert found[0] == [4, 0]  # SGLang: [9, 9] is the least recently used
     assert found[1] == found[0]
+    # radixd's default (exact recency): the match used [1, 2] only; [3, 4]
+    # is as old as its insert, older than [9, 9].
+    assert found[2] == [2, 2]

@@ -8,7 +8,8 @@ protected size and the free space of every pool.
 
 FULL eviction is driven by SGLang's answer: SGLang frees whole leaves and
 radixd trims pages, so radixd is asked for exactly the tokens SGLang freed
-(the same leaves, whole)."""
+(the same leaves, whole), which needs SGLang's recency rule
+(``recency="sglang"``: a split touches its lower half)."""
 
 from __future__ import annotations
 
@@ -24,16 +25,18 @@ OPS = int(os.environ.get("RADIXD_SGLANG_OPS", "3000"))
 
 
 class Twin:
-    def __init__(self, kind: str, page_size: int, seed: int):
-        self.kind, self.p = kind, page_size
+    def __init__(self, kind: str, page_size: int, seed: int, release: str = "random"):
+        self.kind, self.p, self.release = kind, page_size, release
         self.rng = random.Random(seed)
         full, swa_pages, window, slots = 40, 24, 3 * page_size, 6
         if kind == "swa":
             self.s = us.make_swa_cache(page_size, full, swa_pages, window)
-            self.r = radixd.Engine(page_size, full, components="full,swa", swa_window=window, swa_capacity=swa_pages)
+            self.r = radixd.Engine(
+                page_size, full, components="full,swa", swa_window=window, swa_capacity=swa_pages, recency="sglang"
+            )
         else:
             self.s = us.make_mamba_cache(page_size, full, slots)
-            self.r = radixd.Engine(page_size, full, components="full,mamba", mamba_capacity=slots)
+            self.r = radixd.Engine(page_size, full, components="full,mamba", mamba_capacity=slots, recency="sglang")
         self.locks: list[tuple] = []
         self.evictions = [0, 0, 0]
         self.hits = 0
@@ -151,7 +154,10 @@ class Twin:
 
     def unlock(self):
         if self.locks:
-            node, receipt, handle = self.locks.pop(self.rng.randrange(len(self.locks)))
+            at = {"arrival": 0, "reverse": -1}.get(self.release)
+            if at is None:
+                at = self.rng.randrange(len(self.locks))
+            node, receipt, handle = self.locks.pop(at)
             us.unlock(self.s, node, receipt)
             self.r.unlock(handle)
 
@@ -176,12 +182,16 @@ class Twin:
         self.compare_sizes()
 
 
+@pytest.mark.parametrize("release", ["arrival", "reverse", "random"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("kind", ["swa", "mamba"])
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_every_answer_agrees(kind, page_size, seed):
+def test_every_answer_agrees(kind, page_size, seed, release):
+    """Locks are released in the order they were taken (requests finishing
+    as they came), newest first, or in any order: each must release exactly
+    what it took, as SGLang's receipt does."""
     us.publish_runtime(page_size)
-    twin = Twin(kind, page_size, seed=seed * 1000 + page_size * 31 + len(kind))
+    twin = Twin(kind, page_size, seed=seed * 1000 + page_size * 31 + len(kind), release=release)
     for i in range(OPS):
         try:
             twin.step()
@@ -190,3 +200,45 @@ def test_every_answer_agrees(kind, page_size, seed):
         twin.r.validate()
     assert twin.hits > OPS // 20
     assert twin.evictions[0] > 0 and twin.evictions[1 if kind == "swa" else 2] > 0
+
+
+@pytest.mark.parametrize("oldest_first", [True, False])
+def test_two_locks_across_a_split_release_what_each_took(oldest_first):
+    """Issue 29's scenario: FULL+SWA, page size 4, window 10. Lock 1 holds a
+    48-token node, a match splits it at 12, lock 2 holds the lower 36: each
+    release gives back exactly its own window, in either order."""
+    p, window = 4, 10
+    us.publish_runtime(p)
+    s = us.make_swa_cache(p, 64, 64, window)
+    r = radixd.Engine(p, 64, components="full,swa", swa_window=window, swa_capacity=64)
+    t = list(range(1000, 1068))
+    got = us.insert(s, t, us.alloc_kv(s, len(t)))
+    ours = r.insert(t, r.alloc(len(t) // p))
+    assert ours.cached == got["prefix_len"] == 0
+
+    def sizes():
+        st, sz = r.stats(), us.sizes(s)
+        mine = (st["swa_protected_tokens"], st["swa_evictable_tokens"])
+        assert mine == (sz["swa_protected"], sz["swa_evictable"])
+        return mine
+
+    locks = []
+    for n, lock in ((50, True), (15, False), (50, True)):
+        key = t[:n]
+        g = us.match(s, key)
+        o = r.match_prefix(key, lock=lock)
+        assert o.len == g["len"]
+        if lock:
+            locks.append((g["node"], us.lock(s, g["node"]), o.handle))
+    assert locks[0][2] != locks[1][2]  # one node, two locks: two handles
+    assert sizes() == (48, 20)
+    order = locks if oldest_first else locks[::-1]
+    node, receipt, handle = order[0]
+    us.unlock(s, node, receipt)
+    r.unlock(handle)
+    assert sizes() == ((36, 32) if oldest_first else (48, 20))
+    node, receipt, handle = order[1]
+    us.unlock(s, node, receipt)
+    r.unlock(handle)
+    assert sizes() == (0, 68)
+    r.validate()

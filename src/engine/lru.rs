@@ -13,9 +13,13 @@
 //! is newest (seed 000's root-MRU chains): within a chain the leaf is the
 //! oldest, and when its eviction leaves the parent a leaf, the parent is the
 //! next victim. Only leaves compete, so among the nodes of one path only
-//! the order against other paths matters, and that is SGLang's: a node is
-//! as new as the last match or insert that went through it, and a split
-//! uses both halves (see `Arena::settle`).
+//! the order against other paths matters: a node is as new as the last
+//! match or insert that went through it. A split that a match or insert
+//! makes is a use of the upper half only ([`Recency::Exact`], the default:
+//! the part below the match keeps its last use, so the order is an exact
+//! per-block LRU with leaf-first eviction), or, as SGLang's tree does, of
+//! both halves, the lower one older ([`Recency::Sglang`]; see
+//! `Arena::settle`).
 //!
 //! Candidates live in two places. Most arrive newest of all (a new leaf, a
 //! touched one): they join the end of a list, which stays in stamp order at
@@ -29,9 +33,67 @@
 //! bytes per node slot (stamp, position, list links), committed by the
 //! operating system as slots are first used.
 
+use std::fmt;
+use std::str::FromStr;
+
 use super::arena::Arena;
 use super::layout::{NIL, NODE_LIVE, ROOT};
 use super::region::Region;
+
+/// What a split counts as a use of.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Recency {
+    /// The matched upper half only: the part below the match keeps its
+    /// last use, so eviction is an exact per-block LRU, leaves first.
+    #[default]
+    Exact,
+    /// Both halves, the lower one older: SGLang 0.5.23 touches the node it
+    /// splits (`child.last_access_time` in `_split_node`), so its suffix
+    /// counts as used; for comparing evictions with SGLang.
+    Sglang,
+}
+
+impl Recency {
+    /// Every rule, by name.
+    pub const ALL: [Self; 2] = [Self::Exact, Self::Sglang];
+
+    /// The rule's name as the CLI and Python spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Exact => "exact",
+            Self::Sglang => "sglang",
+        }
+    }
+}
+
+impl fmt::Display for Recency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A recency rule name that is neither `exact` nor `sglang`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecencyError(pub String);
+
+impl fmt::Display for RecencyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown recency {:?}: expected exact or sglang", self.0)
+    }
+}
+
+impl std::error::Error for RecencyError {}
+
+impl FromStr for Recency {
+    type Err = RecencyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.name() == s.trim())
+            .ok_or_else(|| RecencyError(s.to_owned()))
+    }
+}
 
 /// Last uses and the candidates: a list in stamp order and a heap.
 #[derive(Debug)]
@@ -51,6 +113,8 @@ pub(crate) struct Lru {
     /// Out-of-order candidates with their stamps, a 4-ary min-heap: oldest
     /// at 0, the children of `i` at `4i + 1 ..= 4i + 4`.
     heap: Vec<Entry>,
+    /// What a split counts as a use of.
+    recency: Recency,
 }
 
 /// A heap entry: a node and its stamp, kept together so that a sift
@@ -79,7 +143,18 @@ impl Lru {
             head: NIL,
             tail: NIL,
             heap: Vec::new(),
+            recency: Recency::default(),
         }
+    }
+
+    /// What a split counts as a use of.
+    pub fn recency(&self) -> Recency {
+        self.recency
+    }
+
+    /// Sets what a split counts as a use of from now on.
+    pub fn set_recency(&mut self, recency: Recency) {
+        self.recency = recency;
     }
 
     /// Forgets every candidate (the region was formatted). Stamps stay:

@@ -45,6 +45,7 @@ pub use hybrid::{
     InsertedExtra, MambaConfig, MatchExtra, SwaConfig, MAX_STATES,
 };
 pub use layout::EngineLayout;
+pub use lru::{Recency, RecencyError};
 pub use mem::{Mapped, TreeMem};
 #[cfg(loom)]
 pub use mem::{Mirror, MirroredRegion};
@@ -78,15 +79,36 @@ pub struct Config {
 
 /// Names a tree node: its index and the generation it had when named, so a
 /// handle to a node that has since been evicted is detected, never followed.
+///
+/// In an engine with SWA, the handle a lock answers names that lock (its
+/// receipt: two locks on one node may cover different windows, so each must
+/// release its own): [`Handle::LOCK`] is set in `index`, whose other bits
+/// are the node, and `generation` is the lock's serial on that node. It
+/// still names the node (for `lock`) while the node lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Handle {
-    /// Slot in the node arena.
+    /// Slot in the node arena (with [`Handle::LOCK`] on a lock's handle).
     pub index: u32,
-    /// Generation of the slot when the handle was made.
+    /// Generation of the slot when the handle was made (a lock's serial on
+    /// a lock's handle).
     pub generation: u32,
 }
 
 impl Handle {
+    /// The bit of `index` that marks a lock's handle (no node slot has it:
+    /// there are at most 2^30 + 1).
+    pub const LOCK: u32 = 1 << 31;
+
+    /// Whether this handle names a lock (an engine with SWA).
+    pub fn is_lock(self) -> bool {
+        self.index & Self::LOCK != 0
+    }
+
+    /// The node slot the handle names.
+    pub fn node(self) -> u32 {
+        self.index & !Self::LOCK
+    }
+
     /// The handle as one integer (generation in the high half), as it
     /// travels in JSON and over the wire.
     pub fn to_raw(self) -> u64 {
@@ -185,6 +207,9 @@ pub struct Engine<R = HeapRegion> {
     arena: Arena<R>,
     /// `(client, node)` → locks that client holds on that node.
     locks: HashMap<(ClientId, u32), u32>,
+    /// With SWA: `(client, node)` → the serials of those locks, oldest
+    /// first (see [`Handle`]).
+    serials: HashMap<(ClientId, u32), Vec<u32>>,
     /// Live sessions by id.
     sessions: HashMap<String, Session>,
     /// Reused buffer for the pages a walk passes.
@@ -225,6 +250,17 @@ impl<R: Region> Engine<R> {
         Ok(())
     }
 
+    /// Sets what a split counts as a use of (see [`Recency`]); the cache
+    /// keeps what it holds.
+    pub fn set_recency(&mut self, recency: Recency) {
+        self.arena.lru.set_recency(recency);
+    }
+
+    /// What a split counts as a use of.
+    pub fn recency(&self) -> Recency {
+        self.arena.lru.recency()
+    }
+
     /// The components this engine caches.
     pub fn components(&self) -> Components {
         self.arena
@@ -244,6 +280,7 @@ impl<R: Region> Engine<R> {
         Ok(Self {
             arena: Arena::new(region, layout)?,
             locks: HashMap::new(),
+            serials: HashMap::new(),
             sessions: HashMap::new(),
             walked: Vec::new(),
         })
@@ -969,15 +1006,43 @@ impl<R: Region> Engine<R> {
     }
 
     fn lock_node(&mut self, client: ClientId, node: u32) -> Handle {
-        self.arena.lock_path(node);
+        let serial = self.arena.lock_path(node);
         *self.locks.entry((client, node)).or_insert(0) += 1;
-        self.handle_of(node)
+        if self.arena.swa().is_none() {
+            return self.handle_of(node);
+        }
+        self.serials.entry((client, node)).or_default().push(serial);
+        Handle {
+            index: node | Handle::LOCK,
+            generation: serial,
+        }
     }
 
     fn handle_of(&self, node: u32) -> Handle {
         Handle {
             index: node,
             generation: self.arena.nodes()[node as usize].generation,
+        }
+    }
+
+    /// The node `raw` names, and the lock's serial when it is a lock's
+    /// handle (SWA on): one taken on the node now in that slot, held or not.
+    fn resolve_named(&self, raw: u64) -> Result<(u32, Option<u32>), HandleError> {
+        let h = Handle::from_raw(raw);
+        if !h.is_lock() || self.arena.swa().is_none() {
+            return self.resolve(raw).map(|node| (node, None));
+        }
+        let node = h.node();
+        let live = self
+            .arena
+            .nodes()
+            .get(node as usize)
+            .filter(|_| node != ROOT)
+            .map(|n| n.state == NODE_LIVE);
+        match live {
+            None => Err(HandleError::Unknown(raw)),
+            Some(true) if self.arena.hy_names(node, h.generation) => Ok((node, Some(h.generation))),
+            Some(_) => Err(HandleError::Stale(raw)),
         }
     }
 
@@ -1002,14 +1067,17 @@ impl<R: Region> Engine<R> {
 
     /// Locks the node `handle` names, and its ancestors, for `client`.
     pub fn lock(&mut self, client: ClientId, handle: u64) -> Result<(), HandleError> {
-        let node = self.resolve(handle)?;
+        let (node, _) = self.resolve_named(handle)?;
         self.lock_node(client, node);
         Ok(())
     }
 
-    /// Drops one lock `client` holds on the node `handle` names.
+    /// Drops one lock `client` holds on the node `handle` names: with SWA,
+    /// the lock a lock's handle names when `client` still holds it (so each
+    /// lock releases exactly the window it took, in any order), else the
+    /// oldest one (as a node's handle does).
     pub fn unlock(&mut self, client: ClientId, handle: u64) -> Result<(), HandleError> {
-        let node = self.resolve(handle)?;
+        let (node, serial) = self.resolve_named(handle)?;
         let Some(count) = self.locks.get_mut(&(client, node)) else {
             return Err(HandleError::NotLocked(handle));
         };
@@ -1017,8 +1085,25 @@ impl<R: Region> Engine<R> {
         if *count == 0 {
             self.locks.remove(&(client, node));
         }
-        self.arena.unlock_path(node);
+        let serial = self.take_serial(client, node, serial);
+        self.arena.unlock_path(node, serial);
         Ok(())
+    }
+
+    /// Forgets the serial of one lock `client` holds on `node`: `wanted`
+    /// if it holds that one, else its oldest (0 without SWA).
+    fn take_serial(&mut self, client: ClientId, node: u32, wanted: Option<u32>) -> u32 {
+        let Some(held) = self.serials.get_mut(&(client, node)) else {
+            return 0;
+        };
+        let at = wanted
+            .and_then(|w| held.iter().position(|&s| s == w))
+            .unwrap_or(0);
+        let serial = if at < held.len() { held.remove(at) } else { 0 };
+        if held.is_empty() {
+            self.serials.remove(&(client, node));
+        }
+        serial
     }
 
     /// Evicts `ceil(tokens / page_size)` pages (fewer only when fewer are
@@ -1141,7 +1226,8 @@ impl<R: Region> Engine<R> {
         });
         for (node, count) in held {
             for _ in 0..count {
-                self.arena.unlock_path(node);
+                let serial = self.take_serial(client, node, None);
+                self.arena.unlock_path(node, serial);
             }
         }
         let owned: Vec<u32> = (0..self.capacity())
@@ -1161,6 +1247,7 @@ impl<R: Region> Engine<R> {
         self.arena.format();
         self.arena.record(|_| CacheEvent::Cleared);
         self.locks.clear();
+        self.serials.clear();
         self.sessions.clear();
     }
 

@@ -613,6 +613,12 @@ impl<M: TreeMem> TreeReader<M> {
         None
     }
 
+    /// Node `index`'s generation as it stands (one load): for the node a
+    /// lock's handle names, whose generation the lock holds still.
+    pub fn generation_of(&self, index: u32) -> Option<u32> {
+        self.node(index, offset_of!(Node, generation))
+    }
+
     /// The anchor of a match that took node `index` (of `generation`)
     /// whole, as a `match` answer's handle names it: its version and page
     /// count, copied while it stood still; `None` when it is not that live

@@ -21,6 +21,8 @@ pub(crate) struct Session {
     /// The node covering the last committed turn (the root when that turn
     /// held no whole page); locked once by the session unless it is the root.
     pub node: u32,
+    /// The serial of the session's lock on `node` (see `Arena::lock_path`).
+    pub serial: u32,
     pub last_access: Instant,
 }
 
@@ -75,15 +77,17 @@ impl<R: Region> Engine<R> {
     ) -> Result<Inserted, SessionError> {
         let previous = match self.sessions.get(session) {
             Some(s) if s.client != client => return Err(SessionError::NotOwned(session.into())),
-            Some(s) => Some(s.node),
+            Some(s) => Some((s.node, s.serial)),
             None => None,
         };
         let (node, inserted, _) = self.insert_node(client, tokens, pages, Default::default())?;
-        if node != ROOT {
-            self.arena.lock_path(node);
-        }
-        if let Some(old) = previous.filter(|&old| old != ROOT) {
-            self.arena.unlock_path(old);
+        let serial = if node != ROOT {
+            self.arena.lock_path(node)
+        } else {
+            0
+        };
+        if let Some((old, old_serial)) = previous.filter(|&(old, _)| old != ROOT) {
+            self.arena.unlock_path(old, old_serial);
         }
         let last_access = Instant::now();
         self.sessions.insert(
@@ -91,6 +95,7 @@ impl<R: Region> Engine<R> {
             Session {
                 client,
                 node,
+                serial,
                 last_access,
             },
         );
@@ -171,7 +176,7 @@ impl<R: Region> Engine<R> {
     fn drop_session(&mut self, session: &str) {
         if let Some(s) = self.sessions.remove(session) {
             if s.node != ROOT {
-                self.arena.unlock_path(s.node);
+                self.arena.unlock_path(s.node, s.serial);
             }
         }
     }

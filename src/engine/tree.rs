@@ -5,6 +5,7 @@
 
 use super::arena::Arena;
 use super::layout::{Node, NIL, NODE_FREE, NODE_LIVE, PAGE_CACHED, ROOT};
+use super::lru::Recency;
 use super::record::CacheEvent;
 use super::region::Region;
 use super::table::child_hash;
@@ -135,15 +136,22 @@ impl<R: Region> Arena<R> {
     /// The node whose path from the root is exactly what `walk` matched,
     /// splitting the partially matched child if there is one.
     ///
-    /// A split counts as a use of both halves, the lower one older: SGLang
-    /// touches the node it is about to split, and the upper node it makes
-    /// is newer still. The caller then touches the path as usual.
+    /// The caller then touches the path, the new upper node with it. By
+    /// default ([`Recency::Exact`]) that is the only use: the lower half,
+    /// which the match did not reach, keeps its last use. Under
+    /// [`Recency::Sglang`] the split is a use of both halves, the lower one
+    /// older, as SGLang touches the node it splits (and the upper node it
+    /// makes is newer still).
     pub fn settle(&mut self, walk: Walk) -> u32 {
         match walk.partial {
             None => walk.node,
             Some((child, at, upper)) => {
                 let m = self.split(child, at, upper);
-                self.lru.stamp(child);
+                if self.lru.recency() == Recency::Sglang {
+                    self.lru.stamp(child);
+                }
+                // A fresh stamp either way (the slot's last one is a freed
+                // node's), newer than the lower half's.
                 self.lru.stamp(m);
                 m
             }
@@ -278,11 +286,14 @@ impl<R: Region> Arena<R> {
 
     /// Takes a lock on `node` and every ancestor (the root excluded), moving
     /// tokens from evictable to protected on each 0 → 1 transition.
-    pub fn lock_path(&mut self, node: u32) {
+    /// Returns the lock's serial, which its release names (0 without SWA,
+    /// whose locks are all alike).
+    pub fn lock_path(&mut self, node: u32) -> u32 {
         self.lock_path_inner(node);
-        self.hy_lock(node, true);
+        let serial = self.hy_lock(node);
         // Only `node` can be a leaf: its ancestors have children.
         self.refile(node);
+        serial
     }
 
     fn lock_path_inner(&mut self, mut node: u32) {
@@ -302,10 +313,10 @@ impl<R: Region> Arena<R> {
         }
     }
 
-    /// The mirror of [`Self::lock_path`].
-    pub fn unlock_path(&mut self, node: u32) {
+    /// The mirror of [`Self::lock_path`]: drops the lock `serial` names.
+    pub fn unlock_path(&mut self, node: u32, serial: u32) {
         self.unlock_path_inner(node);
-        self.hy_lock(node, false);
+        self.hy_unlock(node, serial);
         self.refile(node);
     }
 

@@ -415,14 +415,37 @@ impl<R: Region> Engine<R> {
             for &(node, count) in &holders {
                 *held.entry(node).or_insert(0u32) += count;
             }
-            for (&node, reach) in &s.receipts {
+            // Each holder's serials, and nothing else, are its node's receipts.
+            let mut serials: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+            for (&(_, node), held) in &self.serials {
+                serials.entry(node).or_default().extend(held);
+            }
+            for session in self.sessions.values().filter(|x| x.node != ROOT) {
+                serials
+                    .entry(session.node)
+                    .or_default()
+                    .push(session.serial);
+            }
+            for (&node, receipts) in &s.receipts {
                 ensure!(
-                    held.get(&node) == Some(&(reach.len() as u32)),
+                    held.get(&node) == Some(&(receipts.len() as u32)),
                     "node {node} has {} SWA receipts for {:?} locks",
-                    reach.len(),
+                    receipts.len(),
                     held.get(&node)
                 );
-                for &r in reach {
+                let mut want = serials.remove(&node).unwrap_or_default();
+                let mut have: Vec<u32> = receipts.iter().map(|r| r.serial).collect();
+                want.sort_unstable();
+                have.sort_unstable();
+                ensure!(
+                    want == have,
+                    "node {node}'s SWA receipts {have:?} but its holders' serials {want:?}"
+                );
+                ensure!(
+                    have.iter().all(|&x| s.names(node, x)),
+                    "node {node} has a receipt from before its node"
+                );
+                for r in receipts.iter().map(|r| r.reach) {
                     let (mut cur, mut covered, mut hops) = (node, 0u64, 0);
                     while cur != ROOT && covered < r {
                         hops = a.hop(hops);
@@ -439,6 +462,10 @@ impl<R: Region> Engine<R> {
             ensure!(
                 held.keys().all(|n| s.receipts.contains_key(n)),
                 "a locked node has no SWA receipt"
+            );
+            ensure!(
+                serials.is_empty(),
+                "lock serials on nodes without receipts: {serials:?}"
             );
             for (i, &e) in expect.iter().enumerate() {
                 ensure!(

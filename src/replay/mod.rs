@@ -27,7 +27,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::Components;
+use crate::engine::{Components, Recency};
 pub use error::ReplayError;
 pub use lfu::Lfu;
 pub use lru::Lru;
@@ -74,6 +74,11 @@ pub struct ReplayArgs {
     /// State slots of the MAMBA pool.
     #[arg(long, value_name = "SLOTS")]
     pub mamba_capacity: Option<u32>,
+    /// What a split counts as a use of, for the radix policy: exact (the
+    /// part below a match keeps its last use: an exact per-block LRU,
+    /// leaves first) or sglang (SGLang's touch-before-split).
+    #[arg(long, default_value = "exact", value_name = "exact|sglang")]
+    pub recency: Recency,
 }
 
 /// The radix policy's components for `capacity` blocks.
@@ -92,15 +97,18 @@ fn components(args: &ReplayArgs, capacity: usize) -> Result<Components, ReplayEr
     .map_err(|e| ReplayError::Components(e.to_string()))
 }
 
-/// [`make_policy`], with the radix policy caching `components`.
+/// [`make_policy`], with the radix policy caching `components` under
+/// `recency`.
 fn make_policy_with(
     name: &str,
     capacity: usize,
     components: Components,
+    recency: Recency,
 ) -> Result<Box<dyn Policy>, ReplayError> {
     let policy = make_policy(name, capacity)?;
-    if name == "radix" && !components.is_full_only() {
-        return Ok(Box::new(Radix::with_components(capacity, components)?));
+    if name == "radix" && (!components.is_full_only() || recency != Recency::default()) {
+        let radix = Radix::with_components(capacity, components)?.with_recency(recency);
+        return Ok(Box::new(radix));
     }
     Ok(policy)
 }
@@ -226,7 +234,12 @@ pub fn run(args: &ReplayArgs, out: &mut impl Write) -> Result<(), ReplayError> {
     }
     for name in &args.policy {
         for &capacity in &args.capacity {
-            make_policy_with(name.trim(), capacity, components(args, capacity)?)?;
+            make_policy_with(
+                name.trim(),
+                capacity,
+                components(args, capacity)?,
+                args.recency,
+            )?;
         }
     }
 
@@ -249,7 +262,7 @@ pub fn run(args: &ReplayArgs, out: &mut impl Write) -> Result<(), ReplayError> {
     for name in &args.policy {
         for &capacity in &args.capacity {
             let comps = components(args, capacity)?;
-            let mut policy = make_policy_with(name.trim(), capacity, comps)?;
+            let mut policy = make_policy_with(name.trim(), capacity, comps, args.recency)?;
             let summary = match per_request.as_mut() {
                 Some((path, writer)) => {
                     replay_with(&requests, policy.as_mut(), capacity, args.block_size, |o| {

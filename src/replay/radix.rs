@@ -45,6 +45,13 @@ impl Radix {
         Ok(r)
     }
 
+    /// This policy with a split counting as `recency` says (exact by
+    /// default).
+    pub fn with_recency(mut self, recency: crate::engine::Recency) -> Self {
+        self.engine.set_recency(recency);
+        self
+    }
+
     /// An empty engine of `capacity` one-token pages.
     pub fn new(capacity: usize) -> Result<Self, ReplayError> {
         let too_large = || ReplayError::CapacityTooLarge {

@@ -115,6 +115,11 @@ impl Exec {
         self
     }
 
+    /// The secondary component this exec checks, if any.
+    pub fn component(&self) -> Option<Hybrid> {
+        self.hybrid
+    }
+
     /// Sends one raw line and reads its answer.
     pub fn raw(&mut self, line: &[u8]) -> Value {
         self.stdin.write_all(line).expect("write");

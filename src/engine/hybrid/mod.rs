@@ -351,10 +351,36 @@ pub(crate) struct Swa {
     pub evictable: u64,
     pub protected: u64,
     pub scanned: u64,
-    /// Per locked node, the tokens each of its locks covers (SGLang's lock
-    /// receipt): a release walks up exactly that far, so the halves of a
-    /// node split under a lock are both released.
-    pub receipts: std::collections::HashMap<u32, Vec<u64>>,
+    /// Per locked node, its locks' receipts in the order they were taken
+    /// (SGLang's lock receipt): a release walks up exactly as far as its
+    /// own lock did, so the halves of a node split under a lock are both
+    /// released, and a lock taken after the split (which covers less)
+    /// releases only what it took, in whatever order the locks go.
+    pub receipts: std::collections::HashMap<u32, Vec<Receipt>>,
+    /// Per node slot, the serial of the last lock taken on it (never reset,
+    /// so a lock's serial names it among every lock the slot ever had).
+    pub serial: Vec<u32>,
+    /// Per node slot, `serial` when its current node was made: the serials
+    /// after it are its node's locks.
+    pub born: Vec<u32>,
+}
+
+/// What one window lock took: the lock's serial (unique on its node) and
+/// the tokens it covers from the node up, the edges split since included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Receipt {
+    pub serial: u32,
+    pub reach: u64,
+}
+
+impl Swa {
+    /// Whether `serial` names a lock taken on `node`'s current node (held
+    /// or released since).
+    pub fn names(&self, node: u32, serial: u32) -> bool {
+        let i = node as usize;
+        let age = serial.wrapping_sub(self.born[i]);
+        age != 0 && age <= self.serial[i].wrapping_sub(self.born[i])
+    }
 }
 
 /// The MAMBA component's state.
@@ -410,6 +436,8 @@ impl Hybrid {
             protected: 0,
             scanned: 0,
             receipts: Default::default(),
+            serial: vec![0; n],
+            born: vec![0; n],
         });
         let mamba = c.mamba.map(|m| Mamba {
             capacity: m.capacity,
@@ -440,6 +468,8 @@ impl Hybrid {
             s.lock.fill(0);
             s.list.clear();
             s.receipts.clear();
+            // Serials go on: a lock handle from before names nothing now.
+            s.born.copy_from_slice(&s.serial);
             s.evictable = 0;
             s.protected = 0;
             s.scanned = 0;

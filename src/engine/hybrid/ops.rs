@@ -137,9 +137,13 @@ impl<R: Region> Arena<R> {
     pub(crate) fn hy_remove(&mut self, node: u32) {
         let Some(h) = self.hybrid_mut() else { return };
         if let Some(s) = h.swa.as_mut() {
-            s.live[node as usize] = false;
-            s.lock[node as usize] = 0;
+            let i = node as usize;
+            s.live[i] = false;
+            s.lock[i] = 0;
             s.list.remove(node);
+            // The slot's next node starts with no lock: the serials so far
+            // are this one's.
+            s.born[i] = s.serial[i];
         }
         if let Some(m) = h.mamba.as_mut() {
             m.lock[node as usize] = 0;
@@ -162,62 +166,88 @@ impl<R: Region> Arena<R> {
         }
     }
 
-    /// Takes (`up`) or drops a lock on `node`'s components: SWA on the
-    /// nodes that cover the last `window` tokens (tombstones counted, as
-    /// SGLang's segment lock does), MAMBA on `node` alone.
-    pub(crate) fn hy_lock(&mut self, node: u32, up: bool) {
+    /// Takes a lock on `node`'s components: SWA on the nodes that cover
+    /// the last `window` tokens (tombstones counted, as SGLang's segment
+    /// lock does), MAMBA on `node` alone. Returns the lock's serial, which
+    /// names its SWA receipt (0 without SWA).
+    pub(crate) fn hy_lock(&mut self, node: u32) -> u32 {
+        if self.hybrid.is_none() || node == ROOT {
+            return 0;
+        }
+        let mut serial = 0;
+        if let Some(window) = self.swa().map(|s| u64::from(s.window)) {
+            let reach = self.swa_walk(node, window, true);
+            if let Some(s) = self.swa_mut() {
+                let i = node as usize;
+                s.serial[i] = s.serial[i].wrapping_add(1);
+                serial = s.serial[i];
+                s.receipts
+                    .entry(node)
+                    .or_default()
+                    .push(super::Receipt { serial, reach });
+            }
+        }
+        self.mamba_lock(node, true);
+        serial
+    }
+
+    /// Drops the lock on `node` whose serial is `serial` (the oldest one
+    /// when no lock of `node` has it): SWA walks up exactly as far as that
+    /// lock's receipt says (splits since keep the sum of the covered
+    /// edges), MAMBA at `node`.
+    pub(crate) fn hy_unlock(&mut self, node: u32, serial: u32) {
         if self.hybrid.is_none() || node == ROOT {
             return;
         }
-        if let Some(window) = self.swa().map(|s| u64::from(s.window)) {
-            // A release walks as far as its lock did (splits since keep
-            // the sum of the covered edges).
-            let reach = if up {
-                window
-            } else {
-                self.swa_mut()
-                    .and_then(|s| {
-                        let r = s.receipts.get_mut(&node)?;
-                        let c = r.pop();
-                        if r.is_empty() {
-                            s.receipts.remove(&node);
-                        }
-                        c
-                    })
-                    .unwrap_or(window)
-            };
-            let mut covered = 0;
-            let mut cur = node;
-            let mut hops = 0;
-            while cur != ROOT && covered < reach {
-                hops = self.hop(hops);
-                let t = self.node_tokens(cur);
-                let parent = self.nodes()[cur as usize].parent;
-                if let Some(s) = self.swa_mut() {
-                    let i = cur as usize;
-                    if up {
-                        if s.lock[i] == 0 && s.live[i] {
-                            s.evictable -= t;
-                            s.protected += t;
-                        }
-                        s.lock[i] += 1;
-                    } else {
-                        if s.lock[i] == 1 && s.live[i] {
-                            s.evictable += t;
-                            s.protected -= t;
-                        }
-                        s.lock[i] -= 1;
-                    }
-                }
-                covered += t;
-                cur = parent;
+        let reach = self.swa_mut().and_then(|s| {
+            let r = s.receipts.get_mut(&node)?;
+            let at = r.iter().position(|x| x.serial == serial).unwrap_or(0);
+            let reach = (at < r.len()).then(|| r.remove(at).reach);
+            if r.is_empty() {
+                s.receipts.remove(&node);
             }
-            if up {
-                if let Some(s) = self.swa_mut() {
-                    s.receipts.entry(node).or_default().push(covered);
-                }
-            }
+            reach
+        });
+        if let Some(reach) = reach {
+            self.swa_walk(node, reach, false);
         }
+        self.mamba_lock(node, false);
+    }
+
+    /// Takes (`up`) or drops one SWA lock on the nodes from `node` up until
+    /// `reach` tokens are covered; returns the tokens covered.
+    fn swa_walk(&mut self, node: u32, reach: u64, up: bool) -> u64 {
+        let mut covered = 0;
+        let mut cur = node;
+        let mut hops = 0;
+        while cur != ROOT && covered < reach {
+            hops = self.hop(hops);
+            let t = self.node_tokens(cur);
+            let parent = self.nodes()[cur as usize].parent;
+            if let Some(s) = self.swa_mut() {
+                let i = cur as usize;
+                if up {
+                    if s.lock[i] == 0 && s.live[i] {
+                        s.evictable -= t;
+                        s.protected += t;
+                    }
+                    s.lock[i] += 1;
+                } else {
+                    if s.lock[i] == 1 && s.live[i] {
+                        s.evictable += t;
+                        s.protected -= t;
+                    }
+                    s.lock[i] -= 1;
+                }
+            }
+            covered += t;
+            cur = parent;
+        }
+        covered
+    }
+
+    /// Takes (`up`) or drops a MAMBA lock on `node`.
+    fn mamba_lock(&mut self, node: u32, up: bool) {
         if let Some(m) = self.mamba_mut() {
             let i = node as usize;
             let held = m.state[i] != NIL;
@@ -235,6 +265,13 @@ impl<R: Region> Arena<R> {
                 m.lock[i] -= 1;
             }
         }
+    }
+
+    /// Whether `serial` names a lock taken on `node`'s current node (see
+    /// [`super::Swa::names`]); `false` without SWA.
+    pub(crate) fn hy_names(&self, node: u32, serial: u32) -> bool {
+        self.swa()
+            .is_some_and(|s| (node as usize) < s.serial.len() && s.names(node, serial))
     }
 
     // ---- Match ----

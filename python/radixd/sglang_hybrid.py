@@ -60,16 +60,22 @@ from .sglang import _namespaced, _token_ids, install_allocator
 
 logger = logging.getLogger(__name__)
 
+# The node-slot bits of a handle: below the lock bit (``Handle::LOCK``).
+_SLOT_MASK = (1 << 31) - 1
+
 FULL = ComponentType.FULL
 SWA = ComponentType.SWA
 MAMBA = ComponentType.MAMBA
 
 
 class HybridNode:
-    """``req.last_node`` of a hybrid request: radixd's node handle (``None``
-    for the root), the tokens from the root to it, the FULL pages on that
-    path as read, and the MAMBA state at it (radixd's slot) when there is
-    one."""
+    """``req.last_node`` of a hybrid request: radixd's handle of the node
+    (``None`` for the root; with SWA, a checkpoint's node is named by the
+    handle of the lock its insert took, which names the node too), the
+    tokens from the root to it, the FULL pages on that path as read, and the
+    MAMBA state at it (radixd's slot) when there is one. Two of them are
+    equal when they name the same node slot (a node named by a lock lives
+    while locked, so its slot is not reused meanwhile)."""
 
     __slots__ = ("handle", "prefix_len", "pages", "tokens", "mamba_state", "_indices")
 
@@ -88,11 +94,17 @@ class HybridNode:
     def id(self) -> int:
         return 0 if self.handle is None else self.handle
 
+    @property
+    def slot(self) -> Optional[int]:
+        """The node's slot in radixd's arena (a lock's handle marks its
+        index with bit 31; the generation or serial is the high half)."""
+        return None if self.handle is None else self.handle & _SLOT_MASK
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, HybridNode) and other.handle == self.handle
+        return isinstance(other, HybridNode) and other.slot == self.slot
 
     def __hash__(self) -> int:
-        return hash(self.handle)
+        return hash(self.slot)
 
     def __repr__(self) -> str:
         if self.handle is None:
@@ -554,21 +566,27 @@ class RadixdHybridCache(BasePrefixCache):
 
     def inc_lock_ref(self, node: Any, skip_lock_components: Sequence[ComponentType] = ()) -> IncLockRefResult:
         """Locks ``node`` (FULL on the path, SWA on its window, MAMBA at it).
-        Under SWA the mapping is brought to radixd's pairing of the window's
-        pages, which the request is about to read."""
+        The receipt's ``node_id`` is the lock's handle: with SWA it names
+        this lock, so its release gives back exactly the window it took
+        (SGLang's receipt), whatever the order locks go in. Under SWA the
+        mapping is brought to radixd's pairing of the window's pages, which
+        the request is about to read."""
         if self.disable or node is None or node.handle is None:
             return IncLockRefResult(delta=0)
         if skip_lock_components:
             raise ValueError("radixd locks every component of a node together")
-        delta = self.backend._lock_delta(node.handle, True)
+        lock, delta = self.backend._lock_receipt(node.handle)
         if self.is_swa_enabled and self.token_to_kv_pool_allocator is not None:
             self.token_to_kv_pool_allocator.radixd_sync_pairs(self._window_pages(node))
-        return IncLockRefResult(delta=delta, node_id=node.handle)
+        return IncLockRefResult(delta=delta, node_id=lock)
 
     def dec_lock_ref(self, node: Any, params: Optional[DecLockRefParams] = None, skip_swa: bool = False) -> DecLockRefResult:
+        """Releases the lock ``params`` is the receipt of (the node's oldest
+        lock of this client without one)."""
         if self.disable or node is None or node.handle is None:
             return DecLockRefResult(delta=0)
-        return DecLockRefResult(delta=self.backend._lock_delta(node.handle, False))
+        handle = node.handle if params is None or params.node_id is None else params.node_id
+        return DecLockRefResult(delta=self.backend._lock_delta(handle, False))
 
     def lock(self, node: Any, skip_lock_components: Sequence[ComponentType] = ()) -> Optional[TreeLock]:
         return TreeLock(node, self.inc_lock_ref(node, skip_lock_components).to_dec_params())
@@ -665,17 +683,10 @@ class RadixdHybridCache(BasePrefixCache):
             # Tombstone recovery may have moved this request's SWA pages
             # onto the tree's; the window is what the request reads next.
             self.token_to_kv_pool_allocator.radixd_sync_pairs(self._window_pages(node))
-        old = req.lock
-        if old is not None and getattr(old.node, "handle", None) == handle:
-            # The insert ended on the node the old lock holds (it grew in
-            # place): SGLang releases the old lock and takes a new one, whose
-            # window covers the node as it is now. A release here takes the
-            # newest of a node's locks, so both go and a fresh one is taken.
-            self.backend.unlock(handle)
-            self.backend.unlock(handle)
-            self.backend.lock(handle)
-        else:
-            self.unlock(old)
+        # SGLang releases the old lock and takes one on the key's node, whose
+        # window covers the node as it is now: the insert took that one (its
+        # handle names it under SWA), and the old one releases its own.
+        self.unlock(req.lock)
         req.lock = TreeLock(node, IncLockRefResult(node_id=handle).to_dec_params())
         kv.cache_protected_len = aligned
         req.last_node = node

@@ -348,26 +348,40 @@ class HybridSim:
 
 class Workload:
     """Prompts sharing prefixes: a few system prompts cut at random points,
-    then tokens of a small vocabulary."""
+    then tokens of a small vocabulary; a third of them repeat a recent
+    prompt, whole or cut short (so requests lock the same node, and other
+    matches split it between their locks)."""
 
     def __init__(self, rng: random.Random, page_size: int, longest: int):
         self.rng = rng
         self.systems = [[rng.randrange(1000) for _ in range(rng.randrange(1, longest))] for _ in range(4)]
         self.tail = max(8, longest // 4)
+        self.recent: list[list] = []
 
     def prompt(self) -> list:
         r = self.rng
+        roll = r.random()
+        if self.recent and roll < 0.3:
+            p = list(r.choice(self.recent))
+            return p[: r.randrange(1, len(p) + 1)] if roll < 0.1 else p
         base = r.choice(self.systems)
-        return base[: r.randrange(0, len(base) + 1)] + [r.randrange(6) for _ in range(r.randrange(1, self.tail))]
+        p = base[: r.randrange(0, len(base) + 1)] + [r.randrange(6) for _ in range(r.randrange(1, self.tail))]
+        self.recent = (self.recent + [p])[-8:]
+        return p
 
 
 class HybridTwin:
     """SGLang's ``UnifiedRadixCache`` (a) and radixd's backend (b) under the
-    same random scheduler steps. ``release`` says which requests may release
-    their lock (finish, or move it in a checkpoint): ``"newest"``, only one
-    whose lock is the newest on its node, or ``"any"``."""
+    same random scheduler steps. ``release`` says which running request
+    finishes next (releasing its lock): the one that arrived first
+    (``"arrival"``), last (``"reverse"``) or any (``"random"``); a
+    checkpoint moves a request's lock whenever it comes. Each lock must
+    release exactly what it took (issue 29), in whatever order."""
 
-    def __init__(self, kind: str, page_size: int, backend_cache: Callable, seed: int, release: str = "newest"):
+    RELEASES = ("arrival", "reverse", "random")
+
+    def __init__(self, kind: str, page_size: int, backend_cache: Callable, seed: int, release: str = "random"):
+        assert release in self.RELEASES, release
         self.kind, self.ps, self.release = kind, page_size, release
         self.rng = random.Random(seed)
         publish(page_size)
@@ -378,7 +392,6 @@ class HybridTwin:
         self.work = Workload(self.rng, page_size, longest)
         self.prompts: dict[str, list] = {}
         self.order: list[str] = []
-        self.stamps: dict[str, int] = {}
         self.next_rid = 0
         self.ops = 0
         self.counts = {"hits": 0, "evictions": 0, "checkpoints": 0, "cow": 0, "aborts": 0, "branch": 0}
@@ -403,10 +416,13 @@ class HybridTwin:
 
     @classmethod
     def serve_args(cls, kind: str, page_size: int) -> tuple:
-        """``radixd serve`` arguments of the daemon these pools need."""
+        """``radixd serve`` arguments of the daemon these pools need, with
+        SGLang's recency rule (the twins compare partial evictions)."""
+        sglang = ("--recency", "sglang")
         if kind == "swa":
-            return ("--components", "full,swa", "--swa-window", str(cls.window(page_size)), "--swa-capacity", str(cls.SWA_PAGES[page_size]))
-        return ("--components", "full,mamba", "--mamba-capacity", str(cls.SLOTS[page_size]))
+            window, pages = str(cls.window(page_size)), str(cls.SWA_PAGES[page_size])
+            return ("--components", "full,swa", "--swa-window", window, "--swa-capacity", pages, *sglang)
+        return ("--components", "full,mamba", "--mamba-capacity", str(cls.SLOTS[page_size]), *sglang)
 
     def same(self, what: str, x: Any, y: Any) -> None:
         assert x == y, f"op {self.ops}: {what}: SGLang {x!r}, radixd {y!r}"
@@ -467,29 +483,16 @@ class HybridTwin:
             return free >= per + 1
         return True
 
-    def releasable(self, rid: str) -> bool:
-        """Whether ``rid`` may release its lock now: under ``"newest"``, only
-        when no running request locked the same node after it (a node's
-        locks go newest first); under ``"any"``, always."""
-        if self.release == "any":
-            return True
-        node = self.a.running[rid].lock.node
-        if self.a.cache.is_root(node):
-            return True  # a lock on the root holds nothing
-        stamp = self.stamps[rid]
-        return not any(
-            other != rid and req.lock is not None and req.lock.node == node and self.stamps[other] > stamp
-            for other, req in self.a.running.items()
-        )
-
-    def stamp(self, rid: str) -> None:
-        self.stamps[rid] = self.ops
-
     def finishing(self) -> Optional[str]:
-        running = [
-            r for r in self.order if r in self.a.running and self.a.running[r].kv.kv_allocated_len and self.releasable(r)
-        ]
-        return self.rng.choice(running) if running else None
+        """The running request (with KV) that finishes next, by ``release``."""
+        running = [r for r in self.order if r in self.a.running and self.a.running[r].kv.kv_allocated_len]
+        if not running:
+            return None
+        if self.release == "arrival":
+            return running[0]
+        if self.release == "reverse":
+            return running[-1]
+        return self.rng.choice(running)
 
     def step(self) -> None:
         r = self.rng
@@ -502,7 +505,6 @@ class HybridTwin:
             prompt = self.work.prompt()
             self.prompts[rid] = prompt
             self.order.append(rid)
-            self.stamp(rid)
             got = self.a.arrive(rid, prompt)
             self.same("arrival", got, self.b.arrive(rid, prompt))
             self.counts["hits"] += got["prefix_len"] > 0
@@ -527,8 +529,7 @@ class HybridTwin:
                 return
             self.a.extend(rid, n, outputs)
             self.b.extend(rid, n, outputs)
-            if (outputs is None or r.random() < 0.2) and self.can_checkpoint() and self.releasable(rid):
-                self.stamp(rid)
+            if (outputs is None or r.random() < 0.2) and self.can_checkpoint():
                 self.same("checkpoint: cache_protected_len", self.a.checkpoint(rid), self.b.checkpoint(rid))
                 self.counts["checkpoints"] += 1
         elif roll < 0.8:

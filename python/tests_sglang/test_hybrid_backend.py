@@ -9,12 +9,11 @@ size and pool's free space agrees after every step, and every matched
 prefix's KV slots hold its own tokens (FULL; SWA over its window; the
 copied state its own prefix's).
 
-Locks are released newest first on each node for now (``release="newest"``:
-a request finishes, or moves its lock in a checkpoint, only when no running
-request locked its node after it): radixd releases a node's newest lock
-whatever handle names it (issue 29, being fixed in the engine), so releases
-in any order (``release="any"``, which HybridTwin also runs) leave other SWA
-pages protected than SGLang does on some runs."""
+Requests finish in arrival order, newest first, or at random (checkpoints
+move locks whenever they come): each lock releases exactly the window it
+took, as SGLang's receipt does (issue 29). radixd runs with SGLang's recency
+rule (``recency="sglang"``, ``radixd serve --recency sglang``): partial FULL
+evictions are compared, and SGLang's split touches the node's lower half."""
 
 from __future__ import annotations
 
@@ -29,8 +28,8 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParam
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from radixd.sglang_hybrid import RadixdHybridCache
 
-OPS = int(os.environ.get("RADIXD_SGLANG_HYBRID_OPS", "2500"))
-RELEASE_ORDERS = ["newest"]
+OPS = int(os.environ.get("RADIXD_SGLANG_HYBRID_OPS", "1500"))
+RELEASE_ORDERS = list(HybridTwin.RELEASES)
 
 
 def _engine_cache(kind: str, page_size: int):
@@ -43,9 +42,12 @@ def _engine_cache(kind: str, page_size: int):
                 components="full,swa",
                 swa_window=HybridTwin.window(ps),
                 swa_capacity=HybridTwin.SWA_PAGES[ps],
+                recency="sglang",
             )
         else:
-            engine = radixd.Engine(ps, HybridTwin.FULL_PAGES[ps], components="full,mamba", mamba_capacity=HybridTwin.SLOTS[ps])
+            engine = radixd.Engine(
+                ps, HybridTwin.FULL_PAGES[ps], components="full,mamba", mamba_capacity=HybridTwin.SLOTS[ps], recency="sglang"
+            )
         p.tree_components = None
         return RadixdHybridCache(p, engine)
 
@@ -246,3 +248,48 @@ def test_a_lock_reads_the_pairing_another_scheduler_made(start_daemon, monkeypat
     a.dec_lock_ref(held.last_device_node)
     b.token_to_kv_pool_allocator.free(scratch)
     a.backend.validate()
+
+
+@pytest.mark.parametrize("oldest_first", [True, False])
+def test_two_locks_across_a_split_release_what_each_took(oldest_first):
+    """Issue 29's scenario through SGLang's own calls (``insert``,
+    ``match_prefix``, ``lock``, ``unlock``) on UnifiedRadixCache and on
+    RadixdHybridCache: FULL+SWA, page size 4, window 10. Lock 1 holds a
+    48-token node, a match splits it at 12, lock 2 holds the same node (now
+    36 tokens): each unlock gives back exactly its own window, in either
+    order, so the SWA sizes agree after each."""
+    from array import array
+
+    from hybrid_sim import publish, sglang_cache, swa_params
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    ps, window = 4, 10
+    publish(ps)
+    tokens = array("q", range(1000, 1068))
+
+    def run(cache):
+        z = torch.tensor([0])
+        n = len(tokens)
+        kv = cache.token_to_kv_pool_allocator.alloc_extend(z, z, torch.tensor([n]), torch.tensor([n]), torch.tensor([-1]), n)
+        params = InsertParams(key=RadixKey(tokens), value=kv)
+        params.set_evicted_seqlen(ComponentType.SWA, 0)
+        assert cache.insert(params).prefix_len == 0
+        locks, seen = [], []
+        for n, lock in ((50, True), (15, False), (50, True)):
+            m = cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens[:n])))
+            seen.append(m.device_prefix_len)
+            if lock:
+                locks.append(cache.lock(m.last_device_node))
+        sizes = [(cache.swa_protected_size(), cache.swa_evictable_size())]
+        for lock in locks if oldest_first else locks[::-1]:
+            cache.unlock(lock)
+            sizes.append((cache.swa_protected_size(), cache.swa_evictable_size()))
+        return seen, sizes
+
+    engine = radixd.Engine(ps, 64, components="full,swa", swa_window=window, swa_capacity=64, recency="sglang")
+    ours = run(RadixdHybridCache(swa_params(ps, 64, 64, window), engine))
+    assert ours == run(sglang_cache("swa", swa_params(ps, 64, 64, window)))
+    assert ours[0] == [48, 12, 48]
+    assert ours[1] == [(48, 20), (36, 32) if oldest_first else (48, 20), (0, 68)]
+    engine.validate()

@@ -814,7 +814,17 @@ fn lock_answers_the_handle_of_the_lock_it_took() {
     assert_eq!(sizes(&e), (0, 68));
     e.validate().unwrap();
     // Without SWA a lock is its node's: `lock` answers the node's handle.
-    let mut m = mamba(4, 64, 4);
+    let mut m = Engine::with_components(
+        Config {
+            page_size: 4,
+            capacity: 64,
+        },
+        Components {
+            swa: None,
+            mamba: None,
+        },
+    )
+    .unwrap();
     put(&mut m, &t[..8]);
     let h = m
         .match_prefix(C, &t[..8], false, &mut pages)

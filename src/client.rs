@@ -280,6 +280,7 @@ impl Returns {
             }) => self.handles.push(*h),
             Ok(Reply::State { state }) => self.states.push(u64::from(*state)),
             Ok(Reply::Done) => self.handles.extend(locks),
+            Ok(Reply::Locked(h)) => self.handles.push(*h),
             _ => {}
         }
     }
@@ -1262,9 +1263,14 @@ impl Client {
         Ok(m)
     }
 
-    /// Locks a node (and its ancestors).
-    pub fn lock(&mut self, handle: Handle) -> Result<(), ClientError> {
-        self.done(Call::Lock(handle.to_raw()))
+    /// Locks a node (and its ancestors); answers the lock's handle, which
+    /// with SWA names this lock for [`Client::unlock`] (else `handle`).
+    pub fn lock(&mut self, handle: Handle) -> Result<Handle, ClientError> {
+        match self.send(Call::Lock(handle.to_raw()))? {
+            Reply::Done => Ok(handle),
+            Reply::Locked(lock) => Ok(Handle::from_raw(lock)),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Drops one of this client's locks.

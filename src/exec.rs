@@ -257,6 +257,7 @@ pub fn render_for(result: Result<Reply, Rejection>, components: &Components) -> 
         Err(r) => json!({"ok": false, "error": r.kind.name(), "message": r.message}),
         Ok(Reply::Pages(pages)) => json!({"ok": true, "pages": pages}),
         Ok(Reply::Done) => json!({"ok": true}),
+        Ok(Reply::Locked(handle)) => json!({"ok": true, "handle": handle}),
         Ok(Reply::Inserted {
             cached,
             len,

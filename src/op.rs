@@ -140,8 +140,11 @@ pub enum Request {
 pub enum Reply {
     /// `alloc`: the pages now owned by the caller.
     Pages(Vec<u32>),
-    /// `free`, `lock`, `unlock`, `session_release`, `reset`.
+    /// `free`, `lock` (without SWA), `unlock`, `session_release`, `reset`.
     Done,
+    /// `lock` with SWA: the handle naming this lock, for `unlock` (see
+    /// [`crate::engine::Handle`]).
+    Locked(u64),
     /// `insert` and `session_commit` (which never returns a handle).
     Inserted {
         cached: u64,
@@ -236,6 +239,7 @@ impl Reply {
         match self {
             Self::Pages(_) => "pages",
             Self::Done => "done",
+            Self::Locked(_) => "locked",
             Self::Inserted { .. } => "inserted",
             Self::Matched { .. } => "matched",
             Self::Evicted(_) => "evicted",
@@ -577,8 +581,12 @@ pub fn apply_with<R: Region>(
             }
         }
         Request::Lock { handle } => {
-            engine.lock(client, handle)?;
-            Reply::Done
+            let lock = engine.lock(client, handle)?;
+            if lock.is_lock() {
+                Reply::Locked(lock.to_raw())
+            } else {
+                Reply::Done
+            }
         }
         Request::Unlock { handle } => {
             engine.unlock(client, handle)?;

@@ -131,6 +131,7 @@ mod kind {
     pub const STATS_WITH: u32 = 13;
     pub const SWA_PAGES: u32 = 14;
     pub const BOUND: u32 = 15;
+    pub const LOCKED: u32 = 16;
     pub const STORE_NAMESPACE: u32 = 40;
     pub const STORE_RESERVED: u32 = 41;
     pub const STORE_DONE: u32 = 42;
@@ -954,6 +955,10 @@ pub fn encode_reply(
             push_u32s(payload, pages);
         }
         Ok(Reply::Done) => w.kind = kind::DONE,
+        Ok(Reply::Locked(handle)) => {
+            w.kind = kind::LOCKED;
+            w.a = *handle;
+        }
         Ok(Reply::Inserted {
             cached,
             len,
@@ -1169,6 +1174,7 @@ pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Reject
         kind::PAGES => Reply::Pages(words()?),
         kind::SWA_PAGES => Reply::SwaPages(words()?),
         kind::DONE => Reply::Done,
+        kind::LOCKED => Reply::Locked(w.a),
         kind::INSERTED => Reply::Inserted {
             cached: w.a,
             len: w.b,
@@ -1546,6 +1552,7 @@ mod tests {
         let replies = vec![
             Ok(Reply::Pages(vec![3, 4])),
             Ok(Reply::Done),
+            Ok(Reply::Locked((7 << 32) | (1 << 31) | 5)),
             Ok(Reply::Inserted {
                 cached: 1,
                 len: 2,

@@ -147,7 +147,12 @@ fn a_warm_client_and_daemon_allocate_nothing_per_request() {
                 "match {:?}",
                 allocations(|| drop(c.match_prefix(&prompt, false)))
             );
-            eprintln!("lock {:?}", allocations(|| c.lock(handle).unwrap()));
+            eprintln!(
+                "lock {:?}",
+                allocations(|| {
+                    c.lock(handle).unwrap();
+                })
+            );
             eprintln!("unlock {:?}", allocations(|| c.unlock(handle).unwrap()));
             eprintln!("alloc {:?}", allocations(|| drop(c.alloc(1))));
             eprintln!(

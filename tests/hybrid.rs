@@ -785,6 +785,56 @@ fn each_lock_releases_the_window_it_took_in_any_order() {
     }
 }
 
+/// `lock` of a node's handle (SGLang's `inc_lock_ref` after a match) answers
+/// the handle of the lock it took, so locks taken that way release exactly
+/// their own windows too: issue 29's scenario, newest first.
+#[test]
+fn lock_answers_the_handle_of_the_lock_it_took() {
+    let mut e = swa(4, 64, 10);
+    let t: Vec<u32> = (1000..1068).collect();
+    put(&mut e, &t);
+    let sizes = |e: &Engine| {
+        let s = stats(e);
+        (s.swa_protected_tokens, s.swa_evictable_tokens)
+    };
+    let mut pages = Vec::new();
+    let node = e
+        .match_prefix(C, &t[..50], false, &mut pages)
+        .handle
+        .unwrap();
+    let one = e.lock(C, node.to_raw()).unwrap();
+    assert!(one.is_lock() && one.node() == node.index);
+    assert_eq!(matched(&mut e, &t[..15]), 12);
+    let two = e.lock(C, node.to_raw()).unwrap();
+    assert_ne!(one, two);
+    assert_eq!(sizes(&e), (48, 20));
+    e.unlock(C, two.to_raw()).unwrap();
+    assert_eq!(sizes(&e), (48, 20));
+    e.unlock(C, one.to_raw()).unwrap();
+    assert_eq!(sizes(&e), (0, 68));
+    e.validate().unwrap();
+    // Without SWA a lock is its node's: `lock` answers the node's handle.
+    let mut m = Engine::with_components(
+        Config {
+            page_size: 4,
+            capacity: 64,
+        },
+        Components {
+            swa: None,
+            mamba: None,
+        },
+    )
+    .unwrap();
+    put(&mut m, &t[..8]);
+    let h = m
+        .match_prefix(C, &t[..8], false, &mut pages)
+        .handle
+        .unwrap();
+    assert_eq!(m.lock(C, h.to_raw()), Ok(h));
+    m.unlock(C, h.to_raw()).unwrap();
+    m.validate().unwrap();
+}
+
 /// A lock's handle is checked as a node's is: one from before the node's
 /// slot was reused is stale, one never handed out unknown; a node's handle
 /// drops the oldest lock its client holds there.

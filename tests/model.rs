@@ -746,7 +746,11 @@ fn run(p: u32, cap: u32, ops: &[Op], recency: Recency) {
             Op::Lock { client, which } => {
                 let raw = pick_handle(&m, which);
                 let want = m.resolve(raw);
-                assert_eq!(e.lock(client, raw), want.map(|_| ()), "lock {raw:#x}");
+                assert_eq!(
+                    e.lock(client, raw).map(|_| ()),
+                    want.map(|_| ()),
+                    "lock {raw:#x}"
+                );
                 if let Ok(l) = want {
                     m.lock_label(client, l);
                 }

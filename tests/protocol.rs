@@ -198,7 +198,7 @@ fn a_timeout_leaves_the_client_usable_and_leaks_no_page() {
     client.unlock(handle).unwrap();
     let (s, _) = client.stats().unwrap();
     assert_eq!(s.protected_tokens, 0, "a late lock stayed: {s:?}");
-    let handle = client.lock(handle).map(|()| handle).unwrap();
+    let handle = client.lock(handle).unwrap();
 
     // A batch of which the daemon answers only some before the timeout:
     // stop it while the batch is in flight.

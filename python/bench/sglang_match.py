@@ -12,6 +12,13 @@ rounds, µs per call). Run in the environment scripts/test-sglang builds:
 2. a scheduler step through SGLang's own functions (match + lock + alloc +
    checkpoint insert + release) for a 1K-token prompt with a 512-token cached
    prefix: ``RadixCache`` against ``RadixdPrefixCache``.
+3. with ``RADIXD_BIN``, the same step for hybrid models through daemons it
+   starts, in one run: a full-attention model (``RadixdPrefixCache``), a
+   sliding-window one (FULL+SWA, window 512) and a Mamba one (FULL+MAMBA,
+   the extra ping-pong buffer at page size 16) on ``RadixdHybridCache``:
+   ``Req.init_next_round_input`` (match, Mamba copy-on-write),
+   ``lock``, ``alloc_req_slots``, the prefill's allocation, ``release_kv_cache``
+   (checkpoint insert, frees, unlock), then the new suffix evicted again.
 """
 
 from __future__ import annotations
@@ -57,14 +64,14 @@ def median_of(fs: dict) -> dict:
 class Daemon:
     """A ``radixd serve`` of ``RADIXD_BIN`` for the run, or none."""
 
-    def __init__(self, ps: int, pages: int):
+    def __init__(self, ps: int, pages: int, *args: str):
         self.proc = None
         binary = os.environ.get("RADIXD_BIN")
         if not binary:
             return
         self.name = f"radixd-bench-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.proc = subprocess.Popen(
-            [binary, "serve", "--name", self.name, "--page-size", str(ps), "--capacity", str(pages)],
+            [binary, "serve", "--name", self.name, "--page-size", str(ps), "--capacity", str(pages), *args],
             stdin=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -176,9 +183,95 @@ def step_bench(ps: int) -> None:
         print(f"  {k:52s} {statistics.median(v):8.1f}")
 
 
+def hybrid_step_bench(ps: int) -> None:
+    """A scheduler step through daemons: full attention, FULL+SWA and
+    FULL+MAMBA, alternated in rounds (median µs per step)."""
+    import torch
+    from hybrid_sim import mamba_params, publish, swa_params
+    from radixd.sglang_hybrid import RadixdHybridCache
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
+    from sglang.srt.mem_cache.allocation import alloc_paged_token_slots_extend, alloc_req_slots, alloc_token_slots
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    from sglang.srt.mem_cache.common import release_kv_cache
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    if not os.environ.get("RADIXD_BIN"):
+        return
+    n, cached, window = 1024, 512, 512
+    pages = 4 * n // ps
+    publish(ps)
+    setups = {
+        "full attention (RadixdPrefixCache)": (params(ps, pages, rows=8, context=2 * n), ()),
+        f"FULL+SWA, window {window} (RadixdHybridCache)": (
+            swa_params(ps, pages, pages, window, rows=8, context=2 * n),
+            ("--components", "full,swa", "--swa-window", str(window)),
+        ),
+        "FULL+MAMBA (RadixdHybridCache)": (
+            mamba_params(ps, pages, 32, rows=8, context=2 * n),
+            ("--components", "full,mamba", "--mamba-capacity", "32"),
+        ),
+    }
+    runs, daemons = {}, []
+    shared = list(range(100, 100 + cached))
+    count = [0]
+    for name, (p, args) in setups.items():
+        d = Daemon(ps, pages, *args)
+        daemons.append(d)
+        cache = RadixdHybridCache(p, d.client) if args else RadixdPrefixCache(p, d.client)
+        pool = p.req_to_token_pool
+        mamba = "MAMBA" in name
+
+        def step(prompt, cache=cache, pool=pool, mamba=mamba, evict=True):
+            count[0] += 1
+            req = Req(f"h{count[0]}", "", array("q", prompt), SamplingParams(max_new_tokens=1))
+            req.init_next_round_input(cache)
+            req.lock = cache.lock(req.last_node)
+            alloc_req_slots(pool, [req], cache)
+            start, end = req.prefix_len, len(prompt)
+            row = req.kv.req_pool_idx
+            if start:
+                pool.write((row, slice(0, start)), cache.prefix_device_indices(req))
+            req.kv.cache_protected_len = start
+            req.extend_end = end
+            if ps == 1:
+                out = alloc_token_slots(cache, end - start)
+            else:
+                last = pool.req_to_token[row, start - 1 : start].to(torch.int64) if start else torch.full((1,), -1)
+                t = torch.tensor
+                out = alloc_paged_token_slots_extend(cache, t([start]), t([start]), t([end]), t([end]), last, end - start)
+            pool.write((row, slice(start, end)), out)
+            req.kv.kv_committed_len = req.kv.kv_allocated_len = end
+            if mamba and p.enable_mamba_extra_buffer:
+                # The prefill tracked its last grid-aligned state.
+                req.kv.mamba_last_track_idx = req.kv.mamba_next_track_idx
+                req.kv.mamba_last_track_seqlen = start + (end - start) // 64 * 64
+            req.finished_reason = FINISH_LENGTH(0)
+            release_kv_cache(req, cache, checkpoint=True)
+            if evict:
+                cache.evict(EvictParams(num_tokens=n - cached))
+
+        step(shared, evict=False)  # the cached 512-token prefix
+        runs[name] = (step, [])
+    for _ in range(ROUNDS):
+        for name, (step, times) in runs.items():
+            prompts = [shared + [c % 30000 + 40000 + i for i in range(n - cached)] for c in range(count[0], count[0] + 100)]
+            it = iter(prompts)
+            times.append(per_call(lambda step=step, it=it: step(next(it)), 100))
+    print(f"scheduler step through a daemon, {n}-token prompt, {cached} cached, page size {ps} (median µs per step):")
+    base = None
+    for name, (_, times) in runs.items():
+        v = statistics.median(times)
+        base = base or v
+        print(f"  {name:52s} {v:8.1f}  ({v / base:.2f}x)")
+    for d in daemons:
+        d.stop()
+
+
 if __name__ == "__main__":
     publish_runtime()
     for ps in (1, 16):
         match_bench(ps)
     for ps in (1, 16):
         step_bench(ps)
+    for ps in (1, 16):
+        hybrid_step_bench(ps)

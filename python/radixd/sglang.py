@@ -571,18 +571,6 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
     params = ctx.params
     if ctx.enable_hierarchical_cache:
         _refuse("--enable-hierarchical-cache", "radixd keeps KV on the device only")
-    if ctx.is_hybrid_swa:
-        _refuse(
-            "hybrid sliding-window (SWA) models",
-            "this adapter drives radixd's full-attention component only; the daemon's SWA component "
-            "(radixd serve --components full,swa) is reached through radixd.Client or PrefixCache",
-        )
-    if ctx.is_hybrid_ssm:
-        _refuse(
-            "hybrid Mamba/SSM models",
-            "this adapter drives radixd's full-attention component only; the daemon's MAMBA component "
-            "(radixd serve --components full,mamba) is reached through radixd.Client or PrefixCache",
-        )
     if getattr(ctx, "is_dsa", False):
         _refuse("DSA (sparse-attention) models", "radixd caches full-attention KV only")
     if ctx.disable_radix_cache:
@@ -602,6 +590,11 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
         _refuse("--enable-streaming-session", "streaming sessions are not mapped to radixd sessions yet")
     name = os.environ.get("RADIXD_NAME", "radixd")
     pool = pool_identity(ctx)
+    if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
+        # SWA and Mamba models: radixd's components (radixd.sglang_hybrid).
+        from .sglang_hybrid import hybrid_cache_factory
+
+        return hybrid_cache_factory(ctx, name, pool)
     try:
         client = radixd.Client(name, pool=pool)
     except radixd.PoolMismatchError as e:

@@ -396,6 +396,15 @@ mod reply {
         }
     }
 
+    /// `lock`'s answer: the handle naming the lock (SWA), else the node's.
+    pub fn locked(handle: u64, reply: Reply) -> PyResult<u64> {
+        match reply {
+            Reply::Done => Ok(handle),
+            Reply::Locked(lock) => Ok(lock),
+            other => Err(unexpected(other)),
+        }
+    }
+
     pub fn evicted(reply: Reply) -> PyResult<u64> {
         match reply {
             Reply::Evicted(n) => Ok(n),
@@ -471,8 +480,12 @@ mod reply {
     }
 
     /// Protected tokens before minus after a lock or unlock bracketed by
-    /// two `stats` requests: SGLang's `inc_lock_ref`/`dec_lock_ref` delta.
-    pub fn lock_delta(py: Python<'_>, answers: Vec<Result<Reply, Rejection>>) -> PyResult<i64> {
+    /// two `stats` requests (SGLang's `inc_lock_ref`/`dec_lock_ref` delta),
+    /// and the handle a lock answered with SWA (naming that lock).
+    pub fn lock_delta(
+        py: Python<'_>,
+        answers: Vec<Result<Reply, Rejection>>,
+    ) -> PyResult<(i64, Option<u64>)> {
         let protected = |r: &Result<Reply, Rejection>| match r {
             Ok(Reply::Stats { stats, .. }) => Ok(stats.protected_tokens as i64),
             Ok(other) => Err(unexpected(other.clone())),
@@ -480,10 +493,12 @@ mod reply {
         };
         match answers.as_slice() {
             [before, lock, after] => {
-                if let Err(r) = lock {
-                    return Err(rejected(py, r.clone()));
-                }
-                Ok(protected(before)? - protected(after)?)
+                let named = match lock {
+                    Err(r) => return Err(rejected(py, r.clone())),
+                    Ok(Reply::Locked(h)) => Some(*h),
+                    Ok(_) => None,
+                };
+                Ok((protected(before)? - protected(after)?, named))
             }
             _ => Err(PyRuntimeError::new_err("expected three answers")),
         }
@@ -620,6 +635,25 @@ macro_rules! cache_methods {
                 Ok(self.components()?.names())
             }
 
+            /// The SWA window in tokens (`--swa-window`), `None` without SWA.
+            #[getter]
+            fn swa_window(&self) -> PyResult<Option<u32>> {
+                Ok(self.components()?.swa.map(|s| s.window))
+            }
+
+            /// Pages in the SWA pool (`--swa-capacity`), `None` without SWA.
+            #[getter]
+            fn swa_capacity(&self) -> PyResult<Option<u32>> {
+                Ok(self.components()?.swa.map(|s| s.capacity))
+            }
+
+            /// State slots in the MAMBA pool (`--mamba-capacity`), `None`
+            /// without MAMBA.
+            #[getter]
+            fn mamba_capacity(&self) -> PyResult<Option<u32>> {
+                Ok(self.components()?.mamba.map(|m| m.capacity))
+            }
+
             /// Takes `n` pages from the pool (evicting as needed), as
             /// `array.array('I')`.
             fn alloc<'py>(&self, py: Python<'py>, n: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -633,10 +667,12 @@ macro_rules! cache_methods {
                 reply::done(self.run(py, Request::Free { pages })?)
             }
 
-            /// Locks a node and its ancestors.
-            fn lock(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
+            /// Locks a node and its ancestors; returns the lock's handle
+            /// (with SWA it names this lock, which `unlock` then releases
+            /// exactly; else `handle`).
+            fn lock(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<u64> {
                 let handle = count(handle, "handle")?;
-                reply::done(self.run(py, Request::Lock { handle })?)
+                reply::locked(handle, self.run(py, Request::Lock { handle })?)
             }
 
             /// Drops one of this client's locks.
@@ -878,6 +914,24 @@ cache_methods! {
             Ok((len, input::array_out(py, &pages)?))
         }
 
+        /// `(len, pages)` of the longest prefix of `tokens` FULL caches (the
+        /// tree's own walk, before SWA or MAMBA cut it back), read straight
+        /// from the shared tree: no round trip, no lock, no LRU touch. The
+        /// pages a just-inserted (and locked) key lives on.
+        fn peek_full<'py>(
+            &self,
+            py: Python<'py>,
+            tokens: &Bound<'py, PyAny>,
+        ) -> PyResult<(usize, Bound<'py, PyAny>)> {
+            let tokens = input::u32s(tokens, "tokens")?;
+            let (peeked, pages) = self
+                .hold(py)?
+                .as_ref()
+                .ok_or_else(closed)?
+                .peek_anchored(&tokens)
+                .map_err(|e| rejected(py, client_error(e)))?;
+            Ok((peeked.len, input::array_out(py, &pages)?))
+        }
 
         /// Indices into `prompts` in the order to run them under `policy`
         /// (`"lpm"` or `"dfs-weight"`), from lock-free peeks.
@@ -906,7 +960,20 @@ cache_methods! {
             let answers = self
                 .with(py, |c| c.batch(&requests))?
                 .map_err(|e| rejected(py, client_error(e)))?;
-            reply::lock_delta(py, answers)
+            Ok(reply::lock_delta(py, answers)?.0)
+        }
+
+        /// Locks `handle` as `_lock_delta(handle, True)` does; returns
+        /// `(lock, delta)`: the lock's handle (with SWA it names this lock,
+        /// which `unlock` then releases exactly; else `handle`) and
+        /// `_lock_delta`'s answer.
+        fn _lock_receipt(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<(u64, i64)> {
+            let requests = lock_delta_batch(handle, true)?;
+            let answers = self
+                .with(py, |c| c.batch(&requests))?
+                .map_err(|e| rejected(py, client_error(e)))?;
+            let (delta, named) = reply::lock_delta(py, answers)?;
+            Ok((named.unwrap_or(count(handle, "handle")?), delta))
         }
 
         /// Disconnects; the daemon releases whatever this client still holds
@@ -1015,12 +1082,24 @@ cache_methods! {
             Ok(guard(&self.inner)?.engine.capacity())
         }
 
+        /// As `Client.peek_full`: FULL's own walk of `tokens`, touching
+        /// nothing.
+        fn peek_full<'py>(
+            &self,
+            py: Python<'py>,
+            tokens: &Bound<'py, PyAny>,
+        ) -> PyResult<(usize, Bound<'py, PyAny>)> {
+            let tokens = input::u32s(tokens, "tokens")?;
+            let mut pages = Vec::new();
+            let len = guard(&self.inner)?.engine.peek(&tokens, &mut pages);
+            Ok((len, input::array_out(py, &pages)?))
+        }
+
         /// What a split counts as a use of: `"exact"` or `"sglang"`.
         #[getter]
         fn recency(&self) -> PyResult<&'static str> {
             Ok(guard(&self.inner)?.engine.recency().name())
         }
-
 
         /// As `Client.order`, from the engine's own tree.
         #[pyo3(signature = (prompts, policy = "lpm"))]
@@ -1043,7 +1122,20 @@ cache_methods! {
                 .into_iter()
                 .map(|r| apply(&mut local.engine, client, r))
                 .collect();
-            reply::lock_delta(py, answers)
+            Ok(reply::lock_delta(py, answers)?.0)
+        }
+
+        /// As `Client._lock_receipt`.
+        fn _lock_receipt(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<(u64, i64)> {
+            let requests = lock_delta_batch(handle, true)?;
+            let mut local = guard(&self.inner)?;
+            let client = local.client;
+            let answers = requests
+                .into_iter()
+                .map(|r| apply(&mut local.engine, client, r))
+                .collect();
+            let (delta, named) = reply::lock_delta(py, answers)?;
+            Ok((named.unwrap_or(count(handle, "handle")?), delta))
         }
 
         /// Nothing to release (symmetry with `Client`).

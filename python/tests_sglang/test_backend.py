@@ -30,8 +30,7 @@ def test_missing_daemon_is_a_start_up_error(monkeypatch):
     "change, option",
     [
         (dict(enable_hierarchical_cache=True), "--enable-hierarchical-cache"),
-        (dict(is_hybrid_swa=True), "sliding-window"),
-        (dict(is_hybrid_ssm=True), "Mamba"),
+        (dict(is_hybrid_swa=True, is_hybrid_ssm=True), "both sliding-window and Mamba"),
         (dict(tp_size=2), "--tp-size"),
     ],
 )

@@ -1065,11 +1065,12 @@ impl<R: Region> Engine<R> {
         }
     }
 
-    /// Locks the node `handle` names, and its ancestors, for `client`.
-    pub fn lock(&mut self, client: ClientId, handle: u64) -> Result<(), HandleError> {
+    /// Locks the node `handle` names, and its ancestors, for `client`;
+    /// answers the lock's handle: with SWA one naming this lock (which
+    /// `unlock` then releases exactly), else the node's.
+    pub fn lock(&mut self, client: ClientId, handle: u64) -> Result<Handle, HandleError> {
         let (node, _) = self.resolve_named(handle)?;
-        self.lock_node(client, node);
-        Ok(())
+        Ok(self.lock_node(client, node))
     }
 
     /// Drops one lock `client` holds on the node `handle` names: with SWA,

@@ -135,6 +135,10 @@ impl Exec {
             for name in HYBRID_FIELDS {
                 fields.remove(name);
             }
+            if request["op"] == "lock" {
+                // With SWA, the handle naming the lock (checked above).
+                fields.remove("handle");
+            }
         }
         value
     }
@@ -176,6 +180,18 @@ fn check_hybrid(component: Hybrid, request: &Value, answer: &serde_json::Map<Str
             }
         }
         "insert" => assert_eq!(has("mamba_exist"), component == Hybrid::Mamba, "{answer:?}"),
+        "lock" => {
+            // With SWA, `lock` answers the handle of the lock it took: the
+            // lock bit and the node the request named.
+            let asked = request["handle"].as_u64().expect("handle") & 0x7fff_ffff;
+            match component {
+                Hybrid::Swa => {
+                    let h = answer["handle"].as_u64().expect("a lock's handle");
+                    assert!(h & (1 << 31) != 0 && h & 0x7fff_ffff == asked, "{answer:?}");
+                }
+                Hybrid::Mamba => assert!(!has("handle"), "{answer:?}"),
+            }
+        }
         "evict" => assert!(has("swa_evicted") && has("mamba_evicted"), "{answer:?}"),
         "stats" => {
             let (name, field) = match component {

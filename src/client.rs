@@ -8,6 +8,8 @@
 //! short timeouts, checking between them that the daemon still lives: no
 //! call hangs on a dead daemon.
 
+mod store;
+
 use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -215,6 +217,8 @@ pub struct Client {
     /// Whether `match_prefix` and `insert` read the tree first and send
     /// only what the daemon lacks, and how that went.
     anchoring: Anchoring,
+    /// The daemon's KV store, mapped (`None`: it has none).
+    store: Option<crate::store::StoreMap>,
 }
 
 /// See [`Client::set_anchoring`].
@@ -343,6 +347,8 @@ impl Client {
             return Err(ClientError::LayoutMismatch);
         }
         protect_engine(&segment, &layout)?;
+        // Relaxed: ordered by the Acquire load of `serving` above.
+        let kv_store = store::map(name, info.store_bytes.load(Ordering::Relaxed))?;
         // The claim is published (CLAIMED); the daemon adopts it: releases
         // whatever the slot's previous holder held, resets the rings, and
         // marks it ACTIVE. Until then this client touches nothing but the
@@ -376,6 +382,7 @@ impl Client {
                 hits: 0,
                 fallbacks: 0,
             },
+            store: kv_store,
         };
         // From here on `Drop` releases the claim on every error path.
         let port = port_of(&client.segment, &client.layout, client.slot)?;
@@ -704,7 +711,9 @@ impl Client {
                 .and_then(|()| port.scratch.write_u32s(at + words as u64, anchor_words))
                 .and_then(|()| {
                     let at = at + (words + anchor_words.len() * 4) as u64;
-                    port.scratch.write_bytes(at, e.session)
+                    port.scratch.write_bytes(at, e.session)?;
+                    port.scratch
+                        .write_bytes(at + e.session.len() as u64, &e.bytes)
                 });
             if let Err(e) = written {
                 posted = Err(ProtocolError::Scratch(e).into());
@@ -1479,5 +1488,11 @@ impl crate::op::Backend for Client {
 
     fn components(&self) -> Components {
         self.components
+    }
+
+    fn store(&mut self) -> Option<&mut dyn crate::op::StoreAccess> {
+        self.store
+            .is_some()
+            .then_some(self as &mut dyn crate::op::StoreAccess)
     }
 }

@@ -10,6 +10,8 @@
 //! timeouts, so an idle daemon costs nothing and a busy one never pays a
 //! futex wake per request. `--busy-poll` never sleeps.
 
+mod store;
+
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -24,7 +26,7 @@ use crate::engine::{ClientId, Components, ComponentsError, ConfigError, Engine, 
 use crate::op::{self, ErrorKind, Rejection, Request};
 use crate::shared::{
     bucket_of, write_components, write_info, Info, LayoutProblem, LiveStats, SegmentConfig,
-    SharedLayout, ShmGrace, ShmRegion, HISTOGRAM_BUCKETS,
+    SharedGrace, SharedLayout, ShmGrace, ShmRegion, HISTOGRAM_BUCKETS,
 };
 use crate::wire::{self, ScratchWindow, WireReply, WireRequest};
 
@@ -79,6 +81,10 @@ pub struct ServeConfig {
     /// The components cached beside FULL (`--components`; FULL alone by
     /// default).
     pub components: Components,
+    /// Bytes of the node-wide KV store (`--store SIZE`; `None`: no store).
+    pub store: Option<u64>,
+    /// Discard the store file a previous daemon left (`--store-reset`).
+    pub store_reset: bool,
 }
 
 impl Default for ServeConfig {
@@ -97,6 +103,8 @@ impl Default for ServeConfig {
             reader_expiry: READER_EXPIRY,
             events: None,
             components: Components::full(),
+            store: None,
+            store_reset: false,
         }
     }
 }
@@ -128,6 +136,8 @@ pub enum ServeError {
     /// removed the segment.
     Corrupted(String),
     Events(crate::events::EventsError),
+    /// The store could not be opened (created or adopted).
+    Store(String),
 }
 
 impl fmt::Display for ServeError {
@@ -150,6 +160,7 @@ impl fmt::Display for ServeError {
                 "stopped: {m}; the segment was removed (restart the daemon)"
             ),
             Self::Events(e) => write!(f, "cannot publish KV events: {e}"),
+            Self::Store(e) => write!(f, "cannot open the store: {e}"),
         }
     }
 }
@@ -239,7 +250,9 @@ pub fn serve_reporting(
     // dropped before it.
     let grace = unsafe { ShmGrace::new(&segment, &layout, config.reader_expiry) }
         .map_err(ServeError::Region)?;
-    engine.set_grace(Box::new(grace));
+    let grace = SharedGrace::new(grace);
+    engine.set_grace(Box::new(grace.clone()));
+    let kv_store = store::open(config, &grace, info)?;
     let (_, readers) = layout.readers(&segment).map_err(ServeError::Region)?;
     let mut events = crate::events::Events::start(config.events.as_ref(), &mut engine, live)
         .map_err(ServeError::Events)?;
@@ -277,6 +290,7 @@ pub fn serve_reporting(
         allow_reset: config.allow_reset,
         // The reader is expired by then, and its pages come back.
         reader_wait: config.reader_expiry * 2,
+        store: kv_store,
     };
     // Relaxed: a plain flag set by the signal handler; nothing to order.
     while stop.load(Ordering::Relaxed) == 0 {
@@ -300,6 +314,7 @@ pub fn serve_reporting(
         if engine.in_limbo() != (0, 0) {
             guarded(|| engine.reclaim()).map_err(ServeError::Corrupted)?;
         }
+        store::tidy(service.store.as_mut(), &peers, false);
         events.after_requests(&mut engine, live);
         // Relaxed: the daemon wrote this gauge itself (in `adopt`/`forget`).
         let clients = live.clients.load(Ordering::Relaxed);
@@ -335,6 +350,7 @@ pub fn serve_reporting(
         if now.duration_since(last_sweep) >= SWEEP {
             last_sweep = now;
             sweep(&mut engine, &mut peers, &slots, live);
+            store::tidy(service.store.as_mut(), &peers, true);
             if let Some(damage) = peers.iter_mut().find_map(|p| p.corrupt.take()) {
                 return Err(ServeError::Corrupted(damage));
             }
@@ -558,6 +574,8 @@ struct Service {
     allow_reset: bool,
     /// Longest an `alloc` waits for pages readers hold (see `drain`).
     reader_wait: Duration,
+    /// The node-wide KV store (`--store`).
+    store: Option<crate::store::StoreFile>,
 }
 
 /// Whether an `alloc` of `want` pages falls short only because readers
@@ -674,6 +692,7 @@ fn answer<R: crate::engine::Region>(
         spare,
         out,
         allow_reset,
+        store: kv_store,
         ..
     } = service;
     let window_ok = record
@@ -699,6 +718,10 @@ fn answer<R: crate::engine::Region>(
                             record.reply_len
                         ),
                     ));
+                }
+                if let Request::Store(r) = request {
+                    let generation = (record.seq >> 32) as u32;
+                    return store::answer(kv_store.as_mut(), client, generation, r);
                 }
                 if matches!(request, Request::Reset) && !*allow_reset {
                     // One client must not wipe every other scheduler's

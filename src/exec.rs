@@ -5,6 +5,8 @@ use std::io::{self, BufRead, Write};
 
 use serde_json::{json, Map, Value};
 
+pub mod store;
+
 use crate::engine::Components;
 use crate::op::{Backend, ErrorKind, Rejection, Reply, Request};
 
@@ -27,9 +29,12 @@ pub fn run(
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let answer = match parse_for(&line, &components) {
-            Ok(request) => render_for(backend.call(request), &components),
-            Err(rejection) => render(Err(rejection)),
+        let answer = match store::answer(backend, &line) {
+            Some(answer) => answer,
+            None => match parse_for(&line, &components) {
+                Ok(request) => render_for(backend.call(request), &components),
+                Err(rejection) => render(Err(rejection)),
+            },
         };
         output.write_all(answer.as_bytes())?;
         output.write_all(b"\n")?;
@@ -323,6 +328,8 @@ pub fn render_for(result: Result<Reply, Rejection>, components: &Components) -> 
             "mamba_evicted": mamba_states,
         }),
         Ok(Reply::State { state }) => json!({"ok": true, "state": state}),
+        // Store writes reach `exec` only as its own store ops (`store`).
+        Ok(Reply::Store(r)) => json!({"ok": true, "store": format!("{r:?}")}),
         Ok(Reply::SwaFreed { n }) => json!({"ok": true, "freed": n}),
         Ok(Reply::SwaPages(pages)) => {
             let pages: Vec<Value> = pages

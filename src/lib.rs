@@ -40,6 +40,8 @@ pub mod readers;
 #[cfg(not(loom))]
 pub mod shared;
 #[cfg(not(loom))]
+pub mod store;
+#[cfg(not(loom))]
 pub mod wire;
 
 // The command-line tools and what only they need (clap, serde_json,

@@ -47,6 +47,9 @@ enum Command {
     /// One client process of `radixd bench` (internal).
     #[command(hide = true)]
     BenchWorker(WorkerArgs),
+    /// One reader process of `radixd bench --store` (internal).
+    #[command(hide = true)]
+    BenchStoreReader(bench::store::StoreReaderArgs),
 }
 
 #[derive(clap::Args)]
@@ -84,6 +87,14 @@ struct ServeArgs {
     /// again).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     reader_expiry_ms: u64,
+    /// Keep a node-wide KV store of this size in shared memory
+    /// (/dev/shm/NAME.store, e.g. 64GiB), adopted from a previous daemon
+    /// of this name if one left it.
+    #[arg(long, value_name = "SIZE", value_parser = radixd::store::parse_size)]
+    store: Option<u64>,
+    /// Discard the store a previous daemon left and start empty.
+    #[arg(long, requires = "store")]
+    store_reset: bool,
     #[command(flatten)]
     events: radixd::events::cli::ServeEventsArgs,
     #[command(flatten)]
@@ -196,6 +207,10 @@ struct ExecArgs {
     /// match ended (same answers; for comparison).
     #[arg(long, requires = "connect")]
     full_requests: bool,
+    /// An in-process KV store of this size for the store ops (with
+    /// --connect, the daemon's `serve --store`).
+    #[arg(long, value_name = "SIZE", value_parser = radixd::store::parse_size, conflicts_with = "connect")]
+    store: Option<u64>,
     /// In-process only (with --connect, the daemon's own `serve
     /// --components` rule).
     #[command(flatten)]
@@ -238,11 +253,22 @@ fn exec(args: ExecArgs) -> Result<(), String> {
     };
     let components = args.components.parse(config.capacity)?;
     let engine = Engine::with_components(config, components).map_err(|e| e.to_string())?;
-    let mut local = Local {
+    let local = Local {
         engine,
         client: 0,
         session_ttl: args.session_ttl,
     };
+    if let Some(bytes) = args.store {
+        let config = radixd::store::StoreConfig::for_size(bytes, 1).map_err(|e| e.to_string())?;
+        let store = radixd::store::HeapStore::new(config).map_err(|e| e.to_string())?;
+        let mut local = radixd::op::WithStore {
+            inner: local,
+            store,
+        };
+        return exec::run(&mut local, io::stdin().lock(), io::stdout().lock())
+            .map_err(|e| e.to_string());
+    }
+    let mut local = local;
     exec::run(&mut local, io::stdin().lock(), io::stdout().lock()).map_err(|e| e.to_string())
 }
 
@@ -261,6 +287,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         reader_expiry: Duration::from_millis(args.reader_expiry_ms),
         events: args.events.config(),
         components,
+        store: args.store,
+        store_reset: args.store_reset,
     };
     signal::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     // Announced only once the segment exists and is ready: a configuration
@@ -340,6 +368,7 @@ fn main() -> ExitCode {
             bench::run(&args, &mut out).map_err(|e| e.to_string())
         }
         Command::BenchWorker(args) => bench::worker(&args).map_err(|e| e.to_string()),
+        Command::BenchStoreReader(args) => bench::store::reader(&args).map_err(|e| e.to_string()),
         Command::Events(args) => signal::install()
             .map_err(|e| format!("cannot install signal handlers: {e}"))
             .and_then(|()| {

@@ -4,6 +4,12 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+mod store;
+
+pub use store::{
+    apply_store, check_key, KeyList, StoreAccess, StoreReply, StoreRequest, WithStore, NO_PARENT,
+};
+
 use crate::engine::{
     Anchor, AnchorError, ClientId, ComponentError, ComponentStats, Components, Engine, HandleError,
     InsertExtra, Inserted, InsertedExtra, PageError, Region, SessionError, Stats,
@@ -117,6 +123,8 @@ pub enum Request {
     SwaPages {
         pages: Vec<u32>,
     },
+    /// A store write ([`StoreRequest`]); the daemon routes it to its store.
+    Store(StoreRequest),
 }
 
 /// The answer to a successful request.
@@ -184,6 +192,8 @@ pub enum Reply {
         sessions: u64,
         components: Option<ComponentStats>,
     },
+    /// The answer to a [`Request::Store`].
+    Store(StoreReply),
 }
 
 /// Longest session id, in bytes.
@@ -228,6 +238,7 @@ impl Reply {
             Self::SwaFreed { .. } => "swa_freed",
             Self::SwaPages(_) => "swa_pages",
             Self::StatsWith { .. } => "stats_with",
+            Self::Store(_) => "store",
         }
     }
 }
@@ -284,11 +295,23 @@ pub enum ErrorKind {
     SwaMismatch = 21,
     /// Every state slot is held by a client or a locked node.
     InsufficientStates = 22,
+    /// The daemon runs without `--store`.
+    NoStore = 40,
+    /// A value of another size than its namespace's.
+    SizeMismatch = 41,
+    /// No room in the store: everything is reserved or still read.
+    StoreFull = 42,
+    /// A store key that is empty or too long.
+    BadKey = 43,
+    /// A commit or abort of a slot the client did not reserve.
+    NotReserved = 44,
+    /// A store namespace id nobody registered.
+    UnknownNamespace = 45,
 }
 
 impl ErrorKind {
     /// Every kind, for decoding.
-    pub const ALL: [ErrorKind; 22] = [
+    pub const ALL: [ErrorKind; 28] = [
         Self::UnknownOp,
         Self::Malformed,
         Self::PageOutOfRange,
@@ -311,6 +334,12 @@ impl ErrorKind {
         Self::StateNotOwned,
         Self::SwaMismatch,
         Self::InsufficientStates,
+        Self::NoStore,
+        Self::SizeMismatch,
+        Self::StoreFull,
+        Self::BadKey,
+        Self::NotReserved,
+        Self::UnknownNamespace,
     ];
 
     /// The wire name.
@@ -338,6 +367,12 @@ impl ErrorKind {
             Self::StateNotOwned => "state_not_owned",
             Self::SwaMismatch => "swa_mismatch",
             Self::InsufficientStates => "insufficient_states",
+            Self::NoStore => "no_store",
+            Self::SizeMismatch => "size_mismatch",
+            Self::StoreFull => "store_full",
+            Self::BadKey => "bad_key",
+            Self::NotReserved => "not_reserved",
+            Self::UnknownNamespace => "unknown_namespace",
         }
     }
 
@@ -491,6 +526,9 @@ pub fn apply_with<R: Region>(
         check_session_id(session.as_bytes())?;
     }
     Ok(match request {
+        // An engine alone has no store: the daemon routes store requests
+        // to its own (`apply_store`) before they reach here.
+        Request::Store(_) => return Err(crate::store::StoreError::NoStore.into()),
         Request::Alloc { n } => {
             let mut pages = spare.list();
             engine.alloc_into(client, n, &mut pages)?;
@@ -688,6 +726,11 @@ pub trait Backend {
     /// and prints depends on them).
     fn components(&self) -> Components {
         Components::full()
+    }
+
+    /// The store beside the cache, if any (`exec`'s store ops).
+    fn store(&mut self) -> Option<&mut dyn StoreAccess> {
+        None
     }
 }
 

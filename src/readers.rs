@@ -92,3 +92,40 @@ impl Grace for ShmGrace {
         self.policy.reusable(tag)
     }
 }
+
+/// One grace period shared by the daemon's two writers, the engine and the
+/// store: both retire records that the same readers (one announcement per
+/// client slot) may copy, and there is one collector per reader table, so
+/// they advance and consult one [`ShmGrace`]. Used by one thread (the
+/// daemon's), so the lock is never contended.
+#[derive(Clone)]
+pub struct SharedGrace(std::sync::Arc<std::sync::Mutex<ShmGrace>>);
+
+impl SharedGrace {
+    /// Shares `grace`.
+    pub fn new(grace: ShmGrace) -> Self {
+        Self(std::sync::Arc::new(std::sync::Mutex::new(grace)))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut ShmGrace) -> T) -> T {
+        // A panic while holding the lock left the policy consistent (its
+        // methods do not unwind half way through a change), so a poisoned
+        // lock is used as is.
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut g)
+    }
+}
+
+impl Grace for SharedGrace {
+    fn epoch(&self) -> u64 {
+        self.with(|g| g.epoch())
+    }
+
+    fn try_advance(&mut self) -> bool {
+        self.with(|g| g.try_advance())
+    }
+
+    fn reusable(&self, tag: u64) -> bool {
+        self.with(|g| g.reusable(tag))
+    }
+}

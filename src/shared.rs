@@ -27,7 +27,7 @@ use crate::engine::layout::ENGINE_VERSION;
 use crate::engine::{
     ComponentStats, Components, EngineLayout, MambaConfig, Region, Stats, SwaConfig, REGION_ALIGN,
 };
-pub use crate::readers::ShmGrace;
+pub use crate::readers::{SharedGrace, ShmGrace};
 use crate::wire::{WireReply, WireRequest};
 
 /// Version of radixd's own structures (`Info`, `LiveStats`, the wire
@@ -58,7 +58,10 @@ pub struct Info {
     pub swa_window: AtomicU64,
     pub swa_capacity: AtomicU64,
     pub mamba_capacity: AtomicU64,
-    pub _reserved: [AtomicU64; 21],
+    /// Bytes of the store's data region (`--store`; 0: no store). Its
+    /// file is `/dev/shm/<name>.store`, ready before `serving`.
+    pub store_bytes: AtomicU64,
+    pub _reserved: [AtomicU64; 20],
 }
 
 /// Bit of [`Info::components`]: SWA is on.

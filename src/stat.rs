@@ -188,12 +188,39 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
             c.evict_scanned_mamba
         );
     }
+    // Relaxed: ordered by the Acquire load of `serving` above.
+    let store_bytes = info.store_bytes.load(Ordering::Relaxed);
+    if store_bytes > 0 {
+        match crate::store::StoreMap::open(name) {
+            Ok(map) => {
+                let st = crate::store::StoreReader::new(map.view(), 0).stats();
+                for line in store_lines(&st) {
+                    println!("{line}");
+                }
+            }
+            Err(e) => println!("store       unreadable: {e}"),
+        }
+    }
     if let (true, batches, overflows) = after.events {
         println!(
             "kv events   {batches} batches published, {overflows} queue overflows (each resynced)"
         );
     }
     Ok(())
+}
+
+/// The `store` lines of `radixd stat`.
+pub fn store_lines(st: &crate::store::StoreStats) -> [String; 2] {
+    [
+        format!(
+            "store       {} values, {} of {} bytes, {} namespaces",
+            st.values, st.bytes, st.capacity_bytes, st.namespaces
+        ),
+        format!(
+            "store gets  {} hits, {} misses; {} evicted, {} failed reserves",
+            st.hits, st.misses, st.evicted, st.failed_reserves
+        ),
+    ]
 }
 
 #[cfg(test)]

@@ -19,8 +19,14 @@ use std::mem::size_of;
 
 use radixd_ipc::{copy, Scratch, ScratchError};
 
+mod store;
+
+pub use store::MAX_BATCH as MAX_STORE_BATCH;
+
 use crate::engine::{Anchor, ComponentStats, Handle, Stats};
-use crate::op::{check_session_id, check_session_len, ErrorKind, Rejection, Reply, Request, Spare};
+use crate::op::{
+    check_session_id, check_session_len, ErrorKind, Rejection, Reply, Request, Spare, StoreRequest,
+};
 
 /// A request's payload window in a client's scratch area, checked to lie
 /// inside it; [`decode_request`] copies each piece out once.
@@ -99,6 +105,10 @@ mod opcode {
     pub const FREE_SWA: u32 = 21;
     pub const STATS_WITH: u32 = 22;
     pub const SWA_PAGES: u32 = 23;
+    pub const STORE_NAMESPACE: u32 = 40;
+    pub const STORE_RESERVE: u32 = 41;
+    pub const STORE_COMMIT: u32 = 42;
+    pub const STORE_ABORT: u32 = 43;
 }
 
 /// Reply kinds.
@@ -117,6 +127,9 @@ mod kind {
     pub const SWA_FREED: u32 = 12;
     pub const STATS_WITH: u32 = 13;
     pub const SWA_PAGES: u32 = 14;
+    pub const STORE_NAMESPACE: u32 = 40;
+    pub const STORE_RESERVED: u32 = 41;
+    pub const STORE_DONE: u32 = 42;
 }
 
 /// `flags` bit: the request asks for a lock.
@@ -229,6 +242,8 @@ pub struct EncodedRequest<'r> {
     /// [`WireRequest`]).
     pub anchor_words: AnchorWords,
     pub session: &'r [u8],
+    /// An owned payload after all of the above (store requests).
+    pub bytes: Vec<u8>,
 }
 
 /// Up to four words of a request's payload after its pages (anchored
@@ -249,7 +264,9 @@ impl AnchorWords {
 impl EncodedRequest<'_> {
     /// Payload bytes: `tokens ++ pages ++ anchor words ++ session`.
     pub fn payload_len(&self) -> usize {
-        (self.tokens.len() + self.pages.len() + self.anchor_words.len) * 4 + self.session.len()
+        (self.tokens.len() + self.pages.len() + self.anchor_words.len) * 4
+            + self.session.len()
+            + self.bytes.len()
     }
 
     /// The payload as one buffer, for transports that need one.
@@ -259,6 +276,7 @@ impl EncodedRequest<'_> {
         push_u32s(&mut out, self.pages);
         push_u32s(&mut out, self.anchor_words.as_slice());
         out.extend_from_slice(self.session);
+        out.extend_from_slice(&self.bytes);
         out
     }
 }
@@ -401,6 +419,7 @@ pub enum Call<'a> {
     FreeSwa(&'a [u32]),
     StatsWith,
     SwaPages(&'a [u32]),
+    Store(&'a StoreRequest),
 }
 
 impl<'a> Call<'a> {
@@ -480,6 +499,7 @@ impl<'a> Call<'a> {
             Request::FreeSwa { pages } => Self::FreeSwa(pages),
             Request::StatsWith => Self::StatsWith,
             Request::SwaPages { pages } => Self::SwaPages(pages),
+            Request::Store(r) => Self::Store(r),
         }
     }
 
@@ -494,6 +514,7 @@ impl<'a> Call<'a> {
             Self::Stats => STATS_BYTES,
             Self::StatsWith => STATS_WITH_BYTES,
             Self::SwaPages(pages) => pages.len() * 4,
+            Self::Store(r) => store::reply_need(r),
             _ => 0,
         }
     }
@@ -502,6 +523,9 @@ impl<'a> Call<'a> {
     /// `capacity` (the record's sequence number and windows are the
     /// sender's to fill in).
     pub fn encode(self, page_size: u32, capacity: u32) -> EncodedRequest<'a> {
+        if let Self::Store(r) = self {
+            return store::encode(r);
+        }
         let reply_need = self.reply_need(page_size, capacity).max(MIN_REPLY_WINDOW);
         let lock = |lock: bool| if lock { FLAG_LOCK } else { 0 };
         let none: &[u32] = &[];
@@ -545,6 +569,7 @@ impl<'a> Call<'a> {
             Self::FreeSwa(pages) => (opcode::FREE_SWA, 0, 0, none, pages, ""),
             Self::StatsWith => (opcode::STATS_WITH, 0, 0, none, none, ""),
             Self::SwaPages(pages) => (opcode::SWA_PAGES, 0, 0, none, pages, ""),
+            Self::Store(_) => (0, 0, 0, none, none, ""),
         };
         let mut e = EncodedRequest {
             record: WireRequest {
@@ -560,6 +585,7 @@ impl<'a> Call<'a> {
             pages,
             anchor_words: AnchorWords::default(),
             session: session.as_bytes(),
+            bytes: Vec::new(),
         };
         match self {
             Self::MatchAt {
@@ -646,6 +672,9 @@ pub fn decode_request<P: Payload + ?Sized>(
     }
     if payload.len() != r.payload_len as usize {
         return Err(malformed("payload length disagrees with the record"));
+    }
+    if store::is_store_op(r.op) {
+        return store::decode(r, payload).map(Request::Store);
     }
     let tokens_end = (r.n_tokens as usize).checked_mul(4);
     let pages_end = tokens_end
@@ -981,6 +1010,7 @@ pub fn encode_reply(
             w.kind = kind::SWA_FREED;
             w.a = *n;
         }
+        Ok(Reply::Store(r)) => store::encode_reply(&mut w, r, payload),
         Ok(Reply::StatsWith {
             stats: s,
             sessions,
@@ -1185,6 +1215,7 @@ pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Reject
                 components,
             }
         }
+        k if store::is_store_kind(k) => Reply::Store(store::decode_reply(w, payload)?),
         k => return Err(BadReply::UnknownKind(k)),
     }))
 }

@@ -763,3 +763,19 @@ fn the_cli_exits_2_naming_the_bad_line() {
     );
     assert!(out.stdout.is_empty());
 }
+
+/// `--policy store` runs the store's real index (reserve, commit, reader
+/// stamps, leaf-first eviction): on both Mooncake traces it hits exactly
+/// as often as exact LRU with leaf-first eviction (`lru-leaf`), request by
+/// request (docs/store.md; goal: at least 0.98 of it).
+#[test]
+fn the_store_policy_matches_exact_lru_with_leaf_first_eviction() {
+    for (trace, capacity) in [(SYNTHETIC, 2000), (CONVERSATION, 4000)] {
+        let (store, per_store) = per_request(Path::new(trace), "store", capacity);
+        let (reference, per_ref) = per_request(Path::new(trace), "lru-leaf", capacity);
+        assert!(store.hit_blocks > 0, "{trace}: no hits at all");
+        assert_eq!(store.hit_blocks, reference.hit_blocks, "{trace}");
+        assert_eq!(store.final_cache_blocks, capacity);
+        assert!(per_store == per_ref, "{trace}: requests differ");
+    }
+}

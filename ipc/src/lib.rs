@@ -17,6 +17,8 @@ pub mod layout;
 pub mod liveness;
 #[cfg(not(loom))]
 pub mod load;
+#[cfg(not(loom))]
+pub mod mapfile;
 pub mod ring;
 #[cfg(not(loom))]
 pub mod scratch;
@@ -34,6 +36,8 @@ pub use layout::{
 };
 #[cfg(not(loom))]
 pub use load::LoadSensor;
+#[cfg(not(loom))]
+pub use mapfile::{MapError, MappedFile, Part};
 pub use ring::{
     Consumer, Entry as RingEntry, HeapRing, Producer, RingError, RingHeader, MAX_MESSAGE,
 };

@@ -115,6 +115,14 @@ pub struct BenchArgs {
     /// State slots (with `--components full,mamba`).
     #[arg(long, value_name = "SLOTS")]
     pub mamba_capacity: Option<u32>,
+    /// Measure the node-wide KV store instead: batch get/set of 128 pages
+    /// of 64 KiB, 256 KiB and 2 MiB against a plain copy, then 1, 2, 4, 8
+    /// reader processes at once (docs/store.md).
+    #[arg(long)]
+    pub store: bool,
+    /// Timed batches per figure of `--store`.
+    #[arg(long, default_value_t = 20)]
+    pub store_rounds: u32,
 }
 
 /// Flags of the hidden worker subcommand.

@@ -12,6 +12,7 @@ mod args;
 pub mod baseline;
 mod plot;
 mod stats;
+pub mod store;
 mod table;
 mod uds;
 mod worker;
@@ -167,6 +168,9 @@ pub struct EventFigures {
 
 /// Runs `radixd bench`.
 pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
+    if args.store {
+        return store::run(args.store_rounds, &std::env::current_exe()?, out);
+    }
     if args.clients.is_empty() || args.clients.contains(&0) {
         return Err(BenchError::Args(
             "--clients needs counts of at least 1".into(),

@@ -12,12 +12,14 @@ mod error;
 mod hash;
 mod lfu;
 mod lru;
+mod lru_leaf;
 mod plot;
 mod policy;
 mod radix;
 mod registry;
 mod s3fifo;
 mod slab;
+mod store;
 mod trace;
 
 use std::convert::Infallible;
@@ -44,7 +46,8 @@ pub struct ReplayArgs {
     /// Trace file: one JSON object per line with timestamp, input_length,
     /// output_length and hash_ids.
     pub trace: PathBuf,
-    /// Policies to replay, comma-separated: lru, lfu, s3fifo, radix.
+    /// Policies to replay, comma-separated: lru, lfu, s3fifo, radix,
+    /// lru-leaf, store.
     #[arg(long, value_delimiter = ',', required = true)]
     pub policy: Vec<String>,
     /// Cache capacities in blocks, comma-separated.

@@ -2,13 +2,15 @@
 
 use super::lfu::Lfu;
 use super::lru::Lru;
+use super::lru_leaf::LruLeaf;
 use super::policy::Policy;
 use super::radix::Radix;
 use super::s3fifo::S3Fifo;
+use super::store::Store;
 use super::ReplayError;
 
 /// Policy names [`make_policy`] knows, in the order they are documented.
-pub const POLICY_NAMES: [&str; 4] = ["lru", "lfu", "s3fifo", "radix"];
+pub const POLICY_NAMES: [&str; 6] = ["lru", "lfu", "s3fifo", "radix", "lru-leaf", "store"];
 
 /// The largest capacity accepted: slab nodes are `u32` indices and S3-FIFO
 /// holds up to one ghost per resident block.
@@ -30,6 +32,8 @@ pub fn make_policy(name: &str, capacity: usize) -> Result<Box<dyn Policy>, Repla
         "lfu" => Ok(Box::new(Lfu::new(capacity))),
         "s3fifo" => Ok(Box::new(S3Fifo::new(capacity)?)),
         "radix" => Ok(Box::new(Radix::new(capacity)?)),
+        "lru-leaf" => Ok(Box::new(LruLeaf::new(capacity))),
+        "store" => Ok(Box::new(Store::new(capacity)?)),
         _ => Err(ReplayError::UnknownPolicy {
             name: name.to_owned(),
         }),

@@ -1,0 +1,239 @@
+//! Unit tests of the index, the reader and adoption, over heap stores.
+
+use super::layout::{NIL, PAGE};
+use super::*;
+
+fn store(entries: u32, extents: u64, extent: u64) -> HeapStore {
+    HeapStore::new(StoreConfig {
+        data_bytes: extents * extent,
+        extent_bytes: extent,
+        entries,
+        clients: 4,
+    })
+    .unwrap()
+}
+
+fn value(key: &[u8], size: usize) -> Vec<u8> {
+    let seed = xxhash_rust::xxh3::xxh3_64(key);
+    (0..size)
+        .map(|i| (seed.rotate_left(i as u32 % 64) as u8) ^ i as u8)
+        .collect()
+}
+
+fn put(s: &mut HeapStore, ns: StoreNs, key: &[u8], parent: Option<&[u8]>) -> bool {
+    let v = value(key, ns.value_size as usize);
+    let item = StoreItem {
+        key,
+        parent,
+        value: &v,
+    };
+    s.put(ns, &[item]).unwrap()[0]
+}
+
+fn get(s: &HeapStore, ns: StoreNs, key: &[u8]) -> Option<Vec<u8>> {
+    let mut out = vec![0; ns.value_size as usize];
+    s.get(ns, key, &mut out).then_some(out)
+}
+
+#[test]
+fn put_get_dedup_and_run() {
+    let mut s = store(64, 4, PAGE * 4);
+    let ns = s.index.namespace(b"m", 100).unwrap();
+    assert!(put(&mut s, ns, b"a", None));
+    assert!(!put(&mut s, ns, b"a", None), "already stored");
+    assert!(put(&mut s, ns, b"b", Some(b"a")));
+    assert_eq!(get(&s, ns, b"a"), Some(value(b"a", 100)));
+    assert_eq!(get(&s, ns, b"b"), Some(value(b"b", 100)));
+    assert_eq!(get(&s, ns, b"c"), None);
+    assert_eq!(s.reader.run(ns, &[&b"a"[..], b"b", b"c", b"a"]), 2);
+    let other = s.index.namespace(b"n", 100).unwrap();
+    assert_eq!(get(&s, other, b"a"), None, "namespaces do not share keys");
+    let st = s.reader.stats();
+    assert_eq!((st.values, st.bytes, st.hits, st.misses), (2, 200, 2, 2));
+    assert_eq!(st.namespaces, 2);
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn namespaces_fix_their_size_and_refuse_bad_input() {
+    let mut s = store(64, 4, PAGE);
+    let ns = s.index.namespace(b"m", 64).unwrap();
+    assert_eq!(s.index.namespace(b"m", 64).unwrap(), ns);
+    assert_eq!(
+        s.index.namespace(b"m", 65),
+        Err(StoreError::SizeMismatch {
+            expected: 64,
+            got: 65
+        })
+    );
+    assert!(matches!(
+        s.index.namespace(b"big", PAGE + 1),
+        Err(StoreError::ValueTooLarge { .. })
+    ));
+    assert!(matches!(
+        s.index.namespace(b"", 8),
+        Err(StoreError::BadName { .. })
+    ));
+    assert_eq!(s.reader.namespace(b"m"), Some(ns));
+    let long = vec![b'k'; MAX_KEY + 1];
+    assert_eq!(
+        s.index.reserve(0, ns.id, &[&long], &[]),
+        Err(StoreError::BadKey { len: MAX_KEY + 1 })
+    );
+    assert_eq!(
+        s.index.reserve(0, ns.id, &[b""], &[]),
+        Err(StoreError::BadKey { len: 0 })
+    );
+    let wrong = vec![0u8; 63];
+    let item = StoreItem {
+        key: b"k",
+        parent: None,
+        value: &wrong,
+    };
+    assert!(matches!(
+        s.put(ns, &[item]),
+        Err(StoreError::SizeMismatch { .. })
+    ));
+    assert_eq!(s.reader.stats().values, 0, "nothing changed");
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn commits_and_aborts_only_what_the_client_reserved() {
+    let mut s = store(64, 4, PAGE);
+    let ns = s.index.namespace(b"m", 64).unwrap();
+    let slots = s.index.reserve(1, ns.id, &[b"x", b"y"], &[]).unwrap();
+    let (x, y) = (slots[0].unwrap(), slots[1].unwrap());
+    assert_eq!(
+        s.index.reserve(2, ns.id, &[b"x"], &[]).unwrap(),
+        vec![None],
+        "reserved by another client counts as there"
+    );
+    assert_eq!(
+        s.index.commit(2, ns.id, &[x]),
+        Err(StoreError::NotReserved { index: x.index })
+    );
+    assert_eq!(
+        s.index.commit(1, ns.id, &[x, x]),
+        Err(StoreError::NotReserved { index: x.index })
+    );
+    assert!(!s.reader.exists(ns, b"x"), "reserved is not readable");
+    assert_eq!(s.index.commit(1, ns.id, &[x]), Ok(1));
+    assert!(s.reader.exists(ns, b"x"));
+    assert_eq!(s.index.release_client(1), 1, "y was still reserved");
+    assert!(!s.reader.exists(ns, b"y"));
+    assert_eq!(
+        s.index.commit(1, ns.id, &[y]),
+        Err(StoreError::NotReserved { index: y.index })
+    );
+    s.index.validate().unwrap();
+    // Everything came back: the store fills up again to its entries.
+    let keys: Vec<Vec<u8>> = (0..63u32).map(|i| i.to_le_bytes().to_vec()).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    let slots = s.index.reserve(3, ns.id, &refs, &[]).unwrap();
+    assert!(slots.iter().all(Option::is_some));
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn eviction_takes_the_least_recently_read_leaf_first() {
+    // Room for 8 values (8 entries).
+    let mut s = store(8, 2, PAGE);
+    let ns = s.index.namespace(b"m", 64).unwrap();
+    // A chain a0 <- a1 <- a2 and five lone values.
+    assert!(put(&mut s, ns, b"a0", None));
+    assert!(put(&mut s, ns, b"a1", Some(b"a0")));
+    assert!(put(&mut s, ns, b"a2", Some(b"a1")));
+    for k in [b"b0", b"b1", b"b2", b"b3", b"b4"] {
+        assert!(put(&mut s, ns, k, None));
+    }
+    // Read b0: it becomes the most recent.
+    assert!(get(&s, ns, b"b0").is_some());
+    // The next put evicts the oldest leaf: a2 (a0 and a1 have children).
+    assert!(put(&mut s, ns, b"c0", None));
+    assert!(get(&s, ns, b"a2").is_none());
+    assert!(get(&s, ns, b"a0").is_some() && get(&s, ns, b"a1").is_some());
+    // Then b1 (b0 was read, a1 was read just now).
+    assert!(put(&mut s, ns, b"c1", None));
+    assert!(get(&s, ns, b"b1").is_none());
+    assert!(get(&s, ns, b"b0").is_some());
+    assert_eq!(s.reader.stats().evicted, 2);
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn memory_moves_between_value_sizes() {
+    // Two extents of one page: 64 slots of 64 bytes, or 4 of 1 KiB each.
+    let mut s = store(256, 2, PAGE);
+    let small = s.index.namespace(b"small", 64).unwrap();
+    let big = s.index.namespace(b"big", 1024).unwrap();
+    for i in 0..128u32 {
+        assert!(put(&mut s, small, &i.to_le_bytes(), None));
+    }
+    // Both extents hold small values; a big one evicts until one empties.
+    assert!(put(&mut s, big, b"B", None));
+    assert_eq!(get(&s, big, b"B"), Some(value(b"B", 1024)));
+    let kept = (0..128u32)
+        .filter(|i| get(&s, small, &i.to_le_bytes()).is_some())
+        .count();
+    assert_eq!(kept, 64, "one extent went to the big values");
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn a_store_full_of_reservations_refuses_and_changes_nothing() {
+    let mut s = store(4, 1, PAGE);
+    let ns = s.index.namespace(b"m", 64).unwrap();
+    let held = s
+        .index
+        .reserve(1, ns.id, &[b"1", b"2", b"3", b"4"], &[])
+        .unwrap();
+    assert!(held.iter().all(Option::is_some));
+    assert_eq!(
+        s.index.reserve(2, ns.id, &[b"5"], &[]),
+        Err(StoreError::StoreFull { needed: 1 })
+    );
+    assert_eq!(s.reader.stats().failed_reserves, 1);
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn adoption_rebuilds_and_refuses_garbage() {
+    let mut s = store(64, 4, PAGE);
+    let ns = s.index.namespace(b"m", 100).unwrap();
+    for i in 0..20u32 {
+        let parent = (i > 0).then(|| (i - 1).to_le_bytes());
+        assert!(put(
+            &mut s,
+            ns,
+            &i.to_le_bytes(),
+            parent.as_ref().map(|p| &p[..])
+        ));
+    }
+    let half = s.index.reserve(0, ns.id, &[b"half"], &[]).unwrap()[0].unwrap();
+    let view = *s.index.view();
+    let adopted = StoreIndex::adopt(view).unwrap();
+    adopted.validate().unwrap();
+    assert_eq!(adopted.figures().values, 20);
+    assert!(!adopted.contains(ns.id, b"half"), "reserved is dropped");
+    let reader = StoreReader::new(view, 0);
+    for i in 0..20u32 {
+        assert!(reader.exists(ns, &i.to_le_bytes()));
+    }
+    // Garbage in an entry: a data offset off the grid.
+    let e = view.entry(3).unwrap();
+    use radixd_ipc::sync::Ordering;
+    let at = e.data.load(Ordering::Relaxed);
+    e.data.store(at + 1, Ordering::Relaxed);
+    assert!(matches!(
+        StoreIndex::adopt(view),
+        Err(AdoptError::Entry { index: 3, .. })
+    ));
+    e.data.store(at, Ordering::Relaxed);
+    e.parent.store(NIL - 1, Ordering::Relaxed);
+    assert!(StoreIndex::adopt(view).is_err());
+    e.parent.store(NIL, Ordering::Relaxed);
+    view.header().magic.store(7, Ordering::Relaxed);
+    assert_eq!(StoreIndex::adopt(view).err(), Some(AdoptError::Magic));
+    let _ = half;
+}

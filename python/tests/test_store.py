@@ -23,9 +23,10 @@ def store(start_daemon):
     return start_daemon("--store", "16MiB")
 
 
-def value(key: str, size: int = SIZE) -> np.ndarray:
-    """The bytes ``key`` holds in these tests: a function of the key."""
-    seed = int.from_bytes(key.encode()[:8].ljust(8, b"\0"), "little") ^ len(key)
+def value(key, size: int = SIZE) -> np.ndarray:
+    """The bytes ``key`` (str or bytes: the same key) holds in these tests."""
+    raw = key.encode() if isinstance(key, str) else key
+    seed = int.from_bytes(raw[:8].ljust(8, b"\0"), "little") ^ len(raw)
     return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
 
 
@@ -34,7 +35,18 @@ def put_chain(c, ns, keys, size=SIZE):
     return c.store_put_many(ns, keys, parents, [value(k, size) for k in keys])
 
 
-def test_put_get_exists_through_every_buffer(store):
+@pytest.fixture(params=["in-place", "memoryview"])
+def buffer_path(request):
+    """Buffers read and written in place (``Py_buffer``, CPython >= 3.11) or
+    through ``memoryview``/``ctypes`` (the 3.9/3.10 path)."""
+    raw = radixd._native._use_raw_buffers(request.param == "in-place")
+    if request.param == "in-place" and not raw:
+        pytest.skip("in-place buffers need CPython >= 3.11")
+    yield request.param
+    radixd._native._use_raw_buffers(True)
+
+
+def test_put_get_exists_through_every_buffer(store, buffer_path):
     with store.client() as c:
         assert c.has_store
         ns = c.store_namespace("test/a", SIZE)
@@ -58,6 +70,15 @@ def test_put_get_exists_through_every_buffer(store):
         assert c.store_get(ns, "k0", as_u32) is True
         assert as_u32.tobytes() == value("k0").tobytes()
         assert c.store_get(ns, "missing", out) is False
+        # Values from read-only and writable buffers of every kind.
+        more = ["b0", "b1", "b2"]
+        vals = [value(k) for k in more]
+        assert c.store_put_many(
+            ns, more, ["k2", "b0", "b1"],
+            [vals[0].tobytes(), bytearray(vals[1].tobytes()), memoryview(vals[2].tobytes())],
+        ) == [True, True, True]
+        assert c.store_exists(ns, more) == 3
+        assert c.store_get(ns, "b1", out) and np.array_equal(out, vals[1])
         outs = [np.zeros(SIZE, np.uint8) for _ in range(4)]
         assert c.store_get_many(ns, ["k0", "zz", "k1", "k2"], outs) == [True, False, True, True]
         assert np.array_equal(outs[2], value("k1"))
@@ -98,7 +119,7 @@ def test_a_value_is_stored_once_whoever_puts_it(store):
         assert a.store_exists(other, ["y"]) == 0
 
 
-def test_errors_are_typed_and_change_nothing(store, start_daemon):
+def test_errors_are_typed_and_change_nothing(store, start_daemon, buffer_path):
     with store.client() as c:
         ns = c.store_namespace("test/err", SIZE)
         with pytest.raises(radixd.RadixdError) as e:

@@ -89,11 +89,13 @@ def storage_config(name: Optional[str], *, mla: bool = False, tp_rank: int = 0, 
     if name is not None:
         extra_config["name"] = name
     extra_config.update(extra or {})
-    return HiCacheStorageConfig(
+    fields = dict(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=mla, enable_storage_metrics=True, is_page_first_layout=True,
-        model_name=model, extra_config=extra_config, **more,
+        model_name=model, extra_config=extra_config,
     )
+    fields.update(more)  # e.g. pp_rank/pp_size, attn_cp_rank/attn_cp_size
+    return HiCacheStorageConfig(**fields)
 
 
 def backend(config: HiCacheStorageConfig, pool):

@@ -208,6 +208,8 @@ fn four_processes(c: &mut Criterion) {
                     swa_window: None,
                     swa_capacity: None,
                     mamba_capacity: None,
+                    store: false,
+                    store_rounds: 20,
                 };
                 let report = run_once(&args, transport, 4, exe).expect("bench run");
                 Duration::from_secs_f64(report.seconds)

@@ -109,6 +109,7 @@ mod opcode {
     pub const STORE_RESERVE: u32 = 41;
     pub const STORE_COMMIT: u32 = 42;
     pub const STORE_ABORT: u32 = 43;
+    pub const STORE_CLEAR: u32 = 44;
 }
 
 /// Reply kinds.
@@ -1321,6 +1322,32 @@ mod tests {
             Request::FreeSwa { pages: vec![2, 3] },
             Request::SwaPages { pages: vec![4, 0] },
             Request::StatsWith,
+            Request::Store(StoreRequest::Namespace {
+                name: b"model-tp0".to_vec(),
+                value_size: 1 << 20,
+            }),
+            Request::Store(StoreRequest::Reserve {
+                ns: 3,
+                keys: {
+                    let mut keys = crate::op::KeyList::default();
+                    keys.push(b"a", None);
+                    keys.push(b"bb", Some(b"a"));
+                    keys
+                },
+            }),
+            Request::Store(StoreRequest::Commit {
+                ns: 3,
+                slots: vec![crate::store::StoreSlot {
+                    index: 7,
+                    generation: 2,
+                    offset: 1 << 33,
+                }],
+            }),
+            Request::Store(StoreRequest::Abort {
+                ns: 0,
+                slots: vec![],
+            }),
+            Request::Store(StoreRequest::Clear { ns: 9 }),
         ]
     }
 

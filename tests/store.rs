@@ -618,3 +618,119 @@ fn garbage_in_the_store_index_is_refused_with_a_clear_error() {
     );
     assert_eq!(connect(&daemon).store_stats().unwrap().values, 0);
 }
+
+/// `radixd exec`'s store ops with the exact shapes; the same
+/// answers in-process (`exec --store`) and through a daemon (`--connect`).
+fn exec_store_scenario(x: &mut Exec) {
+    let v1 = radixd::exec::store::encode_base64(&value(b"p1", 4096));
+    let v2 = radixd::exec::store::encode_base64(&value(b"p2", 4096));
+    let put1 = json!({"op":"store_put","ns":"m","key":"p1","parent":null,"data":v1});
+    assert_eq!(x.call(put1.clone()), json!({"ok": true, "stored": true}));
+    assert_eq!(x.call(put1), json!({"ok": true, "stored": false}));
+    let put2 = json!({"op":"store_put","ns":"m","key":"p2","parent":"p1","data":v2});
+    assert_eq!(x.call(put2), json!({"ok": true, "stored": true}));
+    assert_eq!(
+        x.call(json!({"op":"store_get","ns":"m","key":"p2"})),
+        json!({"ok": true, "data": v2})
+    );
+    assert_eq!(
+        x.call(json!({"op":"store_get","ns":"m","key":"p3"})),
+        json!({"ok": true, "data": null})
+    );
+    assert_eq!(
+        x.call(json!({"op":"store_get","ns":"other","key":"p1"})),
+        json!({"ok": true, "data": null}),
+        "a namespace nobody registered holds nothing"
+    );
+    assert_eq!(
+        x.call(json!({"op":"store_exists","ns":"m","keys":["p1","p2","p3","p1"]})),
+        json!({"ok": true, "run": 2})
+    );
+    let wrong = x.call(json!({"op":"store_put","ns":"m","key":"p3","parent":"p2","data":"AAAA"}));
+    assert_eq!(
+        (&wrong["ok"], &wrong["error"]),
+        (&json!(false), &json!("size_mismatch"))
+    );
+    assert_eq!(
+        x.call(json!({"op":"store_stats"})),
+        json!({"ok": true, "values": 2, "bytes": 8192, "capacity_bytes": 16 << 20,
+            "hits": 1, "misses": 1, "evicted": 0, "namespaces": 1, "failed_reserves": 0})
+    );
+    // Another namespace survives the clear of "m".
+    let o = radixd::exec::store::encode_base64(&value(b"o", 64));
+    let put_o = json!({"op":"store_put","ns":"other","key":"p1","parent":null,"data":o});
+    assert_eq!(x.call(put_o), json!({"ok": true, "stored": true}));
+    assert_eq!(
+        x.call(json!({"op":"store_clear","ns":"m"})),
+        json!({"ok": true, "cleared": 2})
+    );
+    assert_eq!(
+        x.call(json!({"op":"store_clear","ns":"never"})),
+        json!({"ok": true, "cleared": 0})
+    );
+    assert_eq!(
+        x.call(json!({"op":"store_exists","ns":"m","keys":["p1"]})),
+        json!({"ok": true, "run": 0})
+    );
+    assert_eq!(
+        x.call(json!({"op":"store_get","ns":"other","key":"p1"})),
+        json!({"ok": true, "data": o})
+    );
+    let st = x.call(json!({"op":"store_stats"}));
+    assert_eq!((&st["values"], &st["bytes"]), (&json!(1), &json!(64)));
+    // The namespace keeps its size after the clear.
+    let r = x.call(json!({"op":"store_put","ns":"m","key":"p1","parent":null,"data":o}));
+    assert_eq!(r["error"], "size_mismatch");
+}
+
+#[test]
+fn exec_store_ops_in_process() {
+    exec_store_scenario(&mut Exec::start(&["--store", "16MiB"]));
+}
+
+#[test]
+fn exec_store_ops_through_the_daemon() {
+    let daemon = Daemon::start(&["--capacity", "64", "--store", "16MiB"]);
+    let _file = guard(&daemon);
+    exec_store_scenario(&mut Exec::start(&["--connect", &daemon.name]));
+}
+
+#[test]
+fn store_clear_drops_one_namespace_while_a_reader_holds_its_values() {
+    let daemon = Daemon::start(&["--capacity", "64", "--store", "16MiB"]);
+    let _file = guard(&daemon);
+    let mut a = connect(&daemon);
+    let mut b = connect(&daemon);
+    let ns_a = a.store_namespace("server-a", 4096).unwrap();
+    let ns_b = b.store_namespace("server-b", 4096).unwrap();
+    assert_eq!((ns_a.id(), ns_a.value_size()), (ns_a.id, 4096));
+    let keys: Vec<Vec<u8>> = (0..8).map(key).collect();
+    assert!(put_chain(&mut a, ns_a, &keys).iter().all(|&s| s));
+    assert!(put_chain(&mut b, ns_b, &keys).iter().all(|&s| s));
+    // `b` holds a reservation in `a`'s namespace across the clear.
+    let held = b.store_reserve(ns_a, &[b"pending"], &[]).unwrap()[0].unwrap();
+    assert_eq!(a.store_clear(ns_a).unwrap(), 8);
+    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    assert_eq!(a.store_run(ns_a, &refs).unwrap(), 0);
+    assert_eq!(b.store_run(ns_b, &refs).unwrap(), 8, "b keeps its values");
+    let mut out = vec![0u8; 4096];
+    assert!(b.store_get(ns_b, &keys[3], &mut out).unwrap());
+    assert!(out == value(&keys[3], 4096));
+    b.store_write(ns_a, &held, &value(b"pending", 4096))
+        .unwrap();
+    assert_eq!(b.store_commit(ns_a, &[held]).unwrap(), 1);
+    assert!(a.store_get(ns_a, b"pending", &mut out).unwrap());
+    assert!(out == value(b"pending", 4096));
+    let st = a.store_stats().unwrap();
+    assert_eq!((st.values, st.bytes, st.evicted), (9, 9 * 4096, 0));
+    // The cleared values' room comes back: `a` stores them again.
+    assert!(put_chain(&mut a, ns_a, &keys).iter().all(|&s| s));
+    let unknown = radixd::store::StoreNs {
+        id: 40,
+        value_size: 4096,
+    };
+    assert_eq!(
+        rejected(a.store_clear(unknown)),
+        ErrorKind::UnknownNamespace
+    );
+}

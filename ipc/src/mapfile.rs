@@ -32,9 +32,11 @@ pub enum MapError {
         offset: u64,
         len: u64,
     },
-    /// The file system has too little room.
+    /// The file system has too little room (`free`: what it had, when
+    /// known).
     NoSpace {
         needed: u64,
+        free: Option<u64>,
     },
     Io(io::ErrorKind, String),
 }
@@ -54,7 +56,11 @@ impl std::fmt::Display for MapError {
                     "{len} bytes at {offset} lie outside the file or off a page"
                 )
             }
-            Self::NoSpace { needed } => write!(f, "no room for {needed} bytes"),
+            Self::NoSpace {
+                needed,
+                free: Some(free),
+            } => write!(f, "no room for {needed} bytes ({free} free)"),
+            Self::NoSpace { needed, free: None } => write!(f, "no room for {needed} bytes"),
             Self::Io(_, m) => f.write_str(m),
         }
     }
@@ -154,15 +160,40 @@ impl MappedFile {
 
     fn reserve(&self) -> Result<(), MapError> {
         use std::os::fd::AsRawFd;
-        let len =
-            libc::off_t::try_from(self.len).map_err(|_| MapError::NoSpace { needed: self.len })?;
+        let no_space = |free| MapError::NoSpace {
+            needed: self.len,
+            free,
+        };
+        let len = libc::off_t::try_from(self.len).map_err(|_| no_space(None))?;
+        // Refuse what cannot fit before asking for it: on tmpfs, fallocate
+        // takes page after page of RAM until it fails, so a request larger
+        // than the free room would first squeeze every other process of
+        // the host (the OOM killer picks them, not us). fallocate still
+        // guards the race with other allocations below.
+        if let Some(free) = self.free_bytes().filter(|&free| free < self.len) {
+            return Err(no_space(Some(free)));
+        }
         // SAFETY: `file` is an open, writable descriptor for the call's
         // duration.
         match unsafe { libc::posix_fallocate(self.file.as_raw_fd(), 0, len) } {
             0 => Ok(()),
-            libc::ENOSPC | libc::EFBIG => Err(MapError::NoSpace { needed: self.len }),
+            libc::ENOSPC | libc::EFBIG => Err(no_space(self.free_bytes())),
             e => Err(io::Error::from_raw_os_error(e).into()),
         }
+    }
+
+    /// Bytes an unprivileged user may still allocate in the file's file
+    /// system (`None`: unknown).
+    fn free_bytes(&self) -> Option<u64> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: `statvfs` is a plain C struct for which all zero is valid.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: the descriptor is open for the call; `st` is a valid
+        // out-pointer.
+        if unsafe { libc::fstatvfs(self.file.as_raw_fd(), &mut st) } != 0 {
+            return None;
+        }
+        Some(st.f_bavail.saturating_mul(st.f_frsize))
     }
 
     /// Opens the existing regular file `path`, read-write (without
@@ -256,6 +287,21 @@ mod tests {
         assert!(again.map(MAP_ALIGN, 3 * MAP_ALIGN, false).is_err());
         assert!(again.map(1, MAP_ALIGN, false).is_err());
         f.unlink().unwrap();
+        assert_eq!(MappedFile::open(&path).unwrap_err(), MapError::NotFound);
+    }
+
+    #[test]
+    fn more_than_the_free_room_is_refused_before_any_allocation() {
+        let path = tmp("huge");
+        drop(std::fs::remove_file(&path));
+        // More than any file system here holds: refused by the free-room
+        // check, so nothing is allocated (on tmpfs, fallocate would take
+        // RAM page by page first).
+        let err = MappedFile::create(&path, 1 << 62, 0o600).unwrap_err();
+        assert!(
+            matches!(err, MapError::NoSpace { needed, free: Some(free) } if needed == 1 << 62 && free < needed),
+            "{err:?}"
+        );
         assert_eq!(MappedFile::open(&path).unwrap_err(), MapError::NotFound);
     }
 }

@@ -389,6 +389,18 @@ impl Client {
         Ok(slots.iter().map(Option::is_some).collect())
     }
 
+    /// Drops every committed value of `ns` (SGLang's `clear()` of one
+    /// server's L3: other namespaces keep theirs); returns how many. A
+    /// reader copying one of them meanwhile gets its bytes or a miss;
+    /// slots reserved and not yet committed stay their clients'.
+    pub fn store_clear(&mut self, ns: StoreNs) -> Result<u64, ClientError> {
+        self.store_reader()?;
+        match self.send(Call::Store(&StoreRequest::Clear { ns: ns.id }))? {
+            crate::op::Reply::Store(StoreReply::Done(n)) => Ok(n),
+            other => Err(super::unexpected(other)),
+        }
+    }
+
     /// The store's figures, read from shared memory.
     pub fn store_stats(&self) -> Result<StoreStats, ClientError> {
         Ok(self.store_reader()?.stats())
@@ -420,6 +432,10 @@ impl crate::op::StoreAccess for Client {
 
     fn run(&self, ns: StoreNs, keys: &[&[u8]]) -> Result<usize, Rejection> {
         self.store_run(ns, keys).map_err(to_rejection)
+    }
+
+    fn clear(&mut self, ns: StoreNs) -> Result<u64, Rejection> {
+        self.store_clear(ns).map_err(to_rejection)
     }
 
     fn stats(&self) -> Result<StoreStats, Rejection> {

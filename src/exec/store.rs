@@ -7,7 +7,10 @@
 //!   `{"ok":true,"data":null}`;
 //! - `{"op":"store_exists","ns":NS,"keys":[K,...]}` → `{"ok":true,"run":N}`;
 //! - `{"op":"store_stats"}` → `{"ok":true,"values":N,"bytes":B,
-//!   "capacity_bytes":C,"hits":H,"misses":M,"evicted":E}`.
+//!   "capacity_bytes":C,"hits":H,"misses":M,"evicted":E}` (plus
+//!   `namespaces` and `failed_reserves`);
+//! - `{"op":"store_clear","ns":NS}` → `{"ok":true,"cleared":N}`: drops
+//!   every committed value of the namespace (0 for one nobody registered).
 //!
 //! Keys and namespace names are the UTF-8 bytes of the strings given.
 
@@ -122,6 +125,15 @@ fn run(backend: &mut impl Backend, op: &str, obj: &Map<String, Value>) -> Result
                 None => 0,
             };
             Ok(json!({"ok": true, "run": run}))
+        }
+        "store_clear" => {
+            let ns = string(obj, "ns")?;
+            let store = store_of(backend)?;
+            let cleared = match store.find_namespace(ns.as_bytes())? {
+                Some(space) => store.clear(space)?,
+                None => 0,
+            };
+            Ok(json!({"ok": true, "cleared": cleared}))
         }
         "store_stats" => {
             let s = store_of(backend)?.stats()?;

@@ -18,6 +18,9 @@ pub enum StoreRequest {
     Commit { ns: u32, slots: Vec<StoreSlot> },
     /// Gives back reserved slots.
     Abort { ns: u32, slots: Vec<StoreSlot> },
+    /// Drops every committed value of a namespace ([`StoreReply::Done`]:
+    /// how many).
+    Clear { ns: u32 },
 }
 
 /// The answer to a store request.
@@ -26,7 +29,7 @@ pub enum StoreReply {
     Namespace(StoreNs),
     /// Per key: its slot, or `None` when it was stored or reserved already.
     Reserved(Vec<Option<StoreSlot>>),
-    /// Slots committed or aborted.
+    /// Slots committed or aborted, or values cleared.
     Done(u64),
 }
 
@@ -134,6 +137,7 @@ pub fn apply_store(
         StoreRequest::Abort { ns, slots } => {
             StoreReply::Done(store.abort(owner, ns, &slots)? as u64)
         }
+        StoreRequest::Clear { ns } => StoreReply::Done(store.clear(ns)?),
     })
 }
 
@@ -151,6 +155,8 @@ pub trait StoreAccess {
     fn get(&self, ns: StoreNs, key: &[u8], out: &mut [u8]) -> Result<bool, Rejection>;
     /// How many of `keys`, from the first, are stored.
     fn run(&self, ns: StoreNs, keys: &[&[u8]]) -> Result<usize, Rejection>;
+    /// Drops every committed value of `ns`; how many.
+    fn clear(&mut self, ns: StoreNs) -> Result<u64, Rejection>;
     /// The store's figures.
     fn stats(&self) -> Result<StoreStats, Rejection>;
 }
@@ -185,6 +191,10 @@ impl StoreAccess for HeapStore {
             check_key(k)?;
         }
         Ok(self.reader.run(ns, keys))
+    }
+
+    fn clear(&mut self, ns: StoreNs) -> Result<u64, Rejection> {
+        Ok(self.index.clear(ns.id)?)
     }
 
     fn stats(&self) -> Result<StoreStats, Rejection> {

@@ -518,6 +518,33 @@ impl StoreIndex {
         Ok(slots.len())
     }
 
+    /// Drops every committed value of namespace `ns` (an SGLang server's
+    /// `clear()` of its own L3): each goes the way of an evicted one, to
+    /// limbo, so a reader mid-copy still gets the old bytes or a miss.
+    /// Values reserved but not committed stay their clients'; other
+    /// namespaces are untouched. Returns how many values were dropped.
+    pub fn clear(&mut self, ns: u32) -> Result<u64, StoreError> {
+        let value_size = self.ns(ns)?.value_size;
+        let doomed: Vec<u32> = (0..self.private.len() as u32)
+            .filter(|&i| {
+                self.private[i as usize].state == COMMITTED
+                    // Relaxed: the daemon's own field.
+                    && self
+                        .view
+                        .entry(i)
+                        .is_some_and(|e| e.ns.load(Ordering::Relaxed) == ns)
+            })
+            .collect();
+        for &i in &doomed {
+            self.drop_entry(i);
+        }
+        let n = doomed.len() as u64;
+        self.figures.values -= n;
+        self.figures.bytes -= n * value_size;
+        self.publish();
+        Ok(n)
+    }
+
     fn unreserve(&mut self, owner: u64) {
         if let Some(n) = self.reserved.get_mut(&owner) {
             *n -= 1;

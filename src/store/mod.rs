@@ -37,6 +37,18 @@ pub struct StoreNs {
     pub value_size: u64,
 }
 
+impl StoreNs {
+    /// The namespace's id (what `exec` and the Python binding hand out).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Bytes of each of its values.
+    pub fn value_size(&self) -> u64 {
+        self.value_size
+    }
+}
+
 /// A reserved slot: the entry that will hold the value (and its
 /// generation, so a stale slot is refused) and where the value's bytes go,
 /// as an offset into the data region.

@@ -161,35 +161,58 @@ impl StoreReader {
             let Some(found) = self.find(ns, key) else {
                 return false;
             };
-            let Some(src) = self.view.data(found.data, ns.value_size) else {
-                return false;
-            };
-            let mut at = 0usize;
-            for &(dst, len) in pieces {
-                if at + len > ns.value_size as usize {
-                    return false;
-                }
-                // SAFETY: `src + at .. + len` lies inside the data region
-                // (checked by `data` and the line above); the caller vouches
-                // for `dst`. Another process may write the source meanwhile
-                // (a reused slot of an expired reader): the version check
-                // below then throws the copy away.
-                unsafe { copy_bulk(src.add(at), dst, len) };
-                at += len;
-            }
-            let Some(entry) = self.view.entry(found.index) else {
-                return false;
-            };
-            if entry.version.still(found.version) {
-                if let Some(s) = self.view.stamp(found.index) {
-                    // Relaxed: a hint the daemon reads when it picks a
-                    // victim; no data depends on it.
-                    s.fetch_max(stamp, Ordering::Relaxed);
-                }
+            // SAFETY: forwarded from the caller.
+            if unsafe { self.copy_found(ns, found, pieces, stamp) } {
                 return true;
             }
         }
         false
+    }
+
+    /// The second half of [`StoreReader::get_raw`]: copies the value of the
+    /// entry `found` into `pieces`, then re-checks the entry's version;
+    /// `true` (and the use stamped) only if the entry did not change since
+    /// `find` validated it, so the bytes are the ones committed under the
+    /// key it matched.
+    ///
+    /// # Safety
+    ///
+    /// As for [`StoreReader::get_raw`].
+    pub unsafe fn copy_found(
+        &self,
+        ns: StoreNs,
+        found: Found,
+        pieces: &[(*mut u8, usize)],
+        stamp: u64,
+    ) -> bool {
+        let Some(src) = self.view.data(found.data, ns.value_size) else {
+            return false;
+        };
+        let mut at = 0usize;
+        for &(dst, len) in pieces {
+            if at + len > ns.value_size as usize {
+                return false;
+            }
+            // SAFETY: `src + at .. + len` lies inside the data region
+            // (checked by `data` and the line above); the caller vouches
+            // for `dst`. Another process may write the source meanwhile (a
+            // reused slot of an expired reader): the version check below
+            // then throws the copy away.
+            unsafe { copy_bulk(src.add(at), dst, len) };
+            at += len;
+        }
+        let Some(entry) = self.view.entry(found.index) else {
+            return false;
+        };
+        if !entry.version.still(found.version) {
+            return false;
+        }
+        if let Some(s) = self.view.stamp(found.index) {
+            // Relaxed: a hint the daemon reads when it picks a victim; no
+            // data depends on it.
+            s.fetch_max(stamp, Ordering::Relaxed);
+        }
+        true
     }
 
     /// Takes `n` use stamps from the store's clock; the first is returned.

@@ -237,3 +237,66 @@ fn adoption_rebuilds_and_refuses_garbage() {
     assert_eq!(StoreIndex::adopt(view).err(), Some(AdoptError::Magic));
     let _ = half;
 }
+
+#[test]
+fn a_copy_of_an_entry_evicted_and_reused_under_it_is_thrown_away() {
+    // One entry: the next put evicts the value a reader has found and
+    // reuses its entry and slot for another key (the interleaving of an
+    // expired reader; no grace period here).
+    let mut s = store(1, 1, PAGE);
+    let ns = s.index.namespace(b"m", 64).unwrap();
+    assert!(put(&mut s, ns, b"old", None));
+    let found = s.reader.find(ns, b"old").unwrap();
+    assert!(put(&mut s, ns, b"new", None));
+    assert_eq!(
+        s.reader.find(ns, b"new").unwrap().data,
+        found.data,
+        "slot reused"
+    );
+    let mut out = vec![0u8; 64];
+    let pieces = [(out.as_mut_ptr(), out.len())];
+    // SAFETY: `out` is a live buffer of the pieces' length.
+    let kept = unsafe { s.reader.copy_found(ns, found, &pieces, 1) };
+    assert!(!kept, "the version moved: the copy (of \"new\") is refused");
+    assert_eq!(out, value(b"new", 64), "what was copied was the new key's");
+    // Before any change the same copy is kept.
+    let found = s.reader.find(ns, b"new").unwrap();
+    // SAFETY: as above.
+    assert!(unsafe { s.reader.copy_found(ns, found, &pieces, 2) });
+    assert_eq!(out, value(b"new", 64));
+}
+
+#[test]
+fn clear_drops_one_namespace_and_leaves_reservations_alone() {
+    let mut s = store(64, 4, PAGE);
+    let a = s.index.namespace(b"a", 64).unwrap();
+    let b = s.index.namespace(b"b", 128).unwrap();
+    assert!(put(&mut s, a, b"1", None));
+    assert!(put(&mut s, a, b"2", Some(b"1")));
+    assert!(put(&mut s, a, b"3", Some(b"2")));
+    assert!(put(&mut s, b, b"1", None));
+    // A value of `a` reserved by client 5, not committed yet.
+    let held = s.index.reserve(5, a.id, &[b"4"], &[Some(b"3")]).unwrap()[0].unwrap();
+    assert_eq!(s.index.clear(a.id), Ok(3));
+    assert_eq!(s.reader.run(a, &[&b"1"[..], b"2", b"3"]), 0);
+    assert_eq!(get(&s, b, b"1"), Some(value(b"1", 128)), "b keeps its own");
+    let st = s.reader.stats();
+    assert_eq!((st.values, st.bytes), (1, 128));
+    // The reservation is still the client's: it commits.
+    assert_eq!(s.index.commit(5, a.id, &[held]), Ok(1));
+    assert!(s.reader.exists(a, b"4"));
+    s.index.validate().unwrap();
+    assert_eq!(s.index.clear(b.id), Ok(1));
+    assert_eq!(s.index.clear(b.id), Ok(0), "nothing left");
+    assert_eq!(
+        s.index.clear(9),
+        Err(StoreError::UnknownNamespace { ns: 9 })
+    );
+    s.index.validate().unwrap();
+    // What was cleared is room again: the store fills to its 64 entries.
+    let keys: Vec<Vec<u8>> = (0..63u32).map(|i| i.to_le_bytes().to_vec()).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    let slots = s.index.reserve(6, b.id, &refs, &[]).unwrap();
+    assert!(slots.iter().all(Option::is_some));
+    s.index.validate().unwrap();
+}

@@ -7,6 +7,8 @@
 //!   each) and data offset (`u64`, `u64::MAX`: not reserved).
 //! - `commit`/`abort`: `arg` the namespace, payload 16 bytes per slot as
 //!   above; answer `a` the slots done.
+//! - `clear`: `arg` the namespace, no payload; answer `a` the values
+//!   dropped.
 
 use super::{kind, malformed, opcode, BadReply, EncodedRequest, Payload, WireReply, WireRequest};
 use crate::op::{KeyList, Rejection, StoreReply, StoreRequest};
@@ -76,6 +78,7 @@ pub(super) fn encode(r: &StoreRequest) -> EncodedRequest<'_> {
             }
             (op, u64::from(*ns), slots.len() as u32, bytes)
         }
+        StoreRequest::Clear { ns } => (opcode::STORE_CLEAR, u64::from(*ns), 0, Vec::new()),
     };
     let mut e = EncodedRequest {
         record: WireRequest {
@@ -103,6 +106,7 @@ pub(super) fn is_store_op(op: u32) -> bool {
             | opcode::STORE_RESERVE
             | opcode::STORE_COMMIT
             | opcode::STORE_ABORT
+            | opcode::STORE_CLEAR
     )
 }
 
@@ -134,6 +138,12 @@ pub(super) fn decode<P: Payload + ?Sized>(
             ns: ns()?,
             keys: KeyList { bytes, count },
         },
+        opcode::STORE_CLEAR => {
+            if count != 0 || !bytes.is_empty() {
+                return Err(malformed("a clear request carries only its namespace"));
+            }
+            StoreRequest::Clear { ns: ns()? }
+        }
         _ => {
             if bytes.len() != count as usize * SLOT_BYTES {
                 return Err(malformed("slot list length disagrees with its count"));

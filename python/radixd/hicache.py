@@ -722,16 +722,22 @@ class RadixdStorage(HiCacheStorage):
     # ---- the rest of the surface -------------------------------------------
 
     def clear(self) -> bool:
-        """SGLang's ``clear_hicache_storage_backend``: radixd's store is
-        shared by every server on the node and the daemon drops values only
-        by evicting them, so nothing is dropped and the answer is ``False``
-        (to empty the store, restart the daemon with ``--store-reset``)."""
-        logger.warning(
-            "radixd HiCache storage: clear() drops nothing: the store is shared by every "
-            "server on the node; restart `radixd serve --name %s` with --store-reset to empty it",
-            self.name,
-        )
-        return False
+        """SGLang's ``clear_hicache_storage_backend``: drops every value of
+        this server's namespaces, never another server's (the store is the
+        node's). A reader mid-copy gets the old bytes or a miss."""
+        client = self._client_now()
+        if client is None:
+            return False
+        try:
+            for _, ns in list(self._namespaces.values()):
+                client.store_clear(ns)
+        except radixd.DaemonGoneError as e:
+            self._gone(client, e)
+            return False
+        except radixd.RadixdError as e:
+            logger.warning("radixd HiCache storage: clear failed: %s", e)
+            return False
+        return True
 
     def _record(self, pages: List[int], bandwidth: List[float], n: int, start: float) -> None:
         elapsed = time.perf_counter() - start

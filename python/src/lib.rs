@@ -938,6 +938,14 @@ cache_methods! {
             self.store_put_pieces(py, ns, keys, parents, pieces)
         }
 
+        /// Drops every value of namespace `ns` (and no other's), through the
+        /// daemon: a reader mid-copy gets the old bytes or a miss; values
+        /// reserved and not yet committed stay their writers'. Returns how
+        /// many values were dropped.
+        fn store_clear(&self, py: Python<'_>, ns: &Bound<'_, PyAny>) -> PyResult<u64> {
+            self.store_drop(py, ns)
+        }
+
         /// The store's figures: `values`, `bytes`, `capacity_bytes`, `hits`,
         /// `misses`, `evicted`, `namespaces`, `failed_reserves`.
         fn store_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

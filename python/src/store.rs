@@ -642,6 +642,11 @@ impl Client {
         self.store_gather(py, ns, &keys, parents, &pieces)
     }
 
+    pub(crate) fn store_drop(&self, py: Python<'_>, ns: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let ns = self.store.get(ns)?;
+        self.with(py, |c| c.store_clear(ns))?.map_err(failed(py))
+    }
+
     pub(crate) fn store_figures<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = self.with(py, |c| c.store_stats())?.map_err(failed(py))?;
         stats_dict(py, &stats)

@@ -119,12 +119,34 @@ def test_a_value_is_stored_once_whoever_puts_it(store):
         assert a.store_exists(other, ["y"]) == 0
 
 
+def test_clear_drops_one_namespace_only(store):
+    with store.client() as a, store.client() as b:
+        mine = a.store_namespace("test/clear-mine", SIZE)
+        theirs = b.store_namespace("test/clear-theirs", SIZE)
+        keys = [f"c{i}" for i in range(5)]
+        put_chain(a, mine, keys)
+        put_chain(b, theirs, keys)
+        assert a.store_clear(mine) == 5
+        assert a.store_exists(mine, keys) == 0 and b.store_exists(theirs, keys) == 5
+        assert a.store_clear(mine) == 0
+        assert a.store_stats()["values"] == 5
+        # The namespace stays registered: it stores again.
+        assert put_chain(a, mine, keys[:2]) == [True, True]
+        out = np.zeros(SIZE, np.uint8)
+        assert a.store_get(mine, "c1", out) and np.array_equal(out, value("c1"))
+        with pytest.raises(ValueError):
+            a.store_clear(theirs)  # not registered through this client
+
+
 def test_errors_are_typed_and_change_nothing(store, start_daemon, buffer_path):
     with store.client() as c:
         ns = c.store_namespace("test/err", SIZE)
         with pytest.raises(radixd.RadixdError) as e:
             c.store_namespace("test/err", SIZE * 2)
         assert e.value.kind == "size_mismatch"
+        with pytest.raises(radixd.RadixdError) as e:
+            c.store_namespace("test/huge", 64 * 1024 * 1024)  # over an extent
+        assert e.value.kind == "too_large"
         with pytest.raises(radixd.RadixdError) as e:
             c.store_put_many(ns, ["short"], [None], [bytes(SIZE - 1)])
         assert e.value.kind == "size_mismatch"

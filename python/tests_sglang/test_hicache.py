@@ -291,9 +291,13 @@ def test_stats_and_clear_of_a_shared_store(store):
     assert b.get_stats().prefetch_pgs == []  # drained
     s = b.store_stats()
     assert s["values"] == 20 and s["hits"] >= 10
-    # The store is the node's: clear() drops nothing, and says so.
-    assert b.clear() is False
-    assert b.batch_exists(keys) == 10 and other.batch_exists(keys) == 10
+    # clear() drops this server's pages only: the store is the node's.
+    assert b.clear() is True
+    assert b.batch_exists(keys) == 0
+    assert other.batch_exists(keys) == 10
+    assert b.store_stats()["values"] == 10
+    # And the backend stores again afterwards.
+    assert set_chain(b, pool, keys) == [True] * 10 and b.batch_exists(keys) == 10
 
 
 def test_startup_errors_name_the_fix(start_daemon, monkeypatch):

@@ -42,7 +42,8 @@ extern "C" {
     ) -> *const c_char;
 }
 
-/// The namespaces a client registered, by id.
+/// The namespaces a client used, by id (ids are the node's and stay bound
+/// to their namespace for the store file's life).
 #[derive(Default)]
 pub struct Namespaces(Mutex<HashMap<u32, StoreNs>>);
 
@@ -53,21 +54,20 @@ impl Namespaces {
         }
     }
 
-    /// The namespace of id `id`, registered through this client.
-    pub fn get(&self, id: &Bound<'_, PyAny>) -> PyResult<StoreNs> {
-        let id: u32 = id
-            .extract()
-            .map_err(|_| PyTypeError::new_err("ns must be an int from store_namespace"))?;
+    /// The namespace of id `id` if this client has used it.
+    fn known(&self, id: u32) -> PyResult<Option<StoreNs>> {
         let map = self
             .0
             .lock()
             .map_err(|_| PyValueError::new_err("an earlier call panicked"))?;
-        map.get(&id).copied().ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "namespace {id} was not registered through this client (store_namespace)"
-            ))
-        })
+        Ok(map.get(&id).copied())
     }
+}
+
+/// A namespace argument: an `int` from `store_namespace` (of any client).
+fn namespace_id(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
+    obj.extract()
+        .map_err(|_| PyTypeError::new_err("ns must be an int from store_namespace"))
 }
 
 /// A span of bytes the GIL-free part of a call reads or writes: an address
@@ -468,6 +468,32 @@ unsafe fn slices<'a>(spans: &[Span]) -> Vec<&'a [u8]> {
 }
 
 impl Client {
+    /// The namespace of id `ns`: registered through this client, or by
+    /// any other on the node (read from the store's table, lock-free).
+    fn namespace(&self, py: Python<'_>, ns: &Bound<'_, PyAny>) -> PyResult<StoreNs> {
+        let id = namespace_id(ns)?;
+        if let Some(ns) = self.store.known(id)? {
+            return Ok(ns);
+        }
+        let found = self
+            .hold(py)?
+            .as_ref()
+            .ok_or_else(closed)?
+            .store_namespace_by_id(id)
+            .map_err(failed(py))?;
+        let ns = found.ok_or_else(|| {
+            rejected(
+                py,
+                Rejection::new(
+                    ErrorKind::UnknownNamespace,
+                    format!("no namespace has id {id} (ids come from store_namespace)"),
+                ),
+            )
+        })?;
+        self.store.add(ns);
+        Ok(ns)
+    }
+
     pub(crate) fn store_has(&self) -> PyResult<bool> {
         Ok(guard(&self.inner)?.as_ref().ok_or_else(closed)?.has_store())
     }
@@ -491,7 +517,7 @@ impl Client {
         ns: &Bound<'_, PyAny>,
         keys: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
-        let ns = self.store.get(ns)?;
+        let ns = self.namespace(py, ns)?;
         let keys = Keys::read(keys, "keys")?;
         // SAFETY: `keys` holds every key object (immutable str/bytes) until
         // this call returns.
@@ -533,7 +559,7 @@ impl Client {
         key: &Bound<'_, PyAny>,
         out: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        let ns = self.store.get(ns)?;
+        let ns = self.namespace(py, ns)?;
         let key = Keys::one(key, "key")?;
         let out = Buffers::one(out, true, "out")?;
         let pieces = vec![vec![out.spans[0]]];
@@ -552,7 +578,7 @@ impl Client {
         keys: &Bound<'_, PyAny>,
         outs: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<bool>> {
-        let ns = self.store.get(ns)?;
+        let ns = self.namespace(py, ns)?;
         let keys = Keys::read(keys, "keys")?;
         let outs = Buffers::read(outs, true, "outs")?;
         same_len(keys.spans.len(), outs.spans.len(), "outs")?;
@@ -568,7 +594,7 @@ impl Client {
         keys: &Bound<'_, PyAny>,
         pieces: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<bool>> {
-        let ns = self.store.get(ns)?;
+        let ns = self.namespace(py, ns)?;
         let keys = Keys::read(keys, "keys")?;
         let pieces = self::pieces(pieces, "pieces")?;
         same_len(keys.spans.len(), pieces.len(), "piece lists")?;
@@ -617,7 +643,7 @@ impl Client {
         parents: &Bound<'_, PyAny>,
         values: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<bool>> {
-        let ns = self.store.get(ns)?;
+        let ns = self.namespace(py, ns)?;
         let keys = Keys::read(keys, "keys")?;
         let values = Buffers::read(values, false, "values")?;
         same_len(keys.spans.len(), values.spans.len(), "values")?;
@@ -634,7 +660,7 @@ impl Client {
         parents: &Bound<'_, PyAny>,
         pieces: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<bool>> {
-        let ns = self.store.get(ns)?;
+        let ns = self.namespace(py, ns)?;
         let keys = Keys::read(keys, "keys")?;
         let pieces = self::pieces(pieces, "pieces")?;
         same_len(keys.spans.len(), pieces.len(), "piece lists")?;
@@ -643,7 +669,7 @@ impl Client {
     }
 
     pub(crate) fn store_drop(&self, py: Python<'_>, ns: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let ns = self.store.get(ns)?;
+        let ns = self.namespace(py, ns)?;
         self.with(py, |c| c.store_clear(ns))?.map_err(failed(py))
     }
 

@@ -113,6 +113,22 @@ def test_a_value_is_stored_once_whoever_puts_it(store):
         assert put_chain(b, ns, ["x", "y", "z"]) == [False, False, True]
         s = a.store_stats()
         assert s["values"] == 3 and s["bytes"] == 3 * SIZE
+        # Ids are the node's: a client reads and writes through an id
+        # another client registered, without registering it.
+        with store.client() as c:
+            assert c.store_exists(ns, ["x", "y", "z"]) == 3
+            out = np.zeros(SIZE, np.uint8)
+            assert c.store_get_many(ns, ["z"], [out]) == [True] and np.array_equal(out, value("z"))
+            assert put_chain(c, ns, ["z", "w"]) == [False, True]
+            with pytest.raises(radixd.RadixdError) as e:
+                c.store_get(ns, "x", np.zeros(SIZE + 1, np.uint8))
+            assert e.value.kind == "size_mismatch"  # the size comes with the id
+            for unknown in (ns + 1, 10_000):
+                with pytest.raises(radixd.RadixdError) as e:
+                    c.store_exists(unknown, ["x"])
+                assert e.value.kind == "unknown_namespace"
+            with pytest.raises(TypeError):
+                c.store_exists("test/dedup", ["x"])
         # Another namespace is another value.
         other = a.store_namespace("test/dedup2", SIZE)
         assert other != ns and put_chain(a, other, ["x"]) == [True]
@@ -134,8 +150,9 @@ def test_clear_drops_one_namespace_only(store):
         assert put_chain(a, mine, keys[:2]) == [True, True]
         out = np.zeros(SIZE, np.uint8)
         assert a.store_get(mine, "c1", out) and np.array_equal(out, value("c1"))
-        with pytest.raises(ValueError):
-            a.store_clear(theirs)  # not registered through this client
+        with pytest.raises(radixd.RadixdError) as e:
+            a.store_clear(63)  # an id nobody registered
+        assert e.value.kind == "unknown_namespace"
 
 
 def test_errors_are_typed_and_change_nothing(store, start_daemon, buffer_path):

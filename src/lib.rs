@@ -21,9 +21,9 @@
 //! - [`chart`]: the SVG line charts of `replay --plot` and `bench --plot`.
 
 pub mod engine;
-// Under loom (`--cfg loom`, for `loom_tests`) only the engine and the
-// readers' grace period, which the models drive: the rest needs real
-// shared memory.
+// Under loom (`--cfg loom`, for `loom_tests`) only the engine, the
+// readers' grace period and the store's index and reader, which the models
+// drive: the rest needs real shared memory.
 #[cfg(not(loom))]
 pub mod client;
 #[cfg(not(loom))]
@@ -39,7 +39,6 @@ pub mod order;
 pub mod readers;
 #[cfg(not(loom))]
 pub mod shared;
-#[cfg(not(loom))]
 pub mod store;
 #[cfg(not(loom))]
 pub mod wire;

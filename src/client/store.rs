@@ -291,15 +291,20 @@ impl Client {
                 got: total.unwrap_or(u64::MAX),
             }));
         }
-        let dst = self.store_slot_ptr(ns, slot)?;
-        let mut at = 0usize;
+        // Checks that the whole slot lies in the data region.
+        self.store_slot_ptr(ns, slot)?;
+        let view = self
+            .store
+            .as_ref()
+            .ok_or_else(|| rejected(StoreError::NoStore))?
+            .view();
+        let mut at = 0u64;
         for &(src, len) in pieces {
-            // SAFETY: `dst .. + value_size` lies in the data mapping
-            // (checked by `store_slot_ptr`) and is reserved for this
-            // client; the pieces sum to `value_size`; the caller vouches
-            // for `src`.
-            unsafe { radixd_ipc::copy::copy_bulk(src, dst.add(at), len) };
-            at += len;
+            // SAFETY: the slot is reserved for this client and lies in the
+            // data region (checked above); the pieces sum to `value_size`;
+            // the caller vouches for `src`.
+            unsafe { view.copy_in(slot.offset + at, src, len) };
+            at += len as u64;
         }
         Ok(())
     }

@@ -337,11 +337,14 @@ impl HeapStore {
         let mut taken = Vec::new();
         for (slot, item) in slots.iter().zip(items) {
             let Some(slot) = slot else { continue };
-            if let Some(dst) = self.index.view().data(slot.offset, ns.value_size) {
-                // SAFETY: the slot lies inside the data region (checked by
-                // `data`) and is reserved for us: nothing else writes it.
-                unsafe { radixd_ipc::copy::copy_bytes(item.value.as_ptr(), dst, item.value.len()) };
-            }
+            // SAFETY: the slot is reserved for us (nothing else writes it);
+            // `copy_in` checks it lies inside the data region; the value is
+            // a live buffer of its length.
+            unsafe {
+                self.index
+                    .view()
+                    .copy_in(slot.offset, item.value.as_ptr(), item.value.len())
+            };
             taken.push(*slot);
         }
         self.index.commit(0, ns.id, &taken)?;

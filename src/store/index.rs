@@ -321,7 +321,7 @@ impl StoreIndex {
                 && e.key_len.load(Ordering::Relaxed) as usize == key.len()
                 && e.key
                     .iter()
-                    .zip(&words)
+                    .zip(&words[..key.len().div_ceil(8)])
                     .all(|(a, b)| a.load(Ordering::Relaxed) == *b)
             {
                 return Some(at);
@@ -412,8 +412,10 @@ impl StoreIndex {
         e.state.store(RESERVED, Ordering::Relaxed);
         e.ns.store(ns, Ordering::Relaxed);
         e.key_len.store(key.len() as u32, Ordering::Relaxed);
-        for (w, x) in e.key.iter().zip(key_words(key)) {
-            w.store(x, Ordering::Relaxed);
+        // The words the key covers (the last one zero padded); readers
+        // compare no further.
+        for (w, x) in e.key.iter().zip(&key_words(key)[..key.len().div_ceil(8)]) {
+            w.store(*x, Ordering::Relaxed);
         }
         e.hash.store(hash, Ordering::Relaxed);
         e.data.store(data, Ordering::Relaxed);

@@ -17,6 +17,9 @@
 //! daemon and the client wire it up.
 
 pub mod error;
+// Files and mappings need real shared memory: not under loom, whose models
+// run the index and the reader over a `view::LoomStore`.
+#[cfg(not(loom))]
 pub mod file;
 pub mod index;
 pub mod layout;
@@ -24,10 +27,13 @@ pub mod reader;
 pub mod view;
 
 pub use error::{AdoptError, StoreError};
+#[cfg(not(loom))]
 pub use file::{HeapStore, OpenStoreError, StoreFile, StoreMap};
 pub use index::{owner, Figures, StoreIndex};
 pub use layout::{parse_size, StoreConfig, StoreLayout, MAX_KEY};
 pub use reader::StoreReader;
+#[cfg(loom)]
+pub use view::LoomStore;
 pub use view::StoreView;
 
 /// A registered namespace: its id and its values' size.

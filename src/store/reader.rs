@@ -11,7 +11,6 @@
 //! for longer than the expiry) never returns torn bytes or another key's
 //! bytes: its version check fails and the read is a miss.
 
-use radixd_ipc::copy::copy_bulk;
 use radixd_ipc::sync::Ordering;
 
 use super::layout::{key_hash, key_words, COMMITTED, MAX_KEY, MAX_NAME, NAMESPACES, NIL};
@@ -21,8 +20,10 @@ use super::StoreNs;
 /// Longest chain walk (the daemon keeps chains short: as many buckets as
 /// entries).
 pub const MAX_WALK: usize = 256;
-/// Walks started over when the daemon changed an entry under the walk.
-pub const RESTARTS: usize = 8;
+/// Walks started over when the daemon changed an entry under the walk
+/// (then a miss). Two under loom: each restart's loads multiply the
+/// executions, and how many a reader makes only decides when it gives up.
+pub const RESTARTS: usize = if cfg!(loom) { 2 } else { 8 };
 
 /// A committed entry found under a key: where, at which version, and where
 /// its value lies.
@@ -119,6 +120,8 @@ impl StoreReader {
                 // Relaxed, all: validated by `still(v)` below (the seqlock's
                 // Acquire fence).
                 let next = entry.next.load(Ordering::Relaxed);
+                // Only the words the key covers: equal lengths and equal
+                // (zero-padded) words up to it are equal keys.
                 let hit = entry.hash.load(Ordering::Relaxed) == hash
                     && entry.state.load(Ordering::Relaxed) == COMMITTED
                     && entry.ns.load(Ordering::Relaxed) == ns.id
@@ -126,7 +129,7 @@ impl StoreReader {
                     && entry
                         .key
                         .iter()
-                        .zip(&words)
+                        .zip(&words[..key.len().div_ceil(8)])
                         .all(|(a, b)| a.load(Ordering::Relaxed) == *b);
                 let data = entry.data.load(Ordering::Relaxed);
                 if !entry.version.still(v) {
@@ -202,20 +205,18 @@ impl StoreReader {
         pieces: &[(*mut u8, usize)],
         stamp: u64,
     ) -> bool {
-        let Some(src) = self.view.data(found.data, ns.value_size) else {
-            return false;
-        };
         let mut at = 0usize;
         for &(dst, len) in pieces {
             if at + len > ns.value_size as usize {
                 return false;
             }
-            // SAFETY: `src + at .. + len` lies inside the data region
-            // (checked by `data` and the line above); the caller vouches
-            // for `dst`. Another process may write the source meanwhile (a
-            // reused slot of an expired reader): the version check below
-            // then throws the copy away.
-            unsafe { copy_bulk(src.add(at), dst, len) };
+            // SAFETY: the caller vouches for `dst`; `copy_out` checks the
+            // source lies in the data region. Another process may write
+            // the source meanwhile (a reused slot of an expired reader):
+            // the version check below then throws the copy away.
+            if !unsafe { self.view.copy_out(found.data + at as u64, dst, len) } {
+                return false;
+            }
             at += len;
         }
         let Some(entry) = self.view.entry(found.index) else {

@@ -7,6 +7,9 @@
   :class:`radixd.index.IndexClient` asks a running ``radixd index serve``.
 - :class:`PrefixCache` is SGLang's ``RadixCache`` surface over either;
   :mod:`radixd.sglang` adapts it to SGLang's ``BasePrefixCache``.
+- ``Client.store_*`` read and write the node-wide KV store (``radixd serve
+  --store``); :mod:`radixd.hicache` is SGLang's HiCache L3 storage on it
+  (importing it needs SGLang; ``import radixd`` does not).
 - Errors are :class:`RadixdError` subclasses, ``.kind`` the ``radixd exec``
   error kind.
 """

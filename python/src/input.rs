@@ -52,6 +52,13 @@ pub fn init(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
+/// Whether buffers are read in place (`Py_buffer`) rather than through
+/// `memoryview`.
+pub(crate) fn raw_buffers() -> bool {
+    // Relaxed: see `init`.
+    RAW_BUFFERS.load(Ordering::Relaxed)
+}
+
 /// Chooses the buffer path: in place (CPython >= 3.11 only) or through
 /// `memoryview` (the 3.9/3.10 path), so tests can drive both.
 pub fn use_raw_buffers(py: Python<'_>, on: bool) -> bool {
@@ -338,19 +345,45 @@ extern "C" {
     fn PyBuffer_Release(view: *mut RawBuffer);
 }
 
+const PYBUF_WRITABLE: c_int = 0x0001;
 const PYBUF_FORMAT: c_int = 0x0004;
 const PYBUF_ND: c_int = 0x0008;
 const PYBUF_STRIDES: c_int = 0x0010 | PYBUF_ND;
 const PYBUF_C_CONTIGUOUS: c_int = 0x0020 | PYBUF_STRIDES;
 
 /// A buffer view, released on drop.
-struct View(RawBuffer);
+pub(crate) struct View(RawBuffer);
+
+impl View {
+    /// The first byte and the length of a C-contiguous view.
+    pub(crate) fn span(&self) -> (*mut u8, usize) {
+        (self.0.buf.cast(), usize::try_from(self.0.len).unwrap_or(0))
+    }
+}
+
+/// A C-contiguous view of `obj`'s bytes (writable when `writable`), or
+/// `None` when it offers none (the Python error cleared). Call only where
+/// `raw_buffers()` holds; release (drop) it with the GIL held.
+pub(crate) fn contiguous_view(obj: &Bound<'_, PyAny>, writable: bool) -> Option<View> {
+    let mut raw = std::mem::MaybeUninit::<RawBuffer>::zeroed();
+    let flags = PYBUF_C_CONTIGUOUS | if writable { PYBUF_WRITABLE } else { 0 };
+    // SAFETY: as in `raw_buffer`: a live object, the GIL held, `raw` the
+    // size of a Py_buffer and filled only on success.
+    let rc = unsafe { PyObject_GetBuffer(obj.as_ptr(), raw.as_mut_ptr(), flags) };
+    if rc != 0 {
+        drop(PyErr::take(obj.py()));
+        return None;
+    }
+    // SAFETY: PyObject_GetBuffer succeeded, so the Py_buffer is initialised.
+    Some(View(unsafe { raw.assume_init() }))
+}
 
 impl Drop for View {
     fn drop(&mut self) {
         // SAFETY: the view was filled by a successful PyObject_GetBuffer
-        // and is released exactly once, here, with the GIL held (a View
-        // never leaves `raw_buffer`, which runs under the GIL).
+        // and is released exactly once, here, with the GIL held: a View is
+        // made under the GIL and is not `Send` (raw pointers), so it never
+        // enters `allow_threads` and is dropped where it was made.
         unsafe { PyBuffer_Release(&mut self.0) };
     }
 }

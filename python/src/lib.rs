@@ -19,6 +19,7 @@
 
 mod index;
 mod input;
+mod store;
 
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
@@ -779,6 +780,8 @@ pub struct Client {
     components: Components,
     /// The KV buffer this client bound the pool to, canonical.
     pool: Option<String>,
+    /// The store namespaces this client registered (`store_namespace`).
+    store: store::Namespaces,
 }
 
 impl Client {
@@ -851,6 +854,7 @@ cache_methods! {
                 inner: Mutex::new(Some(client)),
                 name: name.to_owned(),
                 pool: pool.map(|p| p.as_str().to_owned()),
+                store: store::Namespaces::default(),
             })
         }
 
@@ -974,6 +978,106 @@ cache_methods! {
                 .map_err(|e| rejected(py, client_error(e)))?;
             let (delta, named) = reply::lock_delta(py, answers)?;
             Ok((named.unwrap_or(count(handle, "handle")?), delta))
+        }
+
+        /// Whether the daemon runs with a store (`radixd serve --store`).
+        #[getter]
+        fn has_store(&self) -> PyResult<bool> {
+            self.store_has()
+        }
+
+        /// The id of store namespace `name`, whose values are `value_size`
+        /// bytes (fixed by its first registration: another size raises
+        /// `SizeMismatchError`).
+        fn store_namespace(&self, py: Python<'_>, name: &str, value_size: u64) -> PyResult<u32> {
+            self.store_register(py, name, value_size)
+        }
+
+        /// The length of the leading run of `keys` (str or bytes) stored in
+        /// namespace `ns`: a lock-free read, no round trip.
+        fn store_exists(
+            &self,
+            py: Python<'_>,
+            ns: &Bound<'_, PyAny>,
+            keys: &Bound<'_, PyAny>,
+        ) -> PyResult<usize> {
+            self.store_run(py, ns, keys)
+        }
+
+        /// Copies `key`'s value into `out` (a writable C-contiguous buffer or
+        /// CPU tensor of the value size), the GIL released: `False` is a miss.
+        fn store_get(
+            &self,
+            py: Python<'_>,
+            ns: &Bound<'_, PyAny>,
+            key: &Bound<'_, PyAny>,
+            out: &Bound<'_, PyAny>,
+        ) -> PyResult<bool> {
+            self.store_get_one(py, ns, key, out)
+        }
+
+        /// `store_get` of each key into its buffer, under one announcement.
+        fn store_get_many(
+            &self,
+            py: Python<'_>,
+            ns: &Bound<'_, PyAny>,
+            keys: &Bound<'_, PyAny>,
+            outs: &Bound<'_, PyAny>,
+        ) -> PyResult<Vec<bool>> {
+            self.store_get_buffers(py, ns, keys, outs)
+        }
+
+        /// `store_get_many` into raw memory: per key a list of
+        /// `(address, nbytes)` the caller vouches for, filled in order.
+        fn store_get_many_raw(
+            &self,
+            py: Python<'_>,
+            ns: &Bound<'_, PyAny>,
+            keys: &Bound<'_, PyAny>,
+            pieces: &Bound<'_, PyAny>,
+        ) -> PyResult<Vec<bool>> {
+            self.store_get_pieces(py, ns, keys, pieces)
+        }
+
+        /// Stores each key's value (a buffer or CPU tensor of the value size)
+        /// under its parent (a key or `None`): `True` stored now, `False`
+        /// stored already.
+        fn store_put_many(
+            &self,
+            py: Python<'_>,
+            ns: &Bound<'_, PyAny>,
+            keys: &Bound<'_, PyAny>,
+            parents: &Bound<'_, PyAny>,
+            values: &Bound<'_, PyAny>,
+        ) -> PyResult<Vec<bool>> {
+            self.store_put_buffers(py, ns, keys, parents, values)
+        }
+
+        /// `store_put_many` from raw memory: per key a list of
+        /// `(address, nbytes)` the caller vouches for, gathered in order.
+        fn store_put_many_raw(
+            &self,
+            py: Python<'_>,
+            ns: &Bound<'_, PyAny>,
+            keys: &Bound<'_, PyAny>,
+            parents: &Bound<'_, PyAny>,
+            pieces: &Bound<'_, PyAny>,
+        ) -> PyResult<Vec<bool>> {
+            self.store_put_pieces(py, ns, keys, parents, pieces)
+        }
+
+        /// Drops every value of namespace `ns` (and no other's), through the
+        /// daemon: a reader mid-copy gets the old bytes or a miss; values
+        /// reserved and not yet committed stay their writers'. Returns how
+        /// many values were dropped.
+        fn store_clear(&self, py: Python<'_>, ns: &Bound<'_, PyAny>) -> PyResult<u64> {
+            self.store_drop(py, ns)
+        }
+
+        /// The store's figures: `values`, `bytes`, `capacity_bytes`, `hits`,
+        /// `misses`, `evicted`, `namespaces`, `failed_reserves`.
+        fn store_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            self.store_figures(py)
         }
 
         /// Disconnects; the daemon releases whatever this client still holds

@@ -65,10 +65,12 @@ class Daemon:
                 self.proc.wait()
         # A daemon killed by a test cannot remove its segment: this one is
         # ours (a name of this run) and its daemon is gone, so remove it.
-        try:
-            os.unlink(f"/dev/shm/{self.name}")
-        except FileNotFoundError:
-            pass
+        # The store file (`--store`) outlives its daemon by design: same.
+        for path in (f"/dev/shm/{self.name}", f"/dev/shm/{self.name}.store"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
 
 @pytest.fixture

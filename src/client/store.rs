@@ -69,6 +69,12 @@ impl Client {
         Ok(self.store_reader()?.namespace(name.as_bytes()))
     }
 
+    /// The namespace of id `id` if anyone registered it (lock-free): ids
+    /// are the node's, so one client may use an id another registered.
+    pub fn store_namespace_by_id(&self, id: u32) -> Result<Option<StoreNs>, ClientError> {
+        Ok(self.store_reader()?.namespace_by_id(id))
+    }
+
     /// How many of `keys`, from the first, are stored in `ns` (lock-free:
     /// `batch_exists`).
     pub fn store_run(&self, ns: StoreNs, keys: &[&[u8]]) -> Result<usize, ClientError> {

@@ -81,6 +81,23 @@ impl StoreReader {
         })
     }
 
+    /// The registered namespace of id `id` (ids are the node's: a client
+    /// may use one another client registered); `None` when out of range or
+    /// free.
+    pub fn namespace_by_id(&self, id: u32) -> Option<StoreNs> {
+        let n = self.view.namespace(id)?;
+        // Acquire: pairs with the Release store of `state` in
+        // `StoreIndex::namespace`: the record's fields are in place.
+        if n.state.load(Ordering::Acquire) != 1 {
+            return None;
+        }
+        Some(StoreNs {
+            id,
+            // Relaxed: ordered by the Acquire above.
+            value_size: n.value_size.load(Ordering::Relaxed),
+        })
+    }
+
     /// The committed entry of `key` in `ns`, if any.
     pub fn find(&self, ns: StoreNs, key: &[u8]) -> Option<Found> {
         if key.is_empty() || key.len() > MAX_KEY {

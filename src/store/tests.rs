@@ -75,6 +75,12 @@ fn namespaces_fix_their_size_and_refuse_bad_input() {
         Err(StoreError::BadName { .. })
     ));
     assert_eq!(s.reader.namespace(b"m"), Some(ns));
+    assert_eq!(s.reader.namespace_by_id(ns.id), Some(ns));
+    let other = s.index.namespace(b"n", 128).unwrap();
+    assert_eq!(s.reader.namespace_by_id(other.id), Some(other));
+    assert_ne!(other.id, ns.id);
+    assert_eq!(s.reader.namespace_by_id(other.id + 1), None, "free");
+    assert_eq!(s.reader.namespace_by_id(u32::MAX), None, "out of range");
     let long = vec![b'k'; MAX_KEY + 1];
     assert_eq!(
         s.index.reserve(0, ns.id, &[&long], &[]),

@@ -66,6 +66,14 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
         Some(_) => return Err(malformed("\"op\" must be a string")),
         None => return Err(malformed("missing \"op\"")),
     };
+    if let Some(known) = known_fields(op) {
+        if let Some(field) = obj
+            .keys()
+            .find(|k| k.as_str() != "op" && !known.contains(&k.as_str()))
+        {
+            return Err(malformed(format!("unknown field {field:?} for op {op:?}")));
+        }
+    }
     let f = Fields(&obj);
     Ok(match op {
         "alloc" => Request::Alloc { n: f.u64("n")? },
@@ -145,6 +153,26 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
                 format!("unknown op {other:?}"),
             ))
         }
+    })
+}
+
+/// The fields `op` takes besides `"op"` (`None`: an unknown op, answered
+/// `unknown_op`). Any other field is `malformed`: a field the engine would
+/// ignore (a misspelt `"lock"`, a namespace this build cannot honour) must
+/// never be answered as if it were not there.
+fn known_fields(op: &str) -> Option<&'static [&'static str]> {
+    Some(match op {
+        "alloc" => &["n"],
+        "free" | "free_swa" | "swa_pages" => &["pages"],
+        "insert" => &["tokens", "pages", "lock", "mamba_state", "swa_evicted"],
+        "match" => &["tokens", "lock"],
+        "lock" | "unlock" => &["handle"],
+        "evict" => &["tokens", "swa_tokens", "mamba_states"],
+        "free_state" => &["state"],
+        "session_commit" => &["session", "tokens", "pages"],
+        "session_release" | "session_status" => &["session"],
+        "alloc_state" | "stats" | "reset" | "validate" => &[],
+        _ => return None,
     })
 }
 

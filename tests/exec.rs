@@ -130,6 +130,7 @@ macro_rules! both {
 both!(every_op_answers_as_the_design_says, 2, 8, swa);
 both!(sessions_over_exec, 2, 16);
 both!(errors_are_typed_and_change_nothing, 1, 4, swa);
+both!(unknown_fields_are_refused_by_name, 1, 4);
 both!(session_ids_follow_one_rule, 2, 8);
 both!(shared_prefixes_split_dedupe_and_extend, 2, 16, swa);
 both!(evictions_of_any_size_answer_alike, 1, 4500);
@@ -508,6 +509,15 @@ fn errors_are_typed_and_change_nothing(x: &mut Exec) {
         ),
         (b"\xff\xfe{\"op\":\"stats\"}", "malformed"),
         (b"{\"op\":\"compact\"}", "unknown_op"),
+        (b"{\"op\":\"stats\",\"verbose\":true}", "malformed"),
+        (
+            b"{\"op\":\"match\",\"tokens\":[5],\"lok\":true}",
+            "malformed",
+        ),
+        (
+            b"{\"op\":\"insert\",\"tokens\":[9],\"pages\":[1],\"extra\":null}",
+            "malformed",
+        ),
         (b"{\"op\":\"free\",\"pages\":[9]}", "page_out_of_range"),
         (
             b"{\"op\":\"free\",\"pages\":[99999999999]}",
@@ -562,6 +572,28 @@ fn errors_are_typed_and_change_nothing(x: &mut Exec) {
         error_kind(&x.call(json!({"op":"lock","handle":h}))),
         "stale_handle"
     );
+}
+
+/// A field the op does not take is `malformed`, named in the message, and
+/// the request is not carried out (it used to be ignored silently).
+fn unknown_fields_are_refused_by_name(x: &mut Exec) {
+    x.call(json!({"op":"alloc","n":1}));
+    let before = x.call(json!({"op":"stats"}));
+    for (request, field) in [
+        (
+            json!({"op":"insert","tokens":[3],"pages":[0],"nss":"a"}),
+            "nss",
+        ),
+        (json!({"op":"match","tokens":[3],"locked":true}), "locked"),
+        (json!({"op":"alloc","n":1,"count":1}), "count"),
+        (json!({"op":"stats","x":1}), "x"),
+    ] {
+        let answer = x.call(request.clone());
+        assert_eq!(error_kind(&answer), "malformed", "{request}");
+        let message = answer["message"].as_str().unwrap_or_default();
+        assert!(message.contains(&format!("\"{field}\"")), "{message}");
+        assert_eq!(x.call(json!({"op":"stats"})), before, "{request}");
+    }
 }
 
 #[test]

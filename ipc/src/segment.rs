@@ -294,6 +294,14 @@ fn free_bytes(dir: &Path) -> Option<u64> {
 fn reserve(file: &File, dir: &Path, size: u64) -> Result<(), CreateError> {
     use std::os::fd::AsRawFd;
     let len = libc::off_t::try_from(size).map_err(|_| CreateError::InvalidSize(size))?;
+    // Refuse what cannot fit before asking for it: on tmpfs, fallocate takes
+    // page after page of RAM until it fails, so a request larger than the
+    // free room would first squeeze every other process of the host (the
+    // OOM killer picks them, not us). fallocate still guards the race with
+    // other allocations below.
+    if let Some(free) = free_bytes(dir).filter(|&free| free < size) {
+        return Err(CreateError::NoSpace { needed: size, free });
+    }
     // SAFETY: `file` is an open, writable descriptor for the call's duration.
     let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
     match rc {

@@ -75,7 +75,11 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
         }
     }
     let f = Fields(&obj);
-    Ok(match op {
+    let ns = f.namespace()?;
+    if ns.is_some() && !matches!(op, "match" | "insert" | "session_commit") {
+        return Err(malformed(format!("op {op:?} takes no \"ns\"")));
+    }
+    let request = match op {
         "alloc" => Request::Alloc { n: f.u64("n")? },
         "free" => Request::Free { pages: f.pages()? },
         "insert" => {
@@ -153,6 +157,13 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
                 format!("unknown op {other:?}"),
             ))
         }
+    };
+    Ok(match ns {
+        Some(ns) => Request::Namespaced {
+            ns,
+            request: Box::new(request),
+        },
+        None => request,
     })
 }
 
@@ -164,12 +175,19 @@ fn known_fields(op: &str) -> Option<&'static [&'static str]> {
     Some(match op {
         "alloc" => &["n"],
         "free" | "free_swa" | "swa_pages" => &["pages"],
-        "insert" => &["tokens", "pages", "lock", "mamba_state", "swa_evicted"],
-        "match" => &["tokens", "lock"],
+        "insert" => &[
+            "tokens",
+            "pages",
+            "lock",
+            "mamba_state",
+            "swa_evicted",
+            "ns",
+        ],
+        "match" => &["tokens", "lock", "ns"],
         "lock" | "unlock" => &["handle"],
         "evict" => &["tokens", "swa_tokens", "mamba_states"],
         "free_state" => &["state"],
-        "session_commit" => &["session", "tokens", "pages"],
+        "session_commit" => &["session", "tokens", "pages", "ns"],
         "session_release" | "session_status" => &["session"],
         "alloc_state" | "stats" | "reset" | "validate" => &[],
         _ => return None,
@@ -253,6 +271,16 @@ impl Fields<'_> {
                 })
             })
             .collect()
+    }
+
+    /// `"ns"`: a namespace's name; absent or `null`, the default one. Its
+    /// length is the engine's to check (`bad_namespace`).
+    fn namespace(&self) -> Result<Option<String>, Rejection> {
+        match self.0.get("ns") {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(malformed("\"ns\" must be a string")),
+        }
     }
 
     fn session(&self) -> Result<String, Rejection> {
@@ -351,6 +379,7 @@ pub fn render_for(result: Result<Reply, Rejection>, components: &Components) -> 
             "mamba_evicted": mamba_states,
         }),
         Ok(Reply::State { state }) => json!({"ok": true, "state": state}),
+        Ok(Reply::Namespace { id }) => json!({"ok": true, "id": id}),
         Ok(Reply::SwaFreed { n }) => json!({"ok": true, "freed": n}),
         Ok(Reply::SwaPages(pages)) => {
             let pages: Vec<Value> = pages

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::engine::{
     Anchor, AnchorError, ClientId, ComponentError, ComponentStats, Components, Engine, HandleError,
-    InsertExtra, Inserted, InsertedExtra, PageError, Region, SessionError, Stats,
+    InsertExtra, Inserted, InsertedExtra, NamespaceError, PageError, Region, SessionError, Stats,
 };
 
 /// One request to the cache.
@@ -117,6 +117,19 @@ pub enum Request {
     SwaPages {
         pages: Vec<u32>,
     },
+    /// `request` (a `match`, `insert`, their hybrid forms or a
+    /// `session_commit`: see [`Request::takes_namespace`]) in namespace
+    /// `ns` ([`crate::engine::Engine::namespace`], registered on first
+    /// use). Answers what `request` answers.
+    Namespaced {
+        ns: String,
+        request: Box<Request>,
+    },
+    /// The id of namespace `name` (registered now if new), for a reader's
+    /// `peek` in it ([`Reply::Namespace`]).
+    Namespace {
+        name: String,
+    },
 }
 
 /// The answer to a successful request.
@@ -184,6 +197,8 @@ pub enum Reply {
         sessions: u64,
         components: Option<ComponentStats>,
     },
+    /// `Namespace`: the namespace's id.
+    Namespace { id: u32 },
 }
 
 /// Longest session id, in bytes.
@@ -228,6 +243,7 @@ impl Reply {
             Self::SwaFreed { .. } => "swa_freed",
             Self::SwaPages(_) => "swa_pages",
             Self::StatsWith { .. } => "stats_with",
+            Self::Namespace { .. } => "namespace",
         }
     }
 }
@@ -239,8 +255,22 @@ impl Request {
             Self::SessionCommit { session, .. }
             | Self::SessionRelease { session }
             | Self::SessionStatus { session } => Some(session),
+            Self::Namespaced { request, .. } => request.session(),
             _ => None,
         }
+    }
+
+    /// Whether the request walks from the root and so can be in a
+    /// namespace (`Namespaced` wraps only these).
+    pub fn takes_namespace(&self) -> bool {
+        matches!(
+            self,
+            Self::Match { .. }
+                | Self::Insert { .. }
+                | Self::MatchWith { .. }
+                | Self::InsertWith { .. }
+                | Self::SessionCommit { .. }
+        )
     }
 }
 
@@ -284,11 +314,13 @@ pub enum ErrorKind {
     SwaMismatch = 21,
     /// Every state slot is held by a client or a locked node.
     InsufficientStates = 22,
+    /// A namespace name that is empty or too long (or one too many).
+    BadNamespace = 23,
 }
 
 impl ErrorKind {
     /// Every kind, for decoding.
-    pub const ALL: [ErrorKind; 22] = [
+    pub const ALL: [ErrorKind; 23] = [
         Self::UnknownOp,
         Self::Malformed,
         Self::PageOutOfRange,
@@ -311,6 +343,7 @@ impl ErrorKind {
         Self::StateNotOwned,
         Self::SwaMismatch,
         Self::InsufficientStates,
+        Self::BadNamespace,
     ];
 
     /// The wire name.
@@ -338,6 +371,7 @@ impl ErrorKind {
             Self::StateNotOwned => "state_not_owned",
             Self::SwaMismatch => "swa_mismatch",
             Self::InsufficientStates => "insufficient_states",
+            Self::BadNamespace => "bad_namespace",
         }
     }
 
@@ -418,6 +452,12 @@ impl From<AnchorError> for Rejection {
             AnchorError::Invalid(_) => Self::new(ErrorKind::Malformed, e.to_string()),
             AnchorError::Page(p) => p.into(),
         }
+    }
+}
+
+impl From<NamespaceError> for Rejection {
+    fn from(e: NamespaceError) -> Self {
+        Self::new(ErrorKind::BadNamespace, e.to_string())
     }
 }
 
@@ -654,6 +694,19 @@ pub fn apply_with<R: Region>(
             stats: engine.stats(),
             sessions: engine.sessions() as u64,
             components: engine.component_stats(),
+        },
+        Request::Namespaced { ns, request } => {
+            if !request.takes_namespace() {
+                return Err(Rejection::new(
+                    ErrorKind::Malformed,
+                    "only match, insert and session_commit take a namespace",
+                ));
+            }
+            let id = engine.namespace(&ns)?;
+            engine.with_namespace(id, |e| apply_with(e, client, *request, spare))?
+        }
+        Request::Namespace { name } => Reply::Namespace {
+            id: engine.namespace(&name)?,
         },
     })
 }

@@ -1133,3 +1133,59 @@ fn recency_is_exact_unless_sglang_is_asked_for() {
     let daemon = Daemon::start(&base);
     split_recency(&mut Exec::start(&["--connect", &daemon.name]), false);
 }
+
+/// `"ns":"NAME"` puts a `match`, `insert` or `session_commit` in a
+/// namespace: its prefixes never match another's; an empty or too long
+/// name is `bad_namespace` and changes nothing; an op that walks from no
+/// root takes no `"ns"`.
+fn namespaces_over_exec(x: &mut Exec) {
+    let pages = x.call(json!({"op":"alloc","n":4}))["pages"].clone();
+    let (a, b) = (json!([pages[0], pages[1]]), json!([pages[2], pages[3]]));
+    let ins = |x: &mut Exec, ns: Option<&str>, pages: &Value| {
+        let mut r = json!({"op":"insert","tokens":[1,2,3,4],"pages":pages});
+        if let Some(ns) = ns {
+            r["ns"] = json!(ns);
+        }
+        x.call(r)
+    };
+    assert_eq!(ins(x, None, &a)["cached"], 0);
+    assert_eq!(ins(x, Some("lora-7"), &b)["cached"], 0, "nothing shared");
+    let m = |x: &mut Exec, ns: Value| x.call(json!({"op":"match","tokens":[1,2,3,4,5],"ns":ns}));
+    assert_eq!(m(x, Value::Null)["pages"], a);
+    assert_eq!(m(x, json!("lora-7"))["pages"], b);
+    assert_eq!(m(x, json!("other"))["len"], 0);
+    // A session commits in a namespace: the prefix is found there.
+    let c = x.call(json!({"op":"alloc","n":2}))["pages"].clone();
+    let s = x.call(
+        json!({"op":"session_commit","session":"s","tokens":[1,2,3,4],
+        "pages":c,"ns":"lora-7"}),
+    );
+    assert_eq!(s["cached"], 4, "{s}");
+    x.call(json!({"op":"session_release","session":"s"}));
+    let before = x.call(json!({"op":"stats"}));
+    let long = "n".repeat(257);
+    for (request, kind) in [
+        (
+            json!({"op":"match","tokens":[1,2],"ns":""}),
+            "bad_namespace",
+        ),
+        (
+            json!({"op":"match","tokens":[1,2],"ns":long}),
+            "bad_namespace",
+        ),
+        (
+            json!({"op":"insert","tokens":[1,2],"pages":[0],"ns":""}),
+            "bad_namespace",
+        ),
+        (json!({"op":"match","tokens":[1,2],"ns":7}), "malformed"),
+        (json!({"op":"evict","tokens":1,"ns":"a"}), "malformed"),
+        (json!({"op":"stats","ns":"a"}), "malformed"),
+    ] {
+        assert_eq!(error_kind(&x.call(request.clone())), kind, "{request}");
+        assert_eq!(x.call(json!({"op":"stats"})), before, "{request}");
+    }
+    let longest = "n".repeat(256);
+    assert_eq!(m(x, json!(longest))["len"], 0);
+}
+
+both!(namespaces_over_exec, 2, 8, swa);

@@ -27,6 +27,7 @@ mod hybrid;
 pub mod layout;
 mod lru;
 mod mem;
+mod namespace;
 mod pool;
 mod reader;
 mod record;
@@ -49,6 +50,10 @@ pub use lru::{Recency, RecencyError};
 pub use mem::{Mapped, TreeMem};
 #[cfg(loom)]
 pub use mem::{Mirror, MirroredRegion};
+pub use namespace::{
+    check_namespace, check_namespace_len, NamespaceError, NamespaceSize, MAX_NAMESPACES,
+    MAX_NAMESPACE_LEN,
+};
 pub use reader::{Anchor, Peeked, TreeReader, Usable};
 pub use record::CacheEvent;
 pub use region::{HeapRegion, Region, REGION_ALIGN};
@@ -214,6 +219,8 @@ pub struct Engine<R = HeapRegion> {
     sessions: HashMap<String, Session>,
     /// Reused buffer for the pages a walk passes.
     walked: Vec<u32>,
+    /// The namespaces' names (see `namespace`).
+    namespaces: namespace::Namespaces,
 }
 
 impl Engine<HeapRegion> {
@@ -283,6 +290,7 @@ impl<R: Region> Engine<R> {
             serials: HashMap::new(),
             sessions: HashMap::new(),
             walked: Vec::new(),
+            namespaces: namespace::Namespaces::default(),
         })
     }
 
@@ -746,6 +754,7 @@ impl<R: Region> Engine<R> {
                 node,
                 partial: None,
                 pages: matched_pages,
+                ns: n.ns,
             });
         }
         let at = self.nth_page(n.first_page, k);
@@ -753,6 +762,7 @@ impl<R: Region> Engine<R> {
             node: n.parent,
             partial: Some((node, at, k)),
             pages: matched_pages,
+            ns: n.ns,
         })
     }
 

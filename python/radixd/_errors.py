@@ -58,6 +58,8 @@ KINDS = (
     "state_not_owned",
     "swa_mismatch",
     "insufficient_states",
+    # A namespace name that is empty or longer than 256 bytes.
+    "bad_namespace",
 )
 
 #: kind string -> exception class

@@ -241,3 +241,94 @@ fn a_daemon_keeps_namespaces_apart_for_its_clients() {
         )],
     );
 }
+
+/// KV events: the same tokens cached in two namespaces hash differently
+/// (so a router never mixes them), the default namespace hashes as before,
+/// a `lora:ID:NAME` namespace carries vLLM's `lora_id` and `lora_name`, and
+/// a resync snapshot names the namespaces again.
+#[cfg(feature = "index")]
+#[test]
+fn kv_events_hash_each_namespace_apart_and_carry_lora_ids() {
+    use radixd::engine::CacheEvent;
+    use radixd::events::batch::{decode_batch, BatchLayout, KvEvent};
+    use radixd::events::encode::{lora_of, EventEncoder};
+    use radixd::events::hash::{Scheme, SchemeName};
+
+    for name in [SchemeName::Xxh3, SchemeName::Sha256Cbor] {
+        let scheme = Scheme::new(name, "0");
+        let mut e = engine(2, 64);
+        e.namespace("before-recording").unwrap();
+        e.record_events(true);
+        let lora = e.namespace("lora:7:sql").unwrap();
+        let salt = e.namespace("tenant-a").unwrap();
+        let key = [1, 2, 3, 4];
+        for ns in [0, lora, salt] {
+            put(&mut e, ns, &key);
+        }
+        let mut recorded = Vec::new();
+        e.take_events(&mut recorded);
+        assert_eq!(
+            recorded[..3],
+            [
+                CacheEvent::Namespace {
+                    id: 1,
+                    name: "before-recording".into()
+                },
+                CacheEvent::Namespace {
+                    id: lora,
+                    name: "lora:7:sql".into()
+                },
+                CacheEvent::Namespace {
+                    id: salt,
+                    name: "tenant-a".into()
+                },
+            ]
+        );
+        let mut enc = EventEncoder::new(scheme.clone(), 2, "GPU", BatchLayout::Array);
+        for ev in &recorded {
+            enc.event(ev);
+        }
+        let batch = decode_batch(&enc.finish(0.0, 0)).unwrap();
+        let stored: Vec<(Vec<u64>, Option<u64>, Option<u64>)> = batch
+            .events
+            .iter()
+            .filter_map(|ev| match ev {
+                KvEvent::BlockStored {
+                    block_hashes,
+                    parent_block_hash,
+                    lora_id,
+                    ..
+                } => Some((block_hashes.clone(), *parent_block_hash, *lora_id)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(stored.len(), 3);
+        assert_eq!(stored[0].0, scheme.prompt(&key, 2), "the default as before");
+        let root = scheme.namespace_root("lora:7:sql");
+        assert_eq!(stored[1].0, scheme.prompt_from(Some(root), &key, 2));
+        assert_eq!(
+            (stored[0].2, stored[1].2, stored[2].2),
+            (None, Some(7), None)
+        );
+        assert!(stored.iter().all(|s| s.1.is_none()), "all at the root");
+        for (i, a) in stored.iter().enumerate() {
+            for b in &stored[i + 1..] {
+                assert!(a.0.iter().all(|h| !b.0.contains(h)), "{a:?} {b:?}");
+            }
+        }
+        // A resync snapshot names every namespace before its runs.
+        let runs = e.cached_runs();
+        assert!(matches!(runs[0], CacheEvent::Namespace { id: 1, .. }));
+        assert_eq!(
+            runs.iter()
+                .filter(|r| matches!(r, CacheEvent::Namespace { .. }))
+                .count(),
+            3
+        );
+    }
+    assert_eq!(lora_of("lora:7:sql"), Some((7, Some("sql".into()))));
+    assert_eq!(lora_of("lora:12"), Some((12, None)));
+    for other in ["lora:", "lora:x", "lora", "tenant", "lora:-1:a"] {
+        assert_eq!(lora_of(other), None, "{other}");
+    }
+}

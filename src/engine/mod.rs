@@ -1263,9 +1263,10 @@ impl<R: Region> Engine<R> {
 
     /// Starts (or stops) recording what becomes cached and what goes, for
     /// KV events: see [`CacheEvent`] and [`Engine::take_events`]. Off by
-    /// default; when off, each hook costs one branch.
+    /// default; when off, each hook costs one branch. Turned on, the
+    /// record starts with the namespaces registered so far.
     pub fn record_events(&mut self, on: bool) {
-        self.arena.events = on.then(Vec::new);
+        self.arena.events = on.then(|| self.namespace_events().collect());
         if !on {
             self.arena.spares = Vec::new();
         }
@@ -1302,11 +1303,14 @@ impl<R: Region> Engine<R> {
         }
     }
 
-    /// One [`CacheEvent::Stored`] per cached run (node), parents first:
-    /// applied after a [`CacheEvent::Cleared`], they rebuild exactly the
-    /// cached pages. For resynchronising event consumers.
+    /// Every registered namespace ([`CacheEvent::Namespace`]), then one
+    /// [`CacheEvent::Stored`] per cached run (node), parents first: applied
+    /// after a [`CacheEvent::Cleared`], they rebuild exactly the cached
+    /// pages. For resynchronising event consumers.
     pub fn cached_runs(&self) -> Vec<CacheEvent> {
-        self.arena.cached_runs()
+        let mut out: Vec<CacheEvent> = self.namespace_events().collect();
+        out.extend(self.arena.cached_runs());
+        out
     }
 
     /// Current figures.

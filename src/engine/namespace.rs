@@ -17,7 +17,7 @@ use std::fmt;
 
 use super::layout::{NODE_LIVE, ROOT};
 use super::region::Region;
-use super::Engine;
+use super::{CacheEvent, Engine};
 
 /// Longest namespace name, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 256;
@@ -100,6 +100,10 @@ impl<R: Region> Engine<R> {
         ns.names.push(name.to_owned());
         let id = ns.names.len() as u32;
         ns.ids.insert(name.to_owned(), id);
+        self.arena.record(|_| CacheEvent::Namespace {
+            id,
+            name: name.to_owned(),
+        });
         Ok(id)
     }
 
@@ -119,6 +123,16 @@ impl<R: Region> Engine<R> {
         let out = f(self);
         self.arena.ns = 0;
         out
+    }
+
+    /// A [`CacheEvent::Namespace`] for every registered namespace, for a
+    /// snapshot of the tree (see [`Engine::cached_runs`]).
+    pub(crate) fn namespace_events(&self) -> impl Iterator<Item = CacheEvent> + '_ {
+        let names = self.namespaces.names.iter();
+        names.enumerate().map(|(i, name)| CacheEvent::Namespace {
+            id: i as u32 + 1,
+            name: name.clone(),
+        })
     }
 
     /// Tokens cached per namespace that holds any, by id (the default

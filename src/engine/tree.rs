@@ -227,16 +227,28 @@ impl<R: Region> Arena<R> {
         self.add_leaf_inner(parent, key, pages)
     }
 
+    /// The namespace of a leaf hung under `parent`: under the root, the
+    /// operation's; below, the parent's.
+    fn leaf_namespace(&self, parent: u32) -> u32 {
+        if parent == ROOT {
+            self.ns
+        } else {
+            self.nodes()[parent as usize].ns
+        }
+    }
+
     fn add_leaf_inner(&mut self, parent: u32, key: &[u32], pages: &[u32]) -> u32 {
         let p = self.page_size();
         if self.recording() {
             let parent_page = self.run_parent(parent);
             let pages_copy = self.record_copy(pages);
             let tokens = self.record_copy(&key[..pages.len() * p]);
+            let ns = self.leaf_namespace(parent);
             self.record(|_| CacheEvent::Stored {
                 parent: parent_page,
                 pages: pages_copy,
                 tokens,
+                ns,
             });
         }
         let leaf = self.node_alloc();
@@ -265,12 +277,7 @@ impl<R: Region> Arena<R> {
             }
             prev = page;
         }
-        // Under the root, the operation's namespace; below, the parent's.
-        let ns = if parent == ROOT {
-            self.ns
-        } else {
-            self.nodes()[parent as usize].ns
-        };
+        let ns = self.leaf_namespace(parent);
         let hash = child_hash(parent, ns, &key[..p]);
         {
             let n = &mut self.nodes_mut()[leaf as usize];

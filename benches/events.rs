@@ -117,7 +117,7 @@ fn bench_publish(c: &mut Criterion) {
                     ext.push(scheme.external(&full));
                     prev = Some(full);
                 }
-                w.stored(&ext, None, &t, P as u32, MEDIUM_GPU);
+                w.stored(&ext, None, &t, P as u32, MEDIUM_GPU, None);
                 black_box(w.finish(0.0, 0))
             })
         });

@@ -10,7 +10,7 @@
 
 mod store;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -220,6 +220,8 @@ pub struct Client {
     anchoring: Anchoring,
     /// The daemon's KV store, mapped (`None`: it has none).
     store: Option<crate::store::StoreMap>,
+    /// Namespace ids the daemon gave, by name (ids are never reused).
+    namespaces: HashMap<String, u32>,
 }
 
 /// See [`Client::set_anchoring`].
@@ -385,6 +387,7 @@ impl Client {
                 fallbacks: 0,
             },
             store: kv_store,
+            namespaces: HashMap::new(),
         };
         // From here on `Drop` releases the claim on every error path.
         let port = port_of(&client.segment, &client.layout, client.slot)?;
@@ -716,6 +719,11 @@ impl Client {
                     port.scratch.write_bytes(at, e.session)?;
                     port.scratch
                         .write_bytes(at + e.session.len() as u64, &e.bytes)
+                })
+                .and_then(|()| {
+                    let at = at
+                        + (words + anchor_words.len() * 4 + e.session.len() + e.bytes.len()) as u64;
+                    port.scratch.write_bytes(at, e.ns)
                 });
             if let Err(e) = written {
                 posted = Err(ProtocolError::Scratch(e).into());
@@ -1547,5 +1555,118 @@ impl Client {
                 ProtocolError::BadReply(BadReply::BadField("pool binding")).into()
             }
         })
+    }
+}
+
+/// Namespaces (see [`crate::engine::Engine::namespace`]): a prefix cached
+/// in one never matches in another. Each call names its namespace; the
+/// plain calls are in the default one. A namespaced `match` or `insert`
+/// sends its whole key (no anchored path).
+impl Client {
+    /// The id of namespace `name` (the daemon registers it on first use),
+    /// asked once per name and client.
+    pub fn namespace_id(&mut self, name: &str) -> Result<u32, ClientError> {
+        if let Some(&id) = self.namespaces.get(name) {
+            return Ok(id);
+        }
+        match self.send(Call::Namespace(name))? {
+            Reply::Namespace { id } => {
+                self.namespaces.insert(name.to_owned(), id);
+                Ok(id)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// [`Client::peek`] in namespace `ns`.
+    pub fn peek_in(&mut self, ns: &str, tokens: &[u32]) -> Result<(usize, Vec<u32>), ClientError> {
+        let id = self.namespace_id(ns)?;
+        let reader = self.reader()?;
+        let mut pages = Vec::new();
+        let len = if self.components.is_full_only() {
+            self.announced(|| {
+                reader
+                    .peek_anchored_in(id, tokens, &mut pages)
+                    .map(|p| p.len)
+            })?
+        } else {
+            self.announced(|| {
+                reader
+                    .peek_usable_in(id, tokens, &mut pages)
+                    .map(|(u, _)| u.len)
+            })?
+        };
+        Ok((len, pages))
+    }
+
+    /// [`Client::match_prefix`] in namespace `ns`.
+    pub fn match_prefix_in(
+        &mut self,
+        ns: &str,
+        tokens: &[u32],
+        lock: bool,
+    ) -> Result<MatchResult, ClientError> {
+        let request = Request::Namespaced {
+            ns: ns.to_owned(),
+            request: Box::new(Request::Match {
+                tokens: tokens.to_vec(),
+                lock,
+            }),
+        };
+        match self.call(&request)? {
+            Reply::Matched {
+                len, pages, handle, ..
+            } => Ok(MatchResult {
+                len: len as usize,
+                pages,
+                handle: handle.map(Handle::from_raw),
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// [`Client::insert`] in namespace `ns`.
+    pub fn insert_in(
+        &mut self,
+        ns: &str,
+        tokens: &[u32],
+        pages: &[u32],
+        lock: bool,
+    ) -> Result<InsertResult, ClientError> {
+        let request = Request::Namespaced {
+            ns: ns.to_owned(),
+            request: Box::new(Request::Insert {
+                tokens: tokens.to_vec(),
+                pages: pages.to_vec(),
+                lock,
+            }),
+        };
+        inserted(self.call(&request)?)
+    }
+
+    /// [`Client::session_commit`] in namespace `ns`.
+    pub fn session_commit_in(
+        &mut self,
+        ns: &str,
+        session: &str,
+        tokens: &[u32],
+        pages: &[u32],
+    ) -> Result<InsertResult, ClientError> {
+        let request = Request::Namespaced {
+            ns: ns.to_owned(),
+            request: Box::new(Request::SessionCommit {
+                session: session.to_owned(),
+                tokens: tokens.to_vec(),
+                pages: pages.to_vec(),
+            }),
+        };
+        match self.call(&request)? {
+            Reply::Inserted { cached, len, .. } => Ok(InsertResult {
+                cached: cached as usize,
+                len: len as usize,
+                handle: None,
+            }),
+            other => Err(unexpected(other)),
+        }
     }
 }

@@ -71,8 +71,20 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
         Some(_) => return Err(malformed("\"op\" must be a string")),
         None => return Err(malformed("missing \"op\"")),
     };
+    if let Some(known) = known_fields(op) {
+        if let Some(field) = obj
+            .keys()
+            .find(|k| k.as_str() != "op" && !known.contains(&k.as_str()))
+        {
+            return Err(malformed(format!("unknown field {field:?} for op {op:?}")));
+        }
+    }
     let f = Fields(&obj);
-    Ok(match op {
+    let ns = f.namespace()?;
+    if ns.is_some() && !matches!(op, "match" | "insert" | "session_commit") {
+        return Err(malformed(format!("op {op:?} takes no \"ns\"")));
+    }
+    let request = match op {
         "alloc" => Request::Alloc { n: f.u64("n")? },
         "free" => Request::Free { pages: f.pages()? },
         "insert" => {
@@ -154,6 +166,41 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
                 format!("unknown op {other:?}"),
             ))
         }
+    };
+    Ok(match ns {
+        Some(ns) => Request::Namespaced {
+            ns,
+            request: Box::new(request),
+        },
+        None => request,
+    })
+}
+
+/// The fields `op` takes besides `"op"` (`None`: an unknown op, answered
+/// `unknown_op`). Any other field is `malformed`: a field the engine would
+/// ignore (a misspelt `"lock"`, a namespace this build cannot honour) must
+/// never be answered as if it were not there.
+fn known_fields(op: &str) -> Option<&'static [&'static str]> {
+    Some(match op {
+        "alloc" => &["n"],
+        "free" | "free_swa" | "swa_pages" => &["pages"],
+        "insert" => &[
+            "tokens",
+            "pages",
+            "lock",
+            "mamba_state",
+            "swa_evicted",
+            "ns",
+        ],
+        "match" => &["tokens", "lock", "ns"],
+        "lock" | "unlock" => &["handle"],
+        "evict" => &["tokens", "swa_tokens", "mamba_states"],
+        "free_state" => &["state"],
+        "session_commit" => &["session", "tokens", "pages", "ns"],
+        "session_release" | "session_status" => &["session"],
+        "bind" => &["pool"],
+        "alloc_state" | "stats" | "reset" | "validate" => &[],
+        _ => return None,
     })
 }
 
@@ -234,6 +281,16 @@ impl Fields<'_> {
                 })
             })
             .collect()
+    }
+
+    /// `"ns"`: a namespace's name; absent or `null`, the default one. Its
+    /// length is the engine's to check (`bad_namespace`).
+    fn namespace(&self) -> Result<Option<String>, Rejection> {
+        match self.0.get("ns") {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(malformed("\"ns\" must be a string")),
+        }
     }
 
     fn session(&self) -> Result<String, Rejection> {
@@ -335,6 +392,7 @@ pub fn render_for(result: Result<Reply, Rejection>, components: &Components) -> 
         Ok(Reply::State { state }) => json!({"ok": true, "state": state}),
         // Store writes reach `exec` only as its own store ops (`store`).
         Ok(Reply::Store(r)) => json!({"ok": true, "store": format!("{r:?}")}),
+        Ok(Reply::Namespace { id }) => json!({"ok": true, "id": id}),
         Ok(Reply::SwaFreed { n }) => json!({"ok": true, "freed": n}),
         Ok(Reply::Bound { holders }) => json!({"ok": true, "holders": holders}),
         Ok(Reply::SwaPages(pages)) => {

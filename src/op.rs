@@ -12,7 +12,7 @@ pub use store::{
 
 use crate::engine::{
     Anchor, AnchorError, ClientId, ComponentError, ComponentStats, Components, Engine, HandleError,
-    InsertExtra, Inserted, InsertedExtra, PageError, Region, SessionError, Stats,
+    InsertExtra, Inserted, InsertedExtra, NamespaceError, PageError, Region, SessionError, Stats,
 };
 
 /// One request to the cache.
@@ -133,6 +133,19 @@ pub enum Request {
     },
     /// A store write ([`StoreRequest`]); the daemon routes it to its store.
     Store(StoreRequest),
+    /// `request` (a `match`, `insert`, their hybrid forms or a
+    /// `session_commit`: see [`Request::takes_namespace`]) in namespace
+    /// `ns` ([`crate::engine::Engine::namespace`], registered on first
+    /// use). Answers what `request` answers.
+    Namespaced {
+        ns: String,
+        request: Box<Request>,
+    },
+    /// The id of namespace `name` (registered now if new), for a reader's
+    /// `peek` in it ([`Reply::Namespace`]).
+    Namespace {
+        name: String,
+    },
 }
 
 /// The answer to a successful request.
@@ -207,6 +220,8 @@ pub enum Reply {
     Bound { holders: u64 },
     /// The answer to a [`Request::Store`].
     Store(StoreReply),
+    /// `Namespace`: the namespace's id.
+    Namespace { id: u32 },
 }
 
 /// Longest session id, in bytes.
@@ -254,6 +269,7 @@ impl Reply {
             Self::StatsWith { .. } => "stats_with",
             Self::Bound { .. } => "bound",
             Self::Store(_) => "store",
+            Self::Namespace { .. } => "namespace",
         }
     }
 }
@@ -265,8 +281,22 @@ impl Request {
             Self::SessionCommit { session, .. }
             | Self::SessionRelease { session }
             | Self::SessionStatus { session } => Some(session),
+            Self::Namespaced { request, .. } => request.session(),
             _ => None,
         }
+    }
+
+    /// Whether the request walks from the root and so can be in a
+    /// namespace (`Namespaced` wraps only these).
+    pub fn takes_namespace(&self) -> bool {
+        matches!(
+            self,
+            Self::Match { .. }
+                | Self::Insert { .. }
+                | Self::MatchWith { .. }
+                | Self::InsertWith { .. }
+                | Self::SessionCommit { .. }
+        )
     }
 }
 
@@ -325,11 +355,13 @@ pub enum ErrorKind {
     NotReserved = 44,
     /// A store namespace id nobody registered.
     UnknownNamespace = 45,
+    /// A namespace name that is empty or too long (or one too many).
+    BadNamespace = 24,
 }
 
 impl ErrorKind {
     /// Every kind, for decoding.
-    pub const ALL: [ErrorKind; 29] = [
+    pub const ALL: [ErrorKind; 30] = [
         Self::UnknownOp,
         Self::Malformed,
         Self::PageOutOfRange,
@@ -359,6 +391,7 @@ impl ErrorKind {
         Self::BadKey,
         Self::NotReserved,
         Self::UnknownNamespace,
+        Self::BadNamespace,
     ];
 
     /// The wire name.
@@ -393,6 +426,7 @@ impl ErrorKind {
             Self::BadKey => "bad_key",
             Self::NotReserved => "not_reserved",
             Self::UnknownNamespace => "unknown_namespace",
+            Self::BadNamespace => "bad_namespace",
         }
     }
 
@@ -473,6 +507,12 @@ impl From<AnchorError> for Rejection {
             AnchorError::Invalid(_) => Self::new(ErrorKind::Malformed, e.to_string()),
             AnchorError::Page(p) => p.into(),
         }
+    }
+}
+
+impl From<NamespaceError> for Rejection {
+    fn from(e: NamespaceError) -> Self {
+        Self::new(ErrorKind::BadNamespace, e.to_string())
     }
 }
 
@@ -721,6 +761,19 @@ pub fn apply_with<R: Region>(
             ErrorKind::NotPermitted,
             "pool bindings are a daemon's: an in-process engine has one client, whose buffer it is",
         )),
+        Request::Namespaced { ns, request } => {
+            if !request.takes_namespace() {
+                return Err(Rejection::new(
+                    ErrorKind::Malformed,
+                    "only match, insert and session_commit take a namespace",
+                ));
+            }
+            let id = engine.namespace(&ns)?;
+            engine.with_namespace(id, |e| apply_with(e, client, *request, spare))?
+        }
+        Request::Namespace { name } => Reply::Namespace {
+            id: engine.namespace(&name)?,
+        },
     })
 }
 

@@ -8,6 +8,7 @@ use radixd_ipc::sync::Ordering;
 use radixd_ipc::{Offset, Segment, INFO_OFFSET};
 
 use crate::binding::{BindingBoard, BoardError};
+use crate::engine::TreeReader;
 use crate::shared::{bucket_floor, read_components, read_info, Info, LiveStats, SharedLayout};
 
 /// Why the figures could not be read.
@@ -93,6 +94,32 @@ fn pool_line(segment: &Segment, layout: &SharedLayout) -> String {
     }
 }
 
+/// The tokens each namespace holds, read off the shared tree, when any
+/// but the default one holds some: `namespaces  default N tokens; #ID N
+/// tokens; …` (ids as the daemon gave them, `Client::namespace_id`).
+fn namespaces_line(segment: &Segment, layout: &SharedLayout) -> Result<Option<String>, StatError> {
+    let base = segment
+        .region(layout.engine_at, layout.engine.size() as u64)
+        .map_err(|e| StatError::Unreadable(e.to_string()))?;
+    // SAFETY: the engine region lies inside the mapping (checked just now),
+    // which outlives the reader (dropped at the end of this function); it
+    // is page aligned (the layout puts it after a page-aligned stats page),
+    // and the reader only copies out of it.
+    let reader = unsafe { TreeReader::new(base, layout.engine) };
+    let sizes = reader.namespace_tokens();
+    if sizes.iter().all(|&(ns, _)| ns == 0) {
+        return Ok(None);
+    }
+    let parts: Vec<String> = sizes
+        .iter()
+        .map(|&(ns, tokens)| match ns {
+            0 => format!("default {tokens} tokens"),
+            id => format!("#{id} {tokens} tokens"),
+        })
+        .collect();
+    Ok(Some(format!("namespaces  {}", parts.join("; "))))
+}
+
 /// Prints the daemon's figures, with rates over `interval`.
 pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
     let segment = Segment::open_unverified(name).map_err(StatError::Open)?;
@@ -163,6 +190,9 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
         engine.nodes,
         sessions
     );
+    if let Some(line) = namespaces_line(&segment, &layout)? {
+        println!("{line}");
+    }
     println!(
         "requests    {} total, {} rejected, {:.0}/s",
         after.requests,

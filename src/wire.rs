@@ -112,6 +112,7 @@ mod opcode {
     pub const STORE_COMMIT: u32 = 42;
     pub const STORE_ABORT: u32 = 43;
     pub const STORE_CLEAR: u32 = 44;
+    pub const NAMESPACE: u32 = 25;
 }
 
 /// Reply kinds.
@@ -135,6 +136,7 @@ mod kind {
     pub const STORE_NAMESPACE: u32 = 40;
     pub const STORE_RESERVED: u32 = 41;
     pub const STORE_DONE: u32 = 42;
+    pub const NAMESPACE: u32 = 17;
 }
 
 /// `flags` bit: the request asks for a lock.
@@ -148,6 +150,10 @@ const FLAG_INLINE: u32 = 4;
 /// payload's last word is the state slot; `InsertedWith`: `mamba_exist`;
 /// `StatsWith`: the components' figures follow the engine's).
 const FLAG_EXTRA: u32 = 8;
+
+/// `flags` bit of a request: the op runs in a namespace whose name is the
+/// payload's last `aux[0]` bytes (after everything the op itself carries).
+const FLAG_NS: u32 = 16;
 
 /// Largest answer payload carried in the reply record itself.
 pub const INLINE_BYTES: usize = 8;
@@ -249,6 +255,8 @@ pub struct EncodedRequest<'r> {
     pub session: &'r [u8],
     /// An owned payload after all of the above (store requests).
     pub bytes: Vec<u8>,
+    /// The namespace's name of a namespaced request (else empty): last.
+    pub ns: &'r [u8],
 }
 
 /// Up to four words of a request's payload after its pages (anchored
@@ -267,11 +275,12 @@ impl AnchorWords {
 }
 
 impl EncodedRequest<'_> {
-    /// Payload bytes: `tokens ++ pages ++ anchor words ++ session`.
+    /// Payload bytes: `tokens ++ pages ++ anchor words ++ session ++ ns`.
     pub fn payload_len(&self) -> usize {
         (self.tokens.len() + self.pages.len() + self.anchor_words.len) * 4
             + self.session.len()
             + self.bytes.len()
+            + self.ns.len()
     }
 
     /// The payload as one buffer, for transports that need one.
@@ -282,6 +291,7 @@ impl EncodedRequest<'_> {
         push_u32s(&mut out, self.anchor_words.as_slice());
         out.extend_from_slice(self.session);
         out.extend_from_slice(&self.bytes);
+        out.extend_from_slice(self.ns);
         out
     }
 }
@@ -428,6 +438,10 @@ pub enum Call<'a> {
     /// does.
     Bind(&'a str),
     Store(&'a StoreRequest),
+    /// See [`Request::Namespaced`]: the namespace's name and the request.
+    Namespaced(&'a str, &'a Request),
+    /// See [`Request::Namespace`].
+    Namespace(&'a str),
 }
 
 impl<'a> Call<'a> {
@@ -509,6 +523,8 @@ impl<'a> Call<'a> {
             Request::SwaPages { pages } => Self::SwaPages(pages),
             Request::Bind { pool } => Self::Bind(pool),
             Request::Store(r) => Self::Store(r),
+            Request::Namespaced { ns, request } => Self::Namespaced(ns, request),
+            Request::Namespace { name } => Self::Namespace(name),
         }
     }
 
@@ -524,6 +540,7 @@ impl<'a> Call<'a> {
             Self::StatsWith => STATS_WITH_BYTES,
             Self::SwaPages(pages) => pages.len() * 4,
             Self::Store(r) => store::reply_need(r),
+            Self::Namespaced(_, request) => Call::of(request).reply_need(page_size, capacity),
             _ => 0,
         }
     }
@@ -534,6 +551,17 @@ impl<'a> Call<'a> {
     pub fn encode(self, page_size: u32, capacity: u32) -> EncodedRequest<'a> {
         if let Self::Store(r) = self {
             return store::encode(r);
+        }
+        if let Self::Namespaced(ns, request) = self {
+            // The request's own encoding, the name after its payload. A
+            // request that takes no namespace (nested ones included) is
+            // refused by the daemon's decoder, never misread.
+            let mut e = Call::of(request).encode(page_size, capacity);
+            e.record.flags |= FLAG_NS;
+            e.record.aux[0] = ns.len() as u32;
+            e.ns = ns.as_bytes();
+            e.record.payload_len = e.payload_len() as u32;
+            return e;
         }
         let reply_need = self.reply_need(page_size, capacity).max(MIN_REPLY_WINDOW);
         let lock = |lock: bool| if lock { FLAG_LOCK } else { 0 };
@@ -580,6 +608,9 @@ impl<'a> Call<'a> {
             Self::SwaPages(pages) => (opcode::SWA_PAGES, 0, 0, none, pages, ""),
             Self::Bind(pool) => (opcode::BIND, 0, 0, none, none, pool),
             Self::Store(_) => (0, 0, 0, none, none, ""),
+            Self::Namespace(name) => (opcode::NAMESPACE, 0, 0, none, none, name),
+            // Handled above.
+            Self::Namespaced(..) => (0, 0, 0, none, none, ""),
         };
         let mut e = EncodedRequest {
             record: WireRequest {
@@ -596,6 +627,7 @@ impl<'a> Call<'a> {
             anchor_words: AnchorWords::default(),
             session: session.as_bytes(),
             bytes: Vec::new(),
+            ns: &[],
         };
         match self {
             Self::MatchAt {
@@ -673,6 +705,19 @@ fn malformed(message: impl Into<String>) -> Rejection {
 /// Token and page lists come from `spare` (see [`Spare`]), so a warm server
 /// decodes without allocating.
 pub fn decode_request<P: Payload + ?Sized>(
+    r: &WireRequest,
+    payload: &P,
+    spare: &mut Spare,
+) -> Result<Request, Rejection> {
+    if r.flags & FLAG_NS != 0 {
+        return decode_namespaced(r, payload, spare);
+    }
+    decode_op(r, payload, spare)
+}
+
+/// [`decode_request`] of a record without [`FLAG_NS`] (a namespace inside
+/// a namespaced request is an unknown flag here).
+fn decode_op<P: Payload + ?Sized>(
     r: &WireRequest,
     payload: &P,
     spare: &mut Spare,
@@ -902,6 +947,12 @@ pub fn decode_request<P: Payload + ?Sized>(
                 String::from_utf8(bytes).map_err(|_| malformed("pool identity is not UTF-8"))?;
             Request::Bind { pool }
         }
+        opcode::NAMESPACE => {
+            exact(false, false, true)?;
+            Request::Namespace {
+                name: namespace_name(payload, pages_end, tail)?,
+            }
+        }
         op => {
             return Err(Rejection::new(
                 ErrorKind::UnknownOp,
@@ -922,6 +973,75 @@ pub fn decode_request<P: Payload + ?Sized>(
         return Err(malformed("only insert and match take a lock flag"));
     }
     Ok(request)
+}
+
+/// A namespace's name: `len` bytes of UTF-8 at `at`, its length checked
+/// before it is copied.
+fn namespace_name<P: Payload + ?Sized>(
+    payload: &P,
+    at: usize,
+    len: usize,
+) -> Result<String, Rejection> {
+    crate::engine::check_namespace_len(len)?;
+    let bytes = payload.bytes(at, len)?;
+    String::from_utf8(bytes).map_err(|_| malformed("namespace name is not UTF-8"))
+}
+
+/// A request with [`FLAG_NS`]: the name off the payload's end, then the
+/// request as if it had none.
+fn decode_namespaced<P: Payload + ?Sized>(
+    r: &WireRequest,
+    payload: &P,
+    spare: &mut Spare,
+) -> Result<Request, Rejection> {
+    let len = r.aux[0] as usize;
+    if r.aux[1] != 0 || len > payload.len() || payload.len() != r.payload_len as usize {
+        return Err(malformed("namespace name outside the payload"));
+    }
+    let at = payload.len() - len;
+    let ns = namespace_name(payload, at, len)?;
+    let inner = WireRequest {
+        flags: r.flags & !FLAG_NS,
+        aux: [0, 0],
+        payload_len: at as u32,
+        ..*r
+    };
+    let request = decode_op(&inner, &Prefix { payload, len: at }, spare)?;
+    if !request.takes_namespace() {
+        return Err(malformed(
+            "only match, insert and session_commit take a namespace",
+        ));
+    }
+    Ok(Request::Namespaced {
+        ns,
+        request: Box::new(request),
+    })
+}
+
+/// The first `len` bytes of a payload.
+struct Prefix<'p, P: ?Sized> {
+    payload: &'p P,
+    len: usize,
+}
+
+impl<P: Payload + ?Sized> Payload for Prefix<'_, P> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn words(&self, at: usize, n: usize, out: &mut Vec<u32>) -> Result<(), Rejection> {
+        match n.checked_mul(4).and_then(|b| b.checked_add(at)) {
+            Some(end) if end <= self.len => self.payload.words(at, n, out),
+            _ => Err(malformed("payload piece out of range")),
+        }
+    }
+
+    fn bytes(&self, at: usize, n: usize) -> Result<Vec<u8>, Rejection> {
+        match at.checked_add(n) {
+            Some(end) if end <= self.len => self.payload.bytes(at, n),
+            _ => Err(malformed("payload piece out of range")),
+        }
+    }
 }
 
 /// Encodes an answer into a reply record and `payload` (cleared first),
@@ -1039,6 +1159,10 @@ pub fn encode_reply(
             w.a = *n;
         }
         Ok(Reply::Store(r)) => store::encode_reply(&mut w, r, payload),
+        Ok(Reply::Namespace { id }) => {
+            w.kind = kind::NAMESPACE;
+            w.a = u64::from(*id);
+        }
         Ok(Reply::StatsWith {
             stats: s,
             sessions,
@@ -1229,6 +1353,9 @@ pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Reject
             state: u32::try_from(w.a).map_err(|_| BadReply::BadField("state slot"))?,
         },
         kind::SWA_FREED => Reply::SwaFreed { n: w.a },
+        kind::NAMESPACE => Reply::Namespace {
+            id: u32::try_from(w.a).map_err(|_| BadReply::BadField("namespace id"))?,
+        },
         kind::STATS_WITH => {
             let want = if extra { STATS_WITH_BYTES } else { STATS_BYTES };
             if payload.len() != want {

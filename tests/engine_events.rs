@@ -43,11 +43,13 @@ fn stores_splits_page_granular_evictions_and_reset() {
                 parent: None,
                 pages: a.clone(),
                 tokens: vec![1, 2, 3, 4, 5, 6],
+                ns: 0,
             },
             CacheEvent::Stored {
                 parent: Some(a[0]),
                 pages: b.clone(),
                 tokens: vec![9, 9],
+                ns: 0,
             },
         ]
     );
@@ -65,6 +67,7 @@ fn stores_splits_page_granular_evictions_and_reset() {
             parent: None,
             pages: vec![a[0]],
             tokens: vec![1, 2],
+            ns: 0,
         }
     );
     for child in [
@@ -72,11 +75,13 @@ fn stores_splits_page_granular_evictions_and_reset() {
             parent: Some(a[0]),
             pages: vec![a[1]],
             tokens: vec![3, 4],
+            ns: 0,
         },
         CacheEvent::Stored {
             parent: Some(a[0]),
             pages: b.clone(),
             tokens: vec![9, 9],
+            ns: 0,
         },
     ] {
         assert!(runs[1..].contains(&child), "{child:?} in {runs:?}");
@@ -107,6 +112,7 @@ fn recycled_buffers_carry_exactly_the_new_facts() {
             parent: None,
             pages: a,
             tokens: vec![1, 2, 3, 4],
+            ns: 0,
         }]
     );
     assert_eq!(e.spare_event_buffers(), 0);

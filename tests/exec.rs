@@ -130,6 +130,7 @@ macro_rules! both {
 both!(every_op_answers_as_the_design_says, 2, 8, swa);
 both!(sessions_over_exec, 2, 16);
 both!(errors_are_typed_and_change_nothing, 1, 4, swa);
+both!(unknown_fields_are_refused_by_name, 1, 4);
 both!(session_ids_follow_one_rule, 2, 8);
 both!(shared_prefixes_split_dedupe_and_extend, 2, 16, swa);
 both!(evictions_of_any_size_answer_alike, 1, 4500);
@@ -508,6 +509,15 @@ fn errors_are_typed_and_change_nothing(x: &mut Exec) {
         ),
         (b"\xff\xfe{\"op\":\"stats\"}", "malformed"),
         (b"{\"op\":\"compact\"}", "unknown_op"),
+        (b"{\"op\":\"stats\",\"verbose\":true}", "malformed"),
+        (
+            b"{\"op\":\"match\",\"tokens\":[5],\"lok\":true}",
+            "malformed",
+        ),
+        (
+            b"{\"op\":\"insert\",\"tokens\":[9],\"pages\":[1],\"extra\":null}",
+            "malformed",
+        ),
         (b"{\"op\":\"free\",\"pages\":[9]}", "page_out_of_range"),
         (
             b"{\"op\":\"free\",\"pages\":[99999999999]}",
@@ -562,6 +572,28 @@ fn errors_are_typed_and_change_nothing(x: &mut Exec) {
         error_kind(&x.call(json!({"op":"lock","handle":h}))),
         "stale_handle"
     );
+}
+
+/// A field the op does not take is `malformed`, named in the message, and
+/// the request is not carried out (it used to be ignored silently).
+fn unknown_fields_are_refused_by_name(x: &mut Exec) {
+    x.call(json!({"op":"alloc","n":1}));
+    let before = x.call(json!({"op":"stats"}));
+    for (request, field) in [
+        (
+            json!({"op":"insert","tokens":[3],"pages":[0],"nss":"a"}),
+            "nss",
+        ),
+        (json!({"op":"match","tokens":[3],"locked":true}), "locked"),
+        (json!({"op":"alloc","n":1,"count":1}), "count"),
+        (json!({"op":"stats","x":1}), "x"),
+    ] {
+        let answer = x.call(request.clone());
+        assert_eq!(error_kind(&answer), "malformed", "{request}");
+        let message = answer["message"].as_str().unwrap_or_default();
+        assert!(message.contains(&format!("\"{field}\"")), "{message}");
+        assert_eq!(x.call(json!({"op":"stats"})), before, "{request}");
+    }
 }
 
 #[test]
@@ -1101,3 +1133,59 @@ fn recency_is_exact_unless_sglang_is_asked_for() {
     let daemon = Daemon::start(&base);
     split_recency(&mut Exec::start(&["--connect", &daemon.name]), false);
 }
+
+/// `"ns":"NAME"` puts a `match`, `insert` or `session_commit` in a
+/// namespace: its prefixes never match another's; an empty or too long
+/// name is `bad_namespace` and changes nothing; an op that walks from no
+/// root takes no `"ns"`.
+fn namespaces_over_exec(x: &mut Exec) {
+    let pages = x.call(json!({"op":"alloc","n":4}))["pages"].clone();
+    let (a, b) = (json!([pages[0], pages[1]]), json!([pages[2], pages[3]]));
+    let ins = |x: &mut Exec, ns: Option<&str>, pages: &Value| {
+        let mut r = json!({"op":"insert","tokens":[1,2,3,4],"pages":pages});
+        if let Some(ns) = ns {
+            r["ns"] = json!(ns);
+        }
+        x.call(r)
+    };
+    assert_eq!(ins(x, None, &a)["cached"], 0);
+    assert_eq!(ins(x, Some("lora-7"), &b)["cached"], 0, "nothing shared");
+    let m = |x: &mut Exec, ns: Value| x.call(json!({"op":"match","tokens":[1,2,3,4,5],"ns":ns}));
+    assert_eq!(m(x, Value::Null)["pages"], a);
+    assert_eq!(m(x, json!("lora-7"))["pages"], b);
+    assert_eq!(m(x, json!("other"))["len"], 0);
+    // A session commits in a namespace: the prefix is found there.
+    let c = x.call(json!({"op":"alloc","n":2}))["pages"].clone();
+    let s = x.call(
+        json!({"op":"session_commit","session":"s","tokens":[1,2,3,4],
+        "pages":c,"ns":"lora-7"}),
+    );
+    assert_eq!(s["cached"], 4, "{s}");
+    x.call(json!({"op":"session_release","session":"s"}));
+    let before = x.call(json!({"op":"stats"}));
+    let long = "n".repeat(257);
+    for (request, kind) in [
+        (
+            json!({"op":"match","tokens":[1,2],"ns":""}),
+            "bad_namespace",
+        ),
+        (
+            json!({"op":"match","tokens":[1,2],"ns":long}),
+            "bad_namespace",
+        ),
+        (
+            json!({"op":"insert","tokens":[1,2],"pages":[0],"ns":""}),
+            "bad_namespace",
+        ),
+        (json!({"op":"match","tokens":[1,2],"ns":7}), "malformed"),
+        (json!({"op":"evict","tokens":1,"ns":"a"}), "malformed"),
+        (json!({"op":"stats","ns":"a"}), "malformed"),
+    ] {
+        assert_eq!(error_kind(&x.call(request.clone())), kind, "{request}");
+        assert_eq!(x.call(json!({"op":"stats"})), before, "{request}");
+    }
+    let longest = "n".repeat(256);
+    assert_eq!(m(x, json!(longest))["len"], 0);
+}
+
+both!(namespaces_over_exec, 2, 8, swa);

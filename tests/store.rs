@@ -646,6 +646,27 @@ fn exec_store_scenario(x: &mut Exec) {
         x.call(json!({"op":"store_exists","ns":"m","keys":["p1","p2","p3","p1"]})),
         json!({"ok": true, "run": 2})
     );
+    // A field the op does not take is refused by name, and nothing is stored.
+    for (request, field) in [
+        (
+            json!({"op":"store_put","ns":"m","key":"p3","parent":"p2","data":v1,"lock":true}),
+            "lock",
+        ),
+        (
+            json!({"op":"store_get","ns":"m","key":"p1","namespace":"x"}),
+            "namespace",
+        ),
+        (
+            json!({"op":"store_exists","ns":"m","keys":["p1"],"key":"p1"}),
+            "key",
+        ),
+        (json!({"op":"store_stats","ns":"m"}), "ns"),
+    ] {
+        let answer = x.call(request.clone());
+        assert_eq!(answer["error"], json!("malformed"), "{request}");
+        let message = answer["message"].as_str().unwrap_or_default();
+        assert!(message.contains(&format!("\"{field}\"")), "{message}");
+    }
     let wrong = x.call(json!({"op":"store_put","ns":"m","key":"p3","parent":"p2","data":"AAAA"}));
     assert_eq!(
         (&wrong["ok"], &wrong["error"]),

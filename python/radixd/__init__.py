@@ -31,7 +31,7 @@ for _cls in ERRORS.values():
 del _kind, _cls
 
 from .index import IndexClient, IndexQueryError  # noqa: E402
-from .prefix_cache import PrefixCache, PrefixMatch, TreeNode  # noqa: E402
+from .prefix_cache import PrefixCache, PrefixMatch, TreeNode, namespace_of  # noqa: E402
 
 __all__ = [
     "Client",
@@ -45,6 +45,7 @@ __all__ = [
     "PrefixCache",
     "PrefixMatch",
     "TreeNode",
+    "namespace_of",
     "RadixdError",
     "ERRORS",
     "error_class",

@@ -61,6 +61,8 @@ KINDS = (
     # A client of another KV buffer than the one the daemon's pool is bound
     # to (`radixd.Client(name, pool=...)`).
     "pool_mismatch",
+    # A namespace name that is empty or longer than 256 bytes.
+    "bad_namespace",
 )
 
 #: kind string -> exception class

@@ -33,10 +33,16 @@ sgl-project/sglang. Where the two differ by design:
   does that with a slot from ``alloc_state``). ``insert`` takes
   ``mamba_state`` and ``swa_evicted`` (or an ``InsertParams``'
   ``mamba_value`` and SWA ``component_evicted_seqlens``).
+- Namespaces: a ``RadixKey``'s ``extra_key`` (a LoRA adapter) and
+  ``cache_salt`` (a tenant) put it in a radixd namespace
+  (:func:`namespace_of`), whose prefixes no other namespace matches, as
+  SGLang's tree keeps them apart; a plain token list takes ``ns=``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from array import array
 from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
@@ -113,12 +119,39 @@ def _token_ids(key: Any) -> Any:
     tokens = getattr(key, "token_ids", None)
     if tokens is None:
         return key
-    if getattr(key, "extra_key", None) is not None:
-        # SGLang keeps keys of different extra_key (LoRA id, cache salt)
-        # apart; one radixd tree has no such namespaces, and sharing KV
-        # across them would be wrong, so refuse rather than mix them.
-        raise ValueError(f"radixd keeps no extra_key namespaces (got extra_key={key.extra_key!r})")
     return tokens
+
+
+#: Longest namespace name radixd takes, in bytes (UTF-8).
+MAX_NAMESPACE_LEN = 256
+
+
+def namespace_of(key: Any) -> Optional[str]:
+    """The radixd namespace of an SGLang key (a ``RadixKey``, a
+    ``MatchPrefixParams``/``InsertParams`` or a ``Req``): ``None`` (the
+    default namespace) without ``extra_key`` and ``cache_salt``, else one
+    name per pair, as SGLang's ``RadixKey.child_key_at`` keeps one disjoint
+    subtree per ``(extra_key, cache_salt)``: the JSON
+    ``[extra_key, cache_salt]`` (``["sql-lora",null]``), or
+    ``sha256:<hex>`` of it where that is longer than radixd's 256 bytes. An
+    empty ``cache_salt`` is none (as ``RadixKey`` has it); an empty
+    ``extra_key`` is a namespace of its own (as ``child_key_at`` has it)."""
+    inner = getattr(key, "key", None)
+    if inner is not None and not callable(inner) and hasattr(inner, "token_ids"):
+        key = inner
+    extra = getattr(key, "extra_key", None)
+    salt = getattr(key, "cache_salt", None) or None
+    if extra is None and salt is None:
+        return None
+    name = json.dumps([extra, salt], ensure_ascii=False, separators=(",", ":"), default=repr)
+    if len(name.encode()) > MAX_NAMESPACE_LEN:
+        name = "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+    return name
+
+
+def _ns(key: Any, ns: Optional[str]) -> Optional[str]:
+    """``ns`` if given, else the key's own namespace."""
+    return ns if ns is not None else namespace_of(key)
 
 
 def _slot(value: Any) -> Optional[int]:
@@ -216,14 +249,15 @@ class PrefixCache:
         """Empties the cache (through a daemon: one that allows it)."""
         self.backend.reset()
 
-    def match_prefix(self, key: Any, **_: Any) -> PrefixMatch:
+    def match_prefix(self, key: Any, ns: Optional[str] = None, **_: Any) -> PrefixMatch:
         """The longest cached prefix of ``key`` (token ids, a ``RadixKey`` or a
         ``MatchPrefixParams``): ``device_prefix_len``, ``device_indices`` and
-        ``last_device_node`` (the root when nothing matched). Takes no lock."""
+        ``last_device_node`` (the root when nothing matched). Takes no lock.
+        In namespace ``ns``, or the key's own (:func:`namespace_of`)."""
         tokens = _token_ids(key)
         if self.disable or len(tokens) < self.page_size:
             return self._miss()
-        r = self.backend.match_prefix(_aligned(tokens, self.page_size))
+        r = self.backend.match_prefix(_aligned(tokens, self.page_size), ns=_ns(key, ns))
         hybrid = self._hybrid(r)
         if r.handle is None or r.len == 0:
             return self._miss(**hybrid)
@@ -262,6 +296,7 @@ class PrefixCache:
         value: Any = None,
         mamba_state: Optional[int] = None,
         swa_evicted: int = 0,
+        ns: Optional[str] = None,
         **_: Any,
     ) -> int:
         """Caches ``key`` (cut to whole pages) with per-token KV indices
@@ -271,9 +306,11 @@ class PrefixCache:
         checkpointed at the key's end (freed here when the node has one
         already, as SGLang frees it), ``swa_evicted`` names the leading
         tokens whose SWA pages ``free_swa`` freed; an ``InsertParams`` key
-        gives them as ``mamba_value`` and its SWA evicted seqlen."""
+        gives them as ``mamba_value`` and its SWA evicted seqlen. In
+        namespace ``ns``, or the key's own (:func:`namespace_of`)."""
         if self.disable:
             return 0
+        ns = _ns(key, ns)
         if not isinstance(key, (list, tuple, array)):
             if value is None:
                 value = getattr(key, "value", None)
@@ -284,7 +321,7 @@ class PrefixCache:
         tokens = _aligned(_token_ids(key), self.page_size)
         if len(tokens) == 0:
             return 0
-        extra = {}
+        extra: dict = {"ns": ns}
         if mamba_state is not None:
             extra["mamba_state"] = mamba_state
         if swa_evicted:
@@ -304,13 +341,13 @@ class PrefixCache:
 
     def _insert_allocating(self, tokens: Any, extra: Optional[dict] = None) -> int:
         # Lock what is cached, so allocating cannot evict it under us.
-        m = self.backend.match_prefix(tokens, lock=True)
+        extra = extra or {}
+        m = self.backend.match_prefix(tokens, lock=True, ns=extra.get("ns"))
         try:
             need = len(tokens) // self.page_size - len(m.pages)
             pages = list(m.pages)
             if need > 0:
                 pages.extend(self.backend.alloc(need))
-            extra = extra or {}
             return self._settle(self.backend.insert(tokens, pages, **extra), extra.get("mamba_state"))
         finally:
             if m.handle is not None:
@@ -402,6 +439,7 @@ class PrefixCache:
         last_node: Optional[TreeNode] = None,
         cache_protected_len: int = 0,
         is_insert: bool = True,
+        ns: Optional[str] = None,
     ) -> int:
         """A finished request: caches its whole pages (``is_insert``), frees
         the pages not cached (the partial tail page; without ``is_insert``
@@ -413,7 +451,7 @@ class PrefixCache:
         if self.disable:
             self.free_indices(kv_indices[cache_protected_len:n])
         elif is_insert:
-            prefix_len = self.insert(token_ids[:aligned], kv_indices[:aligned])
+            prefix_len = self.insert(token_ids[:aligned], kv_indices[:aligned], ns=ns)
             self.free_indices(kv_indices[aligned:n])
         else:
             self.free_indices(kv_indices[cache_protected_len:n])
@@ -425,6 +463,7 @@ class PrefixCache:
         token_ids: Sequence[int],
         kv_indices: Any,
         last_node: Optional[TreeNode] = None,
+        ns: Optional[str] = None,
     ) -> Tuple[Any, TreeNode]:
         """A request that goes on (chunked prefill, decode): caches its whole
         pages, locks the new last node before unlocking ``last_node``, and
@@ -434,8 +473,8 @@ class PrefixCache:
         aligned = n // self.page_size * self.page_size
         if self.disable or aligned == 0:
             return kv_indices[:n], last_node or self.root_node
-        self.insert(token_ids[:aligned], kv_indices[:aligned])
-        m = self.match_prefix(token_ids[:aligned])
+        self.insert(token_ids[:aligned], kv_indices[:aligned], ns=ns)
+        m = self.match_prefix(token_ids[:aligned], ns=ns)
         self.inc_lock_ref(m.last_device_node)
         self.dec_lock_ref(last_node)
         new = m.device_indices

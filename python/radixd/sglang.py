@@ -63,15 +63,24 @@ class RadixdNode:
     pages only when SGLang asks for them (``path_device_indices``), once per
     node: a match itself builds none."""
 
-    __slots__ = ("handle", "prefix_len", "pages", "tokens", "_indices")
+    __slots__ = ("handle", "prefix_len", "pages", "tokens", "ns", "_indices")
 
-    def __init__(self, handle: Optional[int], prefix_len: int, pages: Any = _EMPTY_PAGES, tokens: Any = None):
+    def __init__(
+        self,
+        handle: Optional[int],
+        prefix_len: int,
+        pages: Any = _EMPTY_PAGES,
+        tokens: Any = None,
+        ns: Optional[str] = None,
+    ):
         self.handle = handle
         self.prefix_len = prefix_len
         self.pages = pages
-        # The key it was matched with (not copied): lets a lock find the same
-        # prefix again if another scheduler evicted the node meanwhile.
+        # The key it was matched with (not copied) and its namespace: lets a
+        # lock find the same prefix again if another scheduler evicted the
+        # node meanwhile.
         self.tokens = tokens
+        self.ns = ns
         self._indices: Optional[torch.Tensor] = None
 
     @property
@@ -106,11 +115,10 @@ def _token_ids(key: Any) -> Any:
     return tokens
 
 
-def _namespaced(key: Any) -> bool:
+def _ns(key: Any) -> Optional[str]:
     # SGLang keeps keys of different extra_key (LoRA id) or cache_salt in
-    # disjoint namespaces; one radixd tree has none, and sharing KV across
-    # them would be wrong, so such requests neither match nor insert.
-    return bool(getattr(key, "extra_key", None) or getattr(key, "cache_salt", None))
+    # disjoint subtrees; radixd keeps each pair in a namespace of its own.
+    return radixd.namespace_of(key)
 
 
 def _pages_tensor(pages: Any) -> torch.Tensor:
@@ -335,21 +343,22 @@ class RadixdPrefixCache(BasePrefixCache):
         prefix of ``params.key`` (radixd cuts the key to whole pages), its
         last node (split there, LRU touched), no lock taken."""
         key = params.key
-        if self.disable or _namespaced(key):
+        if self.disable:
             return self._miss
         tokens = _token_ids(key)
-        m = self.backend.match_prefix(tokens)
+        ns = _ns(key)
+        m = self.backend.match_prefix(tokens, ns=ns)
         n = m.len
         if n == 0:
             return self._miss
-        node = RadixdNode(m.handle, n, m.pages, tokens)
+        node = RadixdNode(m.handle, n, m.pages, tokens, ns)
         return MatchResult(n, node, node, node)
 
     def touch_prefix(self, key: Any) -> None:
         """As ``RadixCache.touch_prefix``: bumps LRU recency along the cached
         path (a match whose answer is dropped)."""
-        if not self.disable and not _namespaced(key):
-            self.backend.match_prefix(_token_ids(key))
+        if not self.disable:
+            self.backend.match_prefix(_token_ids(key), ns=_ns(key))
 
     def path_device_indices(self, node: RadixdNode) -> torch.Tensor:
         """KV indices from the root to ``node``, built from the pages its
@@ -387,30 +396,31 @@ class RadixdPrefixCache(BasePrefixCache):
         radixd); returns the prefix length already cached. radixd returns
         the pages of an already-cached prefix to the pool itself."""
         key = params.key
-        if self.disable or _namespaced(key):
+        if self.disable:
             return InsertResult(prefix_len=0)
+        ns = _ns(key)
         tokens = _token_ids(key)
         n = len(tokens) // self.page_size * self.page_size
         if n == 0:
             return InsertResult(prefix_len=0)
         value = params.value
         if value is None:
-            return self._insert_allocating(tokens[:n])
+            return self._insert_allocating(tokens[:n], ns)
         pages = self._value_pages(value, n)
-        r = self.backend.insert(tokens[:n], pages)
+        r = self.backend.insert(tokens[:n], pages, ns=ns)
         return InsertResult(prefix_len=r.cached, total_len=r.len)
 
-    def _insert_allocating(self, tokens: Any) -> InsertResult:
+    def _insert_allocating(self, tokens: Any, ns: Optional[str]) -> InsertResult:
         """``insert`` without a value (``RadixCache`` then uses the token ids
         as values, for tests): pages for the uncached part come from radixd,
         the cached prefix locked meanwhile so allocating cannot evict it."""
-        m = self.backend.match_prefix(tokens, lock=True)
+        m = self.backend.match_prefix(tokens, lock=True, ns=ns)
         try:
             pages = list(m.pages)
             need = len(tokens) // self.page_size - len(pages)
             if need > 0:
                 pages.extend(self.backend.alloc(need))
-            r = self.backend.insert(tokens, pages)
+            r = self.backend.insert(tokens, pages, ns=ns)
         finally:
             if m.handle is not None:
                 self.backend.unlock(m.handle)
@@ -440,8 +450,7 @@ class RadixdPrefixCache(BasePrefixCache):
             return
         kv = req.kv
         token_ids = req.full_untruncated_fill_ids[:up_to]
-        if _namespaced(req):
-            return
+        ns = _ns(req)
         ps = self.page_size
         n = len(token_ids) // ps * ps
         kv.cache_inserted_len = max(kv.cache_inserted_len, n)
@@ -449,9 +458,9 @@ class RadixdPrefixCache(BasePrefixCache):
             return
         row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
         tokens = token_ids[:n]
-        r = self.backend.insert(tokens, self._value_pages(row[:n], n), lock=True)
-        m = self.backend.match_prefix(tokens)
-        node = RadixdNode(m.handle, m.len, m.pages, tokens)
+        r = self.backend.insert(tokens, self._value_pages(row[:n], n), lock=True, ns=ns)
+        m = self.backend.match_prefix(tokens, ns=ns)
+        node = RadixdNode(m.handle, m.len, m.pages, tokens, ns)
         new_indices = self.path_device_indices(node)
         start = kv.cache_protected_len
         if m.len > start:
@@ -493,7 +502,7 @@ class RadixdPrefixCache(BasePrefixCache):
                 # (the scheduler reads the path's indices only after locking).
                 if node.tokens is None:
                     raise
-                m = self.backend.match_prefix(node.tokens[: node.prefix_len])
+                m = self.backend.match_prefix(node.tokens[: node.prefix_len], ns=node.ns)
                 if m.len != node.prefix_len:
                     raise RuntimeError(
                         f"radixd: another scheduler evicted {node.prefix_len - m.len} tokens of a matched "

@@ -506,6 +506,18 @@ mod reply {
     }
 }
 
+/// `request` in namespace `ns` (`None`: the default one, the request as
+/// it is).
+fn in_namespace(ns: Option<String>, request: Request) -> Request {
+    match ns {
+        Some(ns) => Request::Namespaced {
+            ns,
+            request: Box::new(request),
+        },
+        None => request,
+    }
+}
+
 /// An insert-shaped call (`insert`, `session_commit`): reads `tokens` and
 /// `pages`, then `run`s the request built of them.
 fn insert_like(
@@ -530,13 +542,16 @@ macro_rules! cache_methods {
             /// (locked when `lock`; `None` when nothing matched), and
             /// `.full_kv_hit_length` (tokens FULL alone matched) and
             /// `.mamba_state` (the state slot the match ends at) when a
-            /// secondary component is on.
-            #[pyo3(signature = (tokens, lock = false))]
+            /// secondary component is on. `ns`: the namespace (a LoRA
+            /// adapter's, a tenant's; `None`, the default one), whose
+            /// prefixes no other namespace matches.
+            #[pyo3(signature = (tokens, lock = false, ns = None))]
             fn match_prefix(
                 &self,
                 py: Python<'_>,
                 tokens: &Bound<'_, PyAny>,
                 lock: bool,
+                ns: Option<String>,
             ) -> PyResult<MatchResult> {
                 let tokens = input::u32s(tokens, "tokens")?;
                 let request = if self.components()?.is_full_only() {
@@ -544,7 +559,7 @@ macro_rules! cache_methods {
                 } else {
                     Request::MatchWith { tokens, lock }
                 };
-                reply::matched(py, self.run(py, request)?)
+                reply::matched(py, self.run(py, in_namespace(ns, request))?)
             }
 
             /// Caches `tokens` with `pages` (one owned page per whole page of
@@ -552,8 +567,10 @@ macro_rules! cache_methods {
             /// `.mamba_exist`. `mamba_state`: a state slot from
             /// `alloc_state` to checkpoint at the key's end (the tree takes
             /// it); `swa_evicted`: leading tokens whose SWA pages
-            /// `free_swa` freed (page-aligned).
-            #[pyo3(signature = (tokens, pages, lock = false, mamba_state = None, swa_evicted = None))]
+            /// `free_swa` freed (page-aligned). `ns`: the namespace, as
+            /// `match_prefix`'s.
+            #[pyo3(signature = (tokens, pages, lock = false, mamba_state = None, swa_evicted = None, ns = None))]
+            #[allow(clippy::too_many_arguments)]
             fn insert(
                 &self,
                 py: Python<'_>,
@@ -562,6 +579,7 @@ macro_rules! cache_methods {
                 lock: bool,
                 mamba_state: Option<&Bound<'_, PyAny>>,
                 swa_evicted: Option<&Bound<'_, PyAny>>,
+                ns: Option<String>,
             ) -> PyResult<InsertResult> {
                 let mamba_state = state_arg(mamba_state)?;
                 let swa_evicted = opt_count(swa_evicted, "swa_evicted")?;
@@ -580,7 +598,7 @@ macro_rules! cache_methods {
                             swa_evicted,
                         }
                     };
-                    self.run(py, request)
+                    self.run(py, in_namespace(ns, request))
                 })
             }
 
@@ -711,16 +729,20 @@ macro_rules! cache_methods {
                 Ok(Bound::new(py, e)?.into_any().unbind())
             }
 
-            /// Commits a session's conversation so far: `.cached`, `.len`.
+            /// Commits a session's conversation so far: `.cached`, `.len`;
+            /// in namespace `ns` when given.
+            #[pyo3(signature = (session, tokens, pages, ns = None))]
             fn session_commit(
                 &self,
                 py: Python<'_>,
                 session: String,
                 tokens: &Bound<'_, PyAny>,
                 pages: &Bound<'_, PyAny>,
+                ns: Option<String>,
             ) -> PyResult<InsertResult> {
                 insert_like(tokens, pages, |tokens, pages| {
-                    self.run(py, Request::SessionCommit { session, tokens, pages })
+                    let request = Request::SessionCommit { session, tokens, pages };
+                    self.run(py, in_namespace(ns, request))
                 })
             }
 
@@ -902,19 +924,21 @@ cache_methods! {
         }
 
         /// `(len, pages)` of the longest cached prefix, read straight from the
-        /// shared tree: no round trip, no lock, no LRU touch.
+        /// shared tree: no round trip, no lock, no LRU touch; in namespace
+        /// `ns` when given (its id asked of the daemon once).
+        #[pyo3(signature = (tokens, ns = None))]
         fn peek<'py>(
             &self,
             py: Python<'py>,
             tokens: &Bound<'py, PyAny>,
+            ns: Option<String>,
         ) -> PyResult<(usize, Bound<'py, PyAny>)> {
             let tokens = input::u32s(tokens, "tokens")?;
-            let (len, pages) = self
-                .hold(py)?
-                .as_ref()
-                .ok_or_else(closed)?
-                .peek(&tokens)
-                .map_err(|e| rejected(py, client_error(e)))?;
+            let (len, pages) = match ns {
+                None => self.hold(py)?.as_ref().ok_or_else(closed)?.peek(&tokens),
+                Some(ns) => self.with(py, |c| c.peek_in(&ns, &tokens))?,
+            }
+            .map_err(|e| rejected(py, client_error(e)))?;
             Ok((len, input::array_out(py, &pages)?))
         }
 

@@ -225,8 +225,9 @@ def test_match_result_shape_and_indices_layout():
     assert cache.match_prefix(radix_key).device_prefix_len == 8
     assert cache.match_prefix(SimpleNamespace(key=radix_key)).device_prefix_len == 8
     assert cache.match_prefix(np.arange(10)).device_prefix_len == 8
-    with pytest.raises(ValueError):
-        cache.match_prefix(SimpleNamespace(token_ids=list(range(10)), extra_key="lora-1"))
+    # A LoRA adapter's key is in its own namespace: nothing cached there yet.
+    lora_key = SimpleNamespace(token_ids=list(range(10)), extra_key="lora-1")
+    assert cache.match_prefix(lora_key).device_prefix_len == 0
     assert cache.inc_lock_ref(m.last_device_node) == -8
     assert (cache.protected_size(), cache.evictable_size(), cache.total_size()) == (8, 0, 8)
     assert cache.evict(100) == 0
@@ -267,3 +268,53 @@ def test_request_lifecycle_frees_and_caches_like_sglang():
     assert e.stats()["free_pages"] == free0 - 3
     e.validate()
 
+
+
+def _keys(tokens, extra_key=None, cache_salt=None):
+    return SimpleNamespace(token_ids=tokens, extra_key=extra_key, cache_salt=cache_salt)
+
+
+@pytest.mark.parametrize("backend", ["engine", "client"])
+def test_namespaces_keep_lora_adapters_and_salts_apart(backend, request):
+    """SGLang keeps one subtree per (extra_key, cache_salt): so do radixd's
+    namespaces, through PrefixCache, Engine and Client alike."""
+    if backend == "engine":
+        b = radixd.Engine(page_size=2, capacity=64)
+    else:
+        b = request.getfixturevalue("start_daemon")(page_size=2, capacity=64).client()
+    cache = PrefixCache(b)
+    tokens = list(range(16))
+    spaces = [(None, None), ("lora-1", None), ("lora-2", None), (None, "tenant"), ("lora-1", "tenant"), ("", None)]
+    names = {radixd.namespace_of(_keys(tokens, e, s)) for e, s in spaces}
+    assert len(names) == len(spaces) and None in names
+    assert radixd.namespace_of(_keys(tokens, None, "")) is None, "an empty salt is none"
+    assert len(radixd.namespace_of(_keys(tokens, "x" * 300)).encode()) <= 256
+    for i, (e, s) in enumerate(spaces):
+        # Each namespace caches a prefix of its own length: 2, 4, 6... tokens.
+        key = _keys(tokens[: 2 * (i + 1)], e, s)
+        assert cache.match_prefix(key).device_prefix_len == 0
+        assert cache.insert(key) == 0
+    for i, (e, s) in enumerate(spaces):
+        m = cache.match_prefix(_keys(tokens, e, s))
+        assert m.device_prefix_len == 2 * (i + 1), (e, s)
+    # Explicit names on plain token lists, and the native calls take ns=.
+    assert cache.match_prefix(tokens, ns=radixd.namespace_of(_keys(tokens, "lora-2"))).device_prefix_len == 6
+    assert cache.match_prefix(tokens, ns='["lora-2",null]').device_prefix_len == 6, "the documented name"
+    assert b.match_prefix(tokens, ns="never-used").len == 0
+    pages = b.alloc(2)
+    r = b.insert([9, 9, 8, 8], pages, ns="mine")
+    assert r.cached == 0
+    assert b.match_prefix([9, 9, 8, 8], ns="mine").len == 4
+    assert b.match_prefix([9, 9, 8, 8]).len == 0
+    if backend == "client":
+        assert b.peek([9, 9, 8, 8], ns="mine")[0] == 4
+        assert b.peek([9, 9, 8, 8])[0] == 0
+    s = b.session_commit("conv", [5, 5], b.alloc(1), ns="mine")
+    assert s.cached == 0
+    assert b.match_prefix([5, 5], ns="mine").len == 2 and b.match_prefix([5, 5]).len == 0
+    before = b.stats()
+    for bad in ["", "n" * 257]:
+        with pytest.raises(radixd.ERRORS["bad_namespace"]):
+            b.match_prefix(tokens, ns=bad)
+    assert b.stats() == before
+    cache.validate()

@@ -94,8 +94,12 @@ class Sim:
 
     # ----- what the scheduler does -----
 
-    def arrive(self, rid: str, tokens: array) -> int:
-        req = Req(rid, "", array("q", tokens), SamplingParams(max_new_tokens=64))
+    def arrive(self, rid: str, tokens: array, space: tuple = (None, None)) -> int:
+        """``space``: the request's ``(extra_key, cache_salt)``."""
+        extra_key, cache_salt = space
+        req = Req(
+            rid, "", array("q", tokens), SamplingParams(max_new_tokens=64), extra_key=extra_key, cache_salt=cache_salt
+        )
         req.refresh_fill_ids()
         match_kv_cache(req, self.cache)
         req.lock = self.cache.lock(req.last_node)
@@ -166,8 +170,9 @@ class Sim:
     def evict(self, n: int) -> int:
         return self.cache.evict(EvictParams(num_tokens=n)).num_tokens_evicted
 
-    def peek(self, tokens: array) -> int:
-        return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens)))).device_prefix_len
+    def peek(self, tokens: array, space: tuple = (None, None)) -> int:
+        key = RadixKey(array("q", tokens), extra_key=space[0], cache_salt=space[1])
+        return self.cache.match_prefix(MatchPrefixParams(key=key)).device_prefix_len
 
     def sizes(self) -> tuple:
         c = self.cache
@@ -194,11 +199,16 @@ class Twin:
     """SGLang's ``RadixCache`` (a) and ``RadixdPrefixCache`` (b) under the same
     random operations; every answer is compared (``ops`` counts them)."""
 
-    def __init__(self, page_size: int, pages: int, backend_cache: Any, seed: int, lru: bool = False):
+    def __init__(
+        self, page_size: int, pages: int, backend_cache: Any, seed: int, lru: bool = False, spaces: Optional[list] = None
+    ):
         # lru: evictions free part of the evictable tokens, so the two
         # caches must agree on which leaves are least recently used; else
         # every eviction frees all that is evictable (order-free).
         self.lru = lru
+        # The (extra_key, cache_salt) pairs requests come in (LoRA
+        # adapters, tenants): each arrival and match picks one.
+        self.spaces = spaces or [(None, None)]
         self.rng = random.Random(seed)
         self.ps = page_size
         pa = params(page_size, pages)
@@ -211,6 +221,7 @@ class Twin:
         self.ops = 0
         self.evictions = 0
         self.hits = 0
+        self.hit_spaces: set = set()
 
     def same(self, what: str, x: Any, y: Any) -> None:
         assert x == y, f"op {self.ops}: {what}: SGLang {x!r}, radixd {y!r}"
@@ -241,9 +252,12 @@ class Twin:
             self.next_rid += 1
             prompt = self.work.prompt()
             self.prompts[rid] = prompt
-            hit = self.a.arrive(rid, prompt)
-            self.same("match on arrival", hit, self.b.arrive(rid, prompt))
+            space = r.choice(self.spaces)
+            hit = self.a.arrive(rid, prompt, space)
+            self.same(f"match on arrival in {space}", hit, self.b.arrive(rid, prompt, space))
             self.hits += hit > 0
+            if hit:
+                self.hit_spaces.add(space)
         elif roll < 0.6 and running:
             rid = r.choice(running)
             req = self.a.running[rid]
@@ -277,7 +291,8 @@ class Twin:
             self.evictions += 1
         else:
             tokens = self.work.prompt()
-            self.same("match", self.a.peek(tokens), self.b.peek(tokens))
+            space = r.choice(self.spaces)
+            self.same(f"match in {space}", self.a.peek(tokens, space), self.b.peek(tokens, space))
         self.check_sizes("after the op")
 
     def drain(self) -> None:

@@ -95,7 +95,7 @@ def test_allocator_hands_out_radixd_pages(start_daemon, monkeypatch):
     assert torch.equal(cache.path_device_indices(cache.root_node), torch.empty(0, dtype=torch.int64))
 
 
-def test_namespaced_requests_are_served_uncached():
+def test_namespaced_requests_are_cached_apart():
     from array import array
 
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
@@ -113,6 +113,16 @@ def test_namespaced_requests_are_served_uncached():
         assert sim.cache.match_prefix(MatchPrefixParams(key=salted)).device_prefix_len == 0
     sim.finish("a")
     assert sim.cache.total_size() == 8
+    # The same tokens under a LoRA adapter are cached in its namespace.
+    sim.arrive("b", list(range(8)), ("lora-1", None))
+    sim.extend("b", 8)
+    assert sim.checkpoint("b") == 8
+    sim.finish("b")
+    assert sim.cache.total_size() == 16
+    lora = RadixKey(tokens, extra_key="lora-1")
+    assert sim.cache.match_prefix(MatchPrefixParams(key=lora)).device_prefix_len == 8
+    salted = RadixKey(tokens, extra_key="lora-1", cache_salt="s")
+    assert sim.cache.match_prefix(MatchPrefixParams(key=salted)).device_prefix_len == 0
 
 
 def test_a_cache_of_its_own_from_an_engine():

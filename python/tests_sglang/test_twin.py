@@ -80,3 +80,35 @@ def test_a_split_touches_its_lower_half_as_sglang_does():
     # radixd's default (exact recency): the match used [1, 2] only; [3, 4]
     # is as old as its insert, older than [9, 9].
     assert found[2] == [2, 2]
+
+
+# LoRA adapters (extra_key), tenants (cache_salt), both, an empty extra_key
+# (a namespace of its own in SGLang) and none: SGLang keeps one subtree per
+# pair, radixd one namespace; eviction is one LRU over all in both.
+SPACES = [(None, None), ("lora-1", None), ("lora-2", None), (None, "tenant-a"), ("lora-1", "tenant-a"), ("", None)]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_namespaces_in_process(page_size):
+    make = lambda p: RadixdPrefixCache(p, radixd.Engine(page_size, PAGES, recency="sglang"))  # noqa: E731
+    twin = Twin(page_size, PAGES, make, seed=200 + page_size, lru=True, spaces=SPACES)
+    for _ in range(OPS // 2):
+        twin.step()
+    twin.drain()
+    twin.b.cache.backend.validate()
+    assert twin.evictions > OPS // 40 and twin.hits > OPS // 200
+    assert twin.hit_spaces == set(SPACES), "every namespace was hit"
+
+
+def test_namespaces_through_daemon(start_daemon, monkeypatch):
+    from sim import radixd_cache
+
+    d = start_daemon("--recency", "sglang", page_size=4, capacity=PAGES)
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    twin = Twin(4, PAGES, radixd_cache, seed=300, lru=True, spaces=SPACES)
+    for _ in range(OPS // 2):
+        twin.step()
+    twin.drain()
+    twin.b.cache.backend.validate()
+    assert twin.evictions > OPS // 40 and twin.hits > OPS // 200
+    assert twin.hit_spaces == set(SPACES), "every namespace was hit"

@@ -44,6 +44,10 @@ pub(crate) struct Arena<R> {
     pub(crate) lru: Lru,
     /// The secondary components (`hybrid`); `None` when only FULL is on.
     pub(crate) hybrid: Option<Box<Hybrid>>,
+    /// The namespace the operation under way works in (0: the default);
+    /// only walks from the root and leaves hung under it read it (see
+    /// [`super::Engine::with_namespace`]).
+    pub(crate) ns: u32,
 }
 
 impl<R: Region> Arena<R> {
@@ -75,6 +79,7 @@ impl<R: Region> Arena<R> {
             retire: None,
             lru: Lru::new(layout.node_cap),
             hybrid: None,
+            ns: 0,
         };
         arena.format();
         Ok(arena)

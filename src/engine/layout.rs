@@ -34,7 +34,7 @@ pub const MAX_PAGE_SIZE: u32 = 1024;
 pub const MAX_CAPACITY: u32 = 1 << 30;
 
 /// Identifies this layout; bumped whenever a record changes shape.
-pub const ENGINE_VERSION: u32 = 6;
+pub const ENGINE_VERSION: u32 = 7;
 
 /// Engine-wide scalars at the start of the region.
 #[repr(C)]
@@ -107,6 +107,10 @@ pub(crate) struct Node {
     pub hash: u32,
     /// The MAMBA state slot checkpointed at this node, plus one; 0: none.
     pub mamba: u32,
+    /// The namespace the node's prefix lives in (0: the default one);
+    /// a child's is its parent's, and the root's children are filed
+    /// under theirs (see `table`).
+    pub ns: u32,
 }
 
 impl Node {
@@ -125,6 +129,7 @@ impl Node {
             link,
             hash: 0,
             mamba: 0,
+            ns: 0,
         }
     }
 }
@@ -172,7 +177,7 @@ pub(crate) struct Bucket {
 }
 
 const _: () = assert!(size_of::<Header>() == 96);
-const _: () = assert!(size_of::<Node>() == 48);
+const _: () = assert!(size_of::<Node>() == 52);
 const _: () = assert!(size_of::<Page>() == 16);
 const _: () = assert!(size_of::<Bucket>() == 8);
 const _: () = assert!(align_of::<Header>() <= REGION_ALIGN);

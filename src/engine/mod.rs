@@ -27,6 +27,7 @@ mod hybrid;
 pub mod layout;
 mod lru;
 mod mem;
+mod namespace;
 mod pool;
 mod reader;
 mod record;
@@ -49,6 +50,10 @@ pub use lru::{Recency, RecencyError};
 pub use mem::{Mapped, TreeMem};
 #[cfg(loom)]
 pub use mem::{Mirror, MirroredRegion};
+pub use namespace::{
+    check_namespace, check_namespace_len, NamespaceError, NamespaceSize, MAX_NAMESPACES,
+    MAX_NAMESPACE_LEN,
+};
 pub use reader::{Anchor, Peeked, TreeReader, Usable};
 pub use record::CacheEvent;
 pub use region::{HeapRegion, Region, REGION_ALIGN};
@@ -214,6 +219,8 @@ pub struct Engine<R = HeapRegion> {
     sessions: HashMap<String, Session>,
     /// Reused buffer for the pages a walk passes.
     walked: Vec<u32>,
+    /// The namespaces' names (see `namespace`).
+    namespaces: namespace::Namespaces,
 }
 
 impl Engine<HeapRegion> {
@@ -283,6 +290,7 @@ impl<R: Region> Engine<R> {
             serials: HashMap::new(),
             sessions: HashMap::new(),
             walked: Vec::new(),
+            namespaces: namespace::Namespaces::default(),
         })
     }
 
@@ -746,6 +754,7 @@ impl<R: Region> Engine<R> {
                 node,
                 partial: None,
                 pages: matched_pages,
+                ns: n.ns,
             });
         }
         let at = self.nth_page(n.first_page, k);
@@ -753,6 +762,7 @@ impl<R: Region> Engine<R> {
             node: n.parent,
             partial: Some((node, at, k)),
             pages: matched_pages,
+            ns: n.ns,
         })
     }
 
@@ -1254,9 +1264,10 @@ impl<R: Region> Engine<R> {
 
     /// Starts (or stops) recording what becomes cached and what goes, for
     /// KV events: see [`CacheEvent`] and [`Engine::take_events`]. Off by
-    /// default; when off, each hook costs one branch.
+    /// default; when off, each hook costs one branch. Turned on, the
+    /// record starts with the namespaces registered so far.
     pub fn record_events(&mut self, on: bool) {
-        self.arena.events = on.then(Vec::new);
+        self.arena.events = on.then(|| self.namespace_events().collect());
         if !on {
             self.arena.spares = Vec::new();
         }
@@ -1293,11 +1304,14 @@ impl<R: Region> Engine<R> {
         }
     }
 
-    /// One [`CacheEvent::Stored`] per cached run (node), parents first:
-    /// applied after a [`CacheEvent::Cleared`], they rebuild exactly the
-    /// cached pages. For resynchronising event consumers.
+    /// Every registered namespace ([`CacheEvent::Namespace`]), then one
+    /// [`CacheEvent::Stored`] per cached run (node), parents first: applied
+    /// after a [`CacheEvent::Cleared`], they rebuild exactly the cached
+    /// pages. For resynchronising event consumers.
     pub fn cached_runs(&self) -> Vec<CacheEvent> {
-        self.arena.cached_runs()
+        let mut out: Vec<CacheEvent> = self.namespace_events().collect();
+        out.extend(self.arena.cached_runs());
+        out
     }
 
     /// Current figures.

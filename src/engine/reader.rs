@@ -415,9 +415,11 @@ impl<M: TreeMem> TreeReader<M> {
     /// Copies candidate `node` (found under `parent`) and the pages of it
     /// that match `key` from `pos`, under the node's version. On anything
     /// but `Child`, `out` is as it was.
+    #[allow(clippy::too_many_arguments)]
     fn copy_child(
         &self,
         parent: u32,
+        ns: u32,
         node: u32,
         key: &[u32],
         pos: usize,
@@ -433,7 +435,12 @@ impl<M: TreeMem> TreeReader<M> {
         // matched, whole, component words).
         let copy = || -> Option<Option<ChildCopy>> {
             let state = self.node(node, offset_of!(Node, state))?;
-            if state != NODE_LIVE || self.node(node, offset_of!(Node, parent))? != parent {
+            if state != NODE_LIVE
+                || self.node(node, offset_of!(Node, parent))? != parent
+                // Only the root's children are filed by namespace: below
+                // them a child is in its parent's (one load saved a hop).
+                || (parent == ROOT && self.node(node, offset_of!(Node, ns))? != ns)
+            {
                 return Some(None);
             }
             let num_pages = self.node(node, offset_of!(Node, num_pages))?;
@@ -528,13 +535,14 @@ impl<M: TreeMem> TreeReader<M> {
     fn lookup(
         &self,
         parent: u32,
+        ns: u32,
         key: &[u32],
         pos: usize,
         out: &mut Vec<u32>,
         comps: Comps,
     ) -> Lookup {
         let p = self.layout.page_size as usize;
-        let hash = child_hash(parent, &key[pos..pos + p]);
+        let hash = child_hash(parent, ns, &key[pos..pos + p]);
         let mask = self.layout.buckets - 1;
         for attempt in 0..NODE_TRIES {
             let Some(tv) = self.table_version().stable() else {
@@ -549,7 +557,7 @@ impl<M: TreeMem> TreeReader<M> {
                     break;
                 }
                 if b.hash == hash {
-                    match self.copy_child(parent, b.node, key, pos, out, comps) {
+                    match self.copy_child(parent, ns, b.node, key, pos, out, comps) {
                         Copied::Child {
                             generation,
                             version,
@@ -655,10 +663,60 @@ impl<M: TreeMem> TreeReader<M> {
         self.peek_anchored(tokens, pages).map(|p| p.len)
     }
 
+    /// Tokens cached per namespace id that holds any (the default, 0,
+    /// first), counted over the live nodes without a lock: a best-effort
+    /// figure for `radixd stat`, exact while the tree stands still.
+    pub fn namespace_tokens(&self) -> Vec<(u32, u64)> {
+        let p = u64::from(self.layout.page_size);
+        let mut tokens = std::collections::BTreeMap::<u32, u64>::new();
+        for i in (0..self.layout.node_cap).filter(|&i| i != ROOT) {
+            let field = |f| self.node(i, f);
+            if field(offset_of!(Node, state)) != Some(NODE_LIVE) {
+                continue;
+            }
+            let (Some(ns), Some(pages)) = (
+                field(offset_of!(Node, ns)),
+                field(offset_of!(Node, num_pages)),
+            ) else {
+                continue;
+            };
+            *tokens.entry(ns).or_default() += u64::from(pages) * p;
+        }
+        tokens.into_iter().collect()
+    }
+
+    /// [`TreeReader::peek`] in namespace `ns` (an id the daemon gave; 0:
+    /// the default namespace).
+    pub fn peek_in(&self, ns: u32, tokens: &[u32], pages: &mut Vec<u32>) -> Option<usize> {
+        self.peek_anchored_in(ns, tokens, pages).map(|p| p.len)
+    }
+
+    /// [`TreeReader::peek_anchored`] in namespace `ns`.
+    pub fn peek_anchored_in(
+        &self,
+        ns: u32,
+        tokens: &[u32],
+        pages: &mut Vec<u32>,
+    ) -> Option<Peeked> {
+        self.walk(ns, tokens, pages).map(|(peeked, _)| peeked)
+    }
+
+    /// [`TreeReader::peek_usable`] in namespace `ns`.
+    pub fn peek_usable_in(
+        &self,
+        ns: u32,
+        tokens: &[u32],
+        pages: &mut Vec<u32>,
+    ) -> Option<(Usable, Peeked)> {
+        let (peeked, usable) = self.walk(ns, tokens, pages)?;
+        pages.truncate(usable.len / self.layout.page_size as usize);
+        Some((usable, peeked))
+    }
+
     /// [`TreeReader::peek`], also naming where the match ended (the same
     /// walk: the anchor is the frame or copy the answer came from).
     pub fn peek_anchored(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<Peeked> {
-        self.walk(tokens, pages).map(|(peeked, _)| peeked)
+        self.walk(0, tokens, pages).map(|(peeked, _)| peeked)
     }
 
     /// What a hybrid engine (SWA or MAMBA on) would match: the FULL walk of
@@ -666,13 +724,12 @@ impl<M: TreeMem> TreeReader<M> {
     /// component serves, `pages` cut with it; the same as `peek` on a
     /// FULL-only engine. Returns the usable prefix and the FULL answer.
     pub fn peek_usable(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<(Usable, Peeked)> {
-        let (peeked, usable) = self.walk(tokens, pages)?;
-        pages.truncate(usable.len / self.layout.page_size as usize);
-        Some((usable, peeked))
+        self.peek_usable_in(0, tokens, pages)
     }
 
-    /// The walk of every peek: the FULL answer and the usable one.
-    fn walk(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<(Peeked, Usable)> {
+    /// The walk of every peek, in namespace `ns`: the FULL answer and the
+    /// usable one.
+    fn walk(&self, ns: u32, tokens: &[u32], pages: &mut Vec<u32>) -> Option<(Peeked, Usable)> {
         let p = self.layout.page_size as usize;
         let key = &tokens[..tokens.len() / p * p];
         pages.clear();
@@ -709,7 +766,7 @@ impl<M: TreeMem> TreeReader<M> {
                 return Some((peeked, usable(top.pos, &top)));
             }
             let before = pages.len();
-            let found = self.lookup(top.node, key, top.pos, pages, comps);
+            let found = self.lookup(top.node, ns, key, top.pos, pages, comps);
             let parent_still = || self.version(top.node).is_some_and(|v| v.still(top.version));
             match found {
                 Lookup::Found {

@@ -22,6 +22,9 @@ pub enum CacheEvent {
         pages: Vec<u32>,
         /// `pages.len() * page_size` tokens.
         tokens: Vec<u32>,
+        /// The namespace the run is cached in (0: the default one), an id
+        /// a [`CacheEvent::Namespace`] named before.
+        ns: u32,
     },
     /// `pages` stopped being cached (evicted from the end of one node, so
     /// the last page of the node goes first).
@@ -31,6 +34,9 @@ pub enum CacheEvent {
     },
     /// Every cached page went (reset).
     Cleared,
+    /// Namespace `id` is named `name` (recorded when it is registered, and
+    /// again in a resynchronising snapshot); ids are never reused.
+    Namespace { id: u32, name: String },
 }
 
 impl<R: Region> Arena<R> {
@@ -99,6 +105,7 @@ impl<R: Region> Arena<R> {
                     parent: self.run_parent(n.parent),
                     pages,
                     tokens,
+                    ns: n.ns,
                 });
             }
             stack.extend(children[node as usize].iter().rev());

@@ -11,10 +11,12 @@ use super::arena::{corrupt, Arena};
 use super::layout::{Bucket, Node, NIL};
 use super::region::Region;
 
-/// Hash of a child key. The parent index seeds the hash so the same first
-/// page under two parents lands in different buckets.
+/// Hash of a child key. The parent index and the namespace seed the hash
+/// so the same first page under two parents, or under the root in two
+/// namespaces, lands in different buckets; the default namespace (0)
+/// hashes as if there were none.
 #[inline]
-pub(crate) fn child_hash(parent: u32, page: &[u32]) -> u32 {
+pub(crate) fn child_hash(parent: u32, ns: u32, page: &[u32]) -> u32 {
     let bytes: Vec<u8>;
     let view: &[u8] = if cfg!(target_endian = "little") {
         // SAFETY: `u32` has no padding and `u8` no alignment; the byte view
@@ -26,7 +28,7 @@ pub(crate) fn child_hash(parent: u32, page: &[u32]) -> u32 {
         bytes = page.iter().flat_map(|t| t.to_le_bytes()).collect();
         &bytes
     };
-    xxh3_64_with_seed(view, u64::from(parent)) as u32
+    xxh3_64_with_seed(view, u64::from(parent) | u64::from(ns) << 32) as u32
 }
 
 impl<R: Region> Arena<R> {
@@ -37,11 +39,12 @@ impl<R: Region> Arena<R> {
         self.layout.buckets - 1
     }
 
-    /// The child of `parent` whose first page holds exactly `page`.
+    /// The child of `parent` in namespace `ns` whose first page holds
+    /// exactly `page`.
     #[inline]
-    pub fn find_child(&self, parent: u32, page: &[u32]) -> Option<u32> {
-        self.probe(parent, child_hash(parent, page), |n| {
-            self.page_is(n.first_page, page)
+    pub fn find_child(&self, parent: u32, ns: u32, page: &[u32]) -> Option<u32> {
+        self.probe(parent, child_hash(parent, ns, page), |n| {
+            n.ns == ns && self.page_is(n.first_page, page)
         })
     }
 

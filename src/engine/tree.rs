@@ -20,6 +20,8 @@ pub(crate) struct Walk {
     pub partial: Option<(u32, u32, u32)>,
     /// Pages matched in all.
     pub pages: usize,
+    /// The namespace walked: the children of `node` are looked up in it.
+    pub ns: u32,
 }
 
 impl<R: Region> Arena<R> {
@@ -27,13 +29,15 @@ impl<R: Region> Arena<R> {
         self.layout.page_size as usize
     }
 
-    /// Follows `key` (whole pages only) down from the root, appending the ids
+    /// Follows `key` (whole pages only) down from the root of the current
+    /// namespace, appending the ids
     /// of the matched pages to `out`. Changes nothing.
     pub fn walk(&self, key: &[u32], out: &mut Vec<u32>) -> Walk {
         let root = Walk {
             node: ROOT,
             partial: None,
             pages: 0,
+            ns: self.ns,
         };
         self.walk_on(root, key, out)
     }
@@ -52,7 +56,7 @@ impl<R: Region> Arena<R> {
             walk.node = child;
         }
         while pos + p <= key.len() {
-            let Some(child) = self.find_child(walk.node, &key[pos..pos + p]) else {
+            let Some(child) = self.find_child(walk.node, walk.ns, &key[pos..pos + p]) else {
                 break;
             };
             // `find_child` verified the first page.
@@ -192,6 +196,7 @@ impl<R: Region> Arena<R> {
             n.children = 1;
             n.lock_ref = c.lock_ref;
             n.hash = c.hash;
+            n.ns = c.ns;
             // SWA pages split with the edge; a state stays below.
             n.swa = c.swa;
         }
@@ -201,7 +206,7 @@ impl<R: Region> Arena<R> {
         // and the lower half is filed under it, in one change of the table:
         // a probe between the two would find the upper half childless and
         // report a shorter prefix than was ever the longest cached.
-        let hash = child_hash(m, self.page_tokens(at));
+        let hash = child_hash(m, c.ns, self.page_tokens(at));
         self.table_change(|a| {
             a.table_replace_unversioned(child, m);
             {
@@ -222,16 +227,28 @@ impl<R: Region> Arena<R> {
         self.add_leaf_inner(parent, key, pages)
     }
 
+    /// The namespace of a leaf hung under `parent`: under the root, the
+    /// operation's; below, the parent's.
+    fn leaf_namespace(&self, parent: u32) -> u32 {
+        if parent == ROOT {
+            self.ns
+        } else {
+            self.nodes()[parent as usize].ns
+        }
+    }
+
     fn add_leaf_inner(&mut self, parent: u32, key: &[u32], pages: &[u32]) -> u32 {
         let p = self.page_size();
         if self.recording() {
             let parent_page = self.run_parent(parent);
             let pages_copy = self.record_copy(pages);
             let tokens = self.record_copy(&key[..pages.len() * p]);
+            let ns = self.leaf_namespace(parent);
             self.record(|_| CacheEvent::Stored {
                 parent: parent_page,
                 pages: pages_copy,
                 tokens,
+                ns,
             });
         }
         let leaf = self.node_alloc();
@@ -260,10 +277,12 @@ impl<R: Region> Arena<R> {
             }
             prev = page;
         }
-        let hash = child_hash(parent, &key[..p]);
+        let ns = self.leaf_namespace(parent);
+        let hash = child_hash(parent, ns, &key[..p]);
         {
             let n = &mut self.nodes_mut()[leaf as usize];
             n.parent = parent;
+            n.ns = ns;
             n.first_page = pages[0];
             n.last_page = prev;
             n.num_pages = pages.len() as u32;

@@ -137,10 +137,17 @@ impl<R: Region> Engine<R> {
                 count == n.num_pages && prev == n.last_page,
                 "node {i} page list broken"
             );
-            let hash = child_hash(n.parent, a.page_tokens(n.first_page));
+            if n.parent != ROOT {
+                let up = nodes.get(n.parent as usize).map(|u| u.ns);
+                ensure!(
+                    up == Some(n.ns),
+                    "node {i} is in another namespace than its parent"
+                );
+            }
+            let hash = child_hash(n.parent, n.ns, a.page_tokens(n.first_page));
             ensure!(n.hash == hash, "node {i} filed under a wrong hash");
             ensure!(
-                a.find_child(n.parent, a.page_tokens(n.first_page)) == Some(i),
+                a.find_child(n.parent, n.ns, a.page_tokens(n.first_page)) == Some(i),
                 "node {i} not found from its parent by its first page"
             );
             let t = u64::from(n.num_pages) * p;

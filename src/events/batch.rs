@@ -42,7 +42,8 @@ pub enum KvEvent {
         token_ids: Vec<u32>,
         /// Tokens per page.
         block_size: u32,
-        /// Always `None` (radixd caches no LoRA adapters).
+        /// The LoRA adapter of a namespace named `lora:ID[:NAME]` (see
+        /// `encode::lora_of`); `None` otherwise.
         lora_id: Option<u64>,
         /// Where the pages live (`"GPU"` unless configured).
         medium: Option<String>,
@@ -163,7 +164,8 @@ impl BatchWriter {
         self.count == 0
     }
 
-    /// Appends a `BlockStored`.
+    /// Appends a `BlockStored`; `lora`: its `lora_id` and `lora_name`
+    /// (`None`: nil, nil).
     pub fn stored(
         &mut self,
         block_hashes: &[u64],
@@ -171,6 +173,7 @@ impl BatchWriter {
         tokens: &[u32],
         block_size: u32,
         medium: &str,
+        lora: Option<(u64, Option<&str>)>,
     ) {
         self.open(8, "BlockStored");
         self.block_hashes(block_hashes);
@@ -184,11 +187,17 @@ impl BatchWriter {
         self.key("block_size");
         msgpack::uint(&mut self.body, u64::from(block_size));
         self.key("lora_id");
-        msgpack::nil(&mut self.body);
+        match lora {
+            Some((id, _)) => msgpack::uint(&mut self.body, id),
+            None => msgpack::nil(&mut self.body),
+        }
         self.key("medium");
         msgpack::str(&mut self.body, medium);
         self.key("lora_name");
-        msgpack::nil(&mut self.body);
+        match lora.and_then(|(_, name)| name) {
+            Some(name) => msgpack::str(&mut self.body, name),
+            None => msgpack::nil(&mut self.body),
+        }
         self.count += 1;
     }
 
@@ -378,7 +387,7 @@ mod tests {
     fn both_layouts_round_trip() {
         for layout in [BatchLayout::Array, BatchLayout::Map] {
             let mut w = BatchWriter::with_layout(layout);
-            w.stored(&[7, 8], Some(6), &[1, 2], 1, MEDIUM_GPU);
+            w.stored(&[7, 8], Some(6), &[1, 2], 1, MEDIUM_GPU, None);
             w.removed(&[7], MEDIUM_GPU);
             w.cleared();
             let b = decode_batch(&w.finish(1.0, 0)).unwrap();
@@ -397,7 +406,7 @@ mod tests {
     #[test]
     fn batch_round_trips() {
         let mut w = BatchWriter::new();
-        w.stored(&[1, u64::MAX], None, &[1, 2, 3, 4], 2, MEDIUM_GPU);
+        w.stored(&[1, u64::MAX], None, &[1, 2, 3, 4], 2, MEDIUM_GPU, None);
         w.removed(&[u64::MAX], MEDIUM_GPU);
         w.cleared();
         let payload = w.finish(12.5, 0);

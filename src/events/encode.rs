@@ -10,6 +10,30 @@ use super::batch::{BatchLayout, BatchWriter};
 use super::hash::{FullHash, Scheme};
 use super::CacheEvent;
 
+/// A namespace as events see it.
+struct Namespace {
+    /// Its first pages chain from this ([`Scheme::namespace_root`]).
+    root: FullHash,
+    /// vLLM's `lora_id` and `lora_name` (see [`lora_of`]).
+    lora: Option<(u64, Option<String>)>,
+}
+
+/// The LoRA adapter a namespace stands for: one named `lora:ID` or
+/// `lora:ID:NAME` (`ID` a decimal integer, vLLM's `lora_int_id`) carries
+/// `lora_id` ID and `lora_name` NAME in its `BlockStored` events; any other
+/// name none.
+pub fn lora_of(name: &str) -> Option<(u64, Option<String>)> {
+    let rest = name.strip_prefix("lora:")?;
+    let (id, adapter) = match rest.split_once(':') {
+        Some((id, adapter)) => (id, Some(adapter.to_owned())),
+        None => (rest, None),
+    };
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((id.parse().ok()?, adapter))
+}
+
 /// One engine's events, encoded into `KVEventBatch` payloads.
 pub struct EventEncoder {
     scheme: Scheme,
@@ -17,6 +41,9 @@ pub struct EventEncoder {
     medium: String,
     /// Full hash of every cached page.
     hashes: HashMap<u32, FullHash>,
+    /// What each namespace's runs are hashed from and carry, by id (kept
+    /// across a clear: ids are never reused).
+    namespaces: HashMap<u32, Namespace>,
     writer: BatchWriter,
     scratch: Vec<u8>,
 }
@@ -30,6 +57,7 @@ impl EventEncoder {
             page_size,
             medium: medium.to_string(),
             hashes: HashMap::new(),
+            namespaces: HashMap::new(),
             writer: BatchWriter::with_layout(layout),
             scratch: Vec::new(),
         }
@@ -57,13 +85,20 @@ impl EventEncoder {
                 parent,
                 pages,
                 tokens,
+                ns,
             } => {
                 let p = self.page_size as usize;
+                let space = self.namespaces.get(ns);
                 // A parent the table does not know cannot happen while the
                 // record is complete; hashing from the root then is the
                 // least wrong answer.
-                let mut prev = parent.and_then(|pg| self.hashes.get(&pg).copied());
-                let parent_ext = prev.as_ref().map(|h| self.scheme.external(h));
+                let parent_hash = parent.and_then(|pg| self.hashes.get(&pg).copied());
+                let parent_ext = parent_hash.as_ref().map(|h| self.scheme.external(h));
+                // At the root a namespace's run chains from its own root
+                // hash (announced to no one: parent_block_hash stays nil,
+                // as vLLM's first block's with extra keys).
+                let mut prev = parent_hash.or_else(|| space.map(|s| s.root));
+                let lora = space.and_then(|s| s.lora.clone());
                 let mut ext = Vec::with_capacity(pages.len());
                 for (i, &page) in pages.iter().enumerate() {
                     let Some(toks) = tokens.get(i * p..(i + 1) * p) else {
@@ -75,8 +110,16 @@ impl EventEncoder {
                     prev = Some(full);
                 }
                 let toks = &tokens[..(ext.len() * p).min(tokens.len())];
+                let lora = lora.as_ref().map(|(id, name)| (*id, name.as_deref()));
                 self.writer
-                    .stored(&ext, parent_ext, toks, self.page_size, &self.medium);
+                    .stored(&ext, parent_ext, toks, self.page_size, &self.medium, lora);
+            }
+            CacheEvent::Namespace { id, name } => {
+                let space = Namespace {
+                    root: self.scheme.namespace_root(name),
+                    lora: lora_of(name),
+                };
+                self.namespaces.insert(*id, space);
             }
             CacheEvent::Removed { pages } => {
                 let ext: Vec<u64> = pages

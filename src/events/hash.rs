@@ -145,6 +145,22 @@ impl Scheme {
         }
     }
 
+    /// The full hash a namespace's first pages chain from, in place of
+    /// none (radixd's own rule; a namespace is not a vLLM notion): the
+    /// XXH3 hash of `"radixd-namespace\0" ++ name` as a sequence hash, or
+    /// the SHA-256 of the same bytes in place of `NONE_HASH`. So the same
+    /// tokens hash differently in every namespace, and a router given the
+    /// same seed computes a namespaced prompt's hashes with
+    /// [`Scheme::prompt_from`].
+    pub fn namespace_root(&self, name: &str) -> FullHash {
+        let mut bytes = b"radixd-namespace\0".to_vec();
+        bytes.extend_from_slice(name.as_bytes());
+        match self {
+            Self::Xxh3 => xxh3_full(xxh3_64_with_seed(&bytes, XXH3_SEED)),
+            Self::Sha256Cbor { .. } => Sha256::digest(&bytes).into(),
+        }
+    }
+
     /// The hash as it goes out in events: the XXH3 sequence hash, or the
     /// last 8 bytes of the SHA-256 digest read big-endian (vLLM's
     /// `maybe_convert_block_hash`).
@@ -165,8 +181,19 @@ impl Scheme {
     /// External hashes of every whole page of `tokens` (`page_size` each)
     /// from the root: what a router computes from a prompt.
     pub fn prompt(&self, tokens: &[u32], page_size: usize) -> Vec<u64> {
+        self.prompt_from(None, tokens, page_size)
+    }
+
+    /// [`Scheme::prompt`] from `root` ([`Scheme::namespace_root`] of a
+    /// namespace; `None`: the default one).
+    pub fn prompt_from(
+        &self,
+        root: Option<FullHash>,
+        tokens: &[u32],
+        page_size: usize,
+    ) -> Vec<u64> {
         let mut buf = Vec::new();
-        let mut parent: Option<FullHash> = None;
+        let mut parent = root;
         tokens
             .chunks_exact(page_size.max(1))
             .map(|page| {

@@ -55,6 +55,27 @@ fn string<'a>(obj: &'a Map<String, Value>, name: &str) -> Result<&'a str, Reject
 }
 
 fn run(backend: &mut impl Backend, op: &str, obj: &Map<String, Value>) -> Result<Value, Rejection> {
+    // A field the op does not take is malformed, as for every other op
+    // (`exec::known_fields`): never answered as if it were not there.
+    let known: &[&str] = match op {
+        "store_put" => &["ns", "key", "parent", "data"],
+        "store_get" => &["ns", "key"],
+        "store_exists" => &["ns", "keys"],
+        "store_clear" => &["ns"],
+        "store_stats" => &[],
+        other => {
+            return Err(Rejection::new(
+                ErrorKind::UnknownOp,
+                format!("unknown op {other:?}"),
+            ))
+        }
+    };
+    if let Some(field) = obj
+        .keys()
+        .find(|k| k.as_str() != "op" && !known.contains(&k.as_str()))
+    {
+        return Err(malformed(format!("unknown field {field:?} for op {op:?}")));
+    }
     // Parse before asking for the store: a malformed line is malformed
     // with or without one.
     match op {

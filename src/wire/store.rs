@@ -93,6 +93,7 @@ pub(super) fn encode(r: &StoreRequest) -> EncodedRequest<'_> {
         anchor_words: super::AnchorWords::default(),
         session: &[],
         bytes,
+        ns: &[],
     };
     e.record.payload_len = e.payload_len() as u32;
     e

@@ -643,7 +643,7 @@ impl<M: TreeMem> TreeReader<M> {
     }
 
     /// The length of the longest cached page-aligned prefix of `tokens`,
-    /// with its pages in `pages`; `None` after [`NODE_TRIES`] failures in a
+    /// with its pages in `pages`; `None` after `NODE_TRIES` failures in a
     /// row at one depth. See the module's guarantee.
     pub fn peek(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<usize> {
         self.peek_anchored(tokens, pages).map(|p| p.len)

@@ -851,6 +851,24 @@ mod tests {
         assert_eq!(pages, want);
     }
 
+    /// A writer stopped in the middle of changing the child table: every
+    /// lookup waits for it and gives up after its budget (a probe of a
+    /// moving table proves nothing, a miss included); once the change
+    /// ends, the same reads succeed.
+    #[test]
+    fn a_table_mid_change_is_waited_out() {
+        let a: &[u32] = &[1, 2, 3, 4];
+        let e = engine_with(&[a]);
+        let r = reader(&e);
+        let mut pages = Vec::new();
+        e.arena.table_version().begin();
+        assert_eq!(r.peek(a, &mut pages), None);
+        assert_eq!(r.peek(&[9, 9], &mut pages), None, "not even a miss");
+        e.arena.table_version().end();
+        assert_eq!(r.peek(a, &mut pages), Some(4));
+        assert_eq!(r.peek(&[9, 9], &mut pages), Some(0));
+    }
+
     #[test]
     fn a_path_deeper_than_the_frame_stack_reads_and_resumes() {
         // A 100-page key with a branch off every page: 100 nodes deep.

@@ -869,6 +869,29 @@ mod tests {
         assert_eq!(r.peek(&[9, 9], &mut pages), Some(0));
     }
 
+    /// `anchor_of` copies the anchor of a live node of that generation
+    /// (what a match's handle names), and nothing for the root, another
+    /// generation, or a node that keeps changing.
+    #[test]
+    fn anchor_of_names_only_the_live_node_of_that_generation() {
+        let a: &[u32] = &[1, 2, 3, 4];
+        let e = engine_with(&[a]);
+        let r = reader(&e);
+        let mut pages = Vec::new();
+        let peeked = r.peek_anchored(a, &mut pages).expect("peek");
+        let anchor = peeked.anchor.expect("a whole node matched");
+        assert_eq!(anchor.pages_into_node, 2);
+        assert_eq!(r.anchor_of(anchor.node, anchor.generation), Some(anchor));
+        assert_eq!(r.anchor_of(anchor.node, anchor.generation + 1), None);
+        assert_eq!(r.anchor_of(ROOT, 0), None);
+        e.arena.version(anchor.node).begin();
+        assert_eq!(r.anchor_of(anchor.node, anchor.generation), None);
+        e.arena.version(anchor.node).end();
+        let again = r.anchor_of(anchor.node, anchor.generation).expect("live");
+        assert_eq!((again.node, again.pages_into_node), (anchor.node, 2));
+        assert_ne!(again.version, anchor.version, "a change moved it");
+    }
+
     #[test]
     fn a_path_deeper_than_the_frame_stack_reads_and_resumes() {
         // A 100-page key with a branch off every page: 100 nodes deep.

@@ -6,7 +6,7 @@
 //! - [`op`]: the requests a client makes, their answers and errors.
 //! - [`exec`]: the JSON-lines front end (`radixd exec`).
 //! - [`wire`]: how requests and answers travel over shared memory.
-//! - [`segment`]: what the daemon keeps in shared memory.
+//! - [`shared`]: what the daemon keeps in shared memory.
 //! - [`readers`]: the daemon's grace period over the readers' epochs.
 //! - [`daemon`]: `radixd serve`, the engine behind the rings.
 //! - [`events`]: KV events in vLLM's wire format for cluster routers.
@@ -17,7 +17,7 @@
 //! - [`order`]: cache-aware scheduling order (LPM, DFS-weight) from
 //!   lock-free peeks.
 //! - [`replay`]: trace replay under LRU, LFU, S3-FIFO and the engine.
-//! - [`bench`]: latency under contention, shared memory against a Unix
+//! - [`bench`](mod@bench): latency under contention, shared memory against a Unix
 //!   socket.
 //! - [`chart`]: the SVG line charts of `replay --plot` and `bench --plot`.
 

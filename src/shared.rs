@@ -456,6 +456,24 @@ mod tests {
         assert_eq!(bucket_of(u64::MAX), HISTOGRAM_BUCKETS - 1);
     }
 
+    /// The reader table holds the epoch clock and one slot per client,
+    /// rounded up to whole pages, for client counts past a page's worth
+    /// too.
+    #[test]
+    fn the_reader_table_holds_the_clock_and_every_slot() {
+        let clock = size_of::<EpochClock>() as u64;
+        let slot = size_of::<ReaderSlot>() as u64;
+        for clients in [1u32, 4, 63, 64, 65, 1000] {
+            let need = clock + slot * u64::from(clients);
+            let bytes = readers_bytes(clients);
+            assert_eq!(bytes % LIVE_STATS_BYTES, 0, "{clients} clients");
+            assert!(
+                bytes >= need && bytes - need < LIVE_STATS_BYTES,
+                "{clients} clients: {bytes} bytes for {need}"
+            );
+        }
+    }
+
     #[test]
     fn layouts_differ_by_config_and_align_the_engine() {
         let c = SegmentConfig {

@@ -224,7 +224,7 @@ pub struct WireReply {
     pub b: u64,
     pub c: u64,
     /// Bytes of payload: at the start of the request's reply window, or
-    /// in `inline` under [`FLAG_INLINE`].
+    /// in `inline` under `FLAG_INLINE`.
     pub payload_len: u32,
     pub flags: u32,
     /// A payload of at most [`INLINE_BYTES`], host byte order.

@@ -468,6 +468,28 @@ mod tests {
             HeapRing::<u64>::new(3).err(),
             Some(RingError::BadCapacity(3))
         );
+        let e = RingError::BadCapacity(3).to_string();
+        assert!(e.contains('3') && e.contains("power of two"), "{e}");
+    }
+
+    /// The largest capacity is 2^31 entries: checked without making a ring
+    /// of that size.
+    #[test]
+    fn capacity_bounds() {
+        assert_eq!(check_capacity(1), Ok(1));
+        assert_eq!(check_capacity(1 << 31), Ok(1 << 31));
+        assert_eq!(
+            check_capacity(1 << 32),
+            Err(RingError::BadCapacity(1 << 32))
+        );
+    }
+
+    /// `MAX_MESSAGE` is the largest message that shares its entry's cache
+    /// line with the stamp: one byte more takes a second line.
+    #[test]
+    fn max_message_fills_the_stamps_line() {
+        assert_eq!(size_of::<Entry<[u8; MAX_MESSAGE]>>(), 64);
+        assert_eq!(size_of::<Entry<[u8; MAX_MESSAGE + 1]>>(), 128);
     }
 
     #[test]
@@ -541,12 +563,78 @@ mod tests {
         let (p, c) = unsafe { (ring.producer(), ring.consumer()) };
         p.push(1).unwrap();
         p.push(2).unwrap();
+        assert_eq!(c.pop(), Some(1));
         c.reset();
         p.reset();
         // Message 0's old stamp (1) would match the next message 0.
         assert_eq!(c.pop(), None);
+        // Both ends start over at message 0.
         p.push(3).unwrap();
         assert_eq!(c.pop(), Some(3));
+    }
+
+    /// The hooks the slot models use to leave and check a ring's state.
+    #[test]
+    fn test_hooks_set_and_see_the_shared_cursors() {
+        let ring = HeapRing::<u64>::new(4).unwrap();
+        assert_eq!(ring.entries().len(), 4);
+        assert!(ring.is_reset());
+        ring.set_stamp(2, 9);
+        assert!(!ring.is_reset(), "a stale stamp, cursors at zero");
+        ring.header().reset(ring.entries());
+        assert!(ring.is_reset());
+        ring.set_counters(5, 5);
+        assert_eq!(ring.counters(), (5, 5));
+        assert!(!ring.is_reset());
+        ring.header().reset(ring.entries());
+        assert!(ring.is_reset());
+        // SAFETY: single thread, one view of each kind.
+        let (p, c) = unsafe { (ring.producer(), ring.consumer()) };
+        p.push(7).unwrap();
+        assert!(!ring.is_reset(), "a stamp is set");
+        assert_eq!(c.pop(), Some(7));
+        ring.header().reset(ring.entries());
+        assert!(ring.is_reset());
+    }
+
+    /// The producer reads the consumer's `tail` (the consumer's cache
+    /// line) only when its cached view says the ring is full, not while
+    /// that view still shows a free entry.
+    #[test]
+    fn the_producer_reads_tail_only_when_its_view_is_full() {
+        let ring = HeapRing::<u64>::new(4).unwrap();
+        // SAFETY: single thread, one view of each kind.
+        let (p, c) = unsafe { (ring.producer(), ring.consumer()) };
+        for i in 0..3 {
+            p.push(i).unwrap();
+        }
+        assert_eq!(c.pop(), Some(0));
+        // One entry free by the cached view (tail 0): no look at `tail`.
+        p.push(3).unwrap();
+        assert_eq!(p.seen_tail.get(), 0);
+        assert_eq!(ring.header().producer.seen_tail.load(Ordering::Relaxed), 0);
+        // Full by the cached view: the look finds the entry message 0 left.
+        p.push(4).unwrap();
+        assert_eq!(p.seen_tail.get(), 1);
+        assert_eq!(ring.header().producer.seen_tail.load(Ordering::Relaxed), 1);
+    }
+
+    /// An entry the consumer freed is pushed into at once, even when the
+    /// producer's cached view of `tail` says the ring is full.
+    #[test]
+    fn a_freed_entry_is_reused_at_once() {
+        let ring = HeapRing::<u64>::new(4).unwrap();
+        // SAFETY: single thread, one view of each kind.
+        let (p, c) = unsafe { (ring.producer(), ring.consumer()) };
+        for i in 0..4 {
+            p.push(i).unwrap();
+        }
+        assert_eq!(c.pop(), Some(0));
+        p.push(4).unwrap();
+        assert_eq!(p.push(5), Err(5));
+        for i in 1..5 {
+            assert_eq!(c.pop(), Some(i));
+        }
     }
 
     #[test]

@@ -6,9 +6,10 @@
 //! (`src/index/table.rs`, compiled here by path); see `tests/` and
 //! docs/modelcheck.md.
 //!
-//! Run with `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p loom_tests --release`.
-//! loom is 0.7.2 patched for its load-load blind spot (tokio-rs/loom#392,
-//! #166; `loom-patched/PATCHED.md`).
+//! Run with `bash scripts/loom-patched`, then `RUSTFLAGS="--cfg loom"
+//! LOOM_MAX_PREEMPTIONS=2 cargo test --manifest-path loom_tests/Cargo.toml
+//! --release` (as `scripts/test` does). loom is 0.7.2 patched for its
+//! load-load blind spot (tokio-rs/loom#392, #166; `loom-0.7.2.patch`).
 //!
 //! Every model runs through [`explore`], which asserts a floor on the
 //! executions that reached the path the model is about (the model says

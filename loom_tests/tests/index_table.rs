@@ -13,7 +13,7 @@
 //! | mutation | result |
 //! |---|---|
 //! | `claim` stores the key before the bits | caught: key 2 found without its bit |
-//! | `claim` stores the key with Relaxed | caught on the patched loom: key 1 found without its bit (stock 0.7.2 missed it, nor with 3 or 4 preemptions: its load-load blind spot, see loom-patched/PATCHED.md) |
+//! | `claim` stores the key with Relaxed | caught on the patched loom: key 1 found without its bit (stock 0.7.2 missed it, nor with 3 or 4 preemptions: its load-load blind spot, see loom-0.7.2.patch) |
 //! | `find` loads the key with Relaxed | caught on the patched loom, likewise (missed by stock 0.7.2) |
 //!
 //! The orderings rest on the argument in the code (Release key after the

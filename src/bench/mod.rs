@@ -4,7 +4,7 @@
 //! The parent starts the server (the daemon loop in a thread, or a
 //! [`UdsServer`]), re-executes itself as N worker processes, releases them
 //! together, and merges the latency samples they send back. Every worker
-//! runs the same scheduler steps against [`Backend`](crate::op::Backend), so both transports
+//! runs the same scheduler steps against [`Backend`], so both transports
 //! carry exactly the same requests: match and lock the prompt, allocate
 //! pages for the rest, insert, unlock, and now and then evict.
 

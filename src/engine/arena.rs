@@ -25,7 +25,7 @@ pub(crate) fn corrupt(what: &str) -> ! {
     panic!("{CORRUPT}: {what}")
 }
 
-/// The start of the message of [`corrupt`].
+/// The start of the message of `corrupt`.
 pub const CORRUPT: &str = "engine region corrupted";
 
 /// An engine region and the layout that carves it.

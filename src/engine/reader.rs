@@ -657,7 +657,7 @@ impl<M: TreeMem> TreeReader<M> {
     }
 
     /// The length of the longest cached page-aligned prefix of `tokens`,
-    /// with its pages in `pages`; `None` after [`NODE_TRIES`] failures in a
+    /// with its pages in `pages`; `None` after `NODE_TRIES` failures in a
     /// row at one depth. See the module's guarantee.
     pub fn peek(&self, tokens: &[u32], pages: &mut Vec<u32>) -> Option<usize> {
         self.peek_anchored(tokens, pages).map(|p| p.len)
@@ -912,6 +912,47 @@ mod tests {
         e.arena.version(leaf_a).end();
         assert_eq!(r.peek(a, &mut pages), Some(6));
         assert_eq!(pages, want);
+    }
+
+    /// A writer stopped in the middle of changing the child table: every
+    /// lookup waits for it and gives up after its budget (a probe of a
+    /// moving table proves nothing, a miss included); once the change
+    /// ends, the same reads succeed.
+    #[test]
+    fn a_table_mid_change_is_waited_out() {
+        let a: &[u32] = &[1, 2, 3, 4];
+        let e = engine_with(&[a]);
+        let r = reader(&e);
+        let mut pages = Vec::new();
+        e.arena.table_version().begin();
+        assert_eq!(r.peek(a, &mut pages), None);
+        assert_eq!(r.peek(&[9, 9], &mut pages), None, "not even a miss");
+        e.arena.table_version().end();
+        assert_eq!(r.peek(a, &mut pages), Some(4));
+        assert_eq!(r.peek(&[9, 9], &mut pages), Some(0));
+    }
+
+    /// `anchor_of` copies the anchor of a live node of that generation
+    /// (what a match's handle names), and nothing for the root, another
+    /// generation, or a node that keeps changing.
+    #[test]
+    fn anchor_of_names_only_the_live_node_of_that_generation() {
+        let a: &[u32] = &[1, 2, 3, 4];
+        let e = engine_with(&[a]);
+        let r = reader(&e);
+        let mut pages = Vec::new();
+        let peeked = r.peek_anchored(a, &mut pages).expect("peek");
+        let anchor = peeked.anchor.expect("a whole node matched");
+        assert_eq!(anchor.pages_into_node, 2);
+        assert_eq!(r.anchor_of(anchor.node, anchor.generation), Some(anchor));
+        assert_eq!(r.anchor_of(anchor.node, anchor.generation + 1), None);
+        assert_eq!(r.anchor_of(ROOT, 0), None);
+        e.arena.version(anchor.node).begin();
+        assert_eq!(r.anchor_of(anchor.node, anchor.generation), None);
+        e.arena.version(anchor.node).end();
+        let again = r.anchor_of(anchor.node, anchor.generation).expect("live");
+        assert_eq!((again.node, again.pages_into_node), (anchor.node, 2));
+        assert_ne!(again.version, anchor.version, "a change moved it");
     }
 
     #[test]

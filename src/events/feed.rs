@@ -6,11 +6,12 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
+use std::time::Duration;
 
 use super::batch::BatchLayout;
 use super::encode::EventEncoder;
 use super::hash::{Scheme, SchemeName};
-use super::publisher::{batch_priority, Msg, Publisher, Shared};
+use super::publisher::{batch_priority, Msg, Publisher, Shared, PARK};
 use super::{CacheEvent, EventsConfig, EventsError};
 use crate::engine::{Engine, Region};
 use crate::shared::LiveStats;
@@ -33,6 +34,16 @@ impl Feed {
     pub fn start<R: Region>(
         config: &EventsConfig,
         engine: &mut Engine<R>,
+    ) -> Result<Self, EventsError> {
+        Self::start_parking(config, engine, PARK)
+    }
+
+    /// [`Feed::start`] with the publisher parking at most `park` while its
+    /// queue is empty.
+    pub(crate) fn start_parking<R: Region>(
+        config: &EventsConfig,
+        engine: &mut Engine<R>,
+        park: Duration,
     ) -> Result<Self, EventsError> {
         let page_size = engine.page_size();
         let name: SchemeName = config
@@ -74,6 +85,7 @@ impl Feed {
                                 &config.medium,
                                 layout,
                             ),
+                            park,
                         }
                         .run();
                         // The sockets closed (lingering on unsent batches)
@@ -225,4 +237,152 @@ fn sockets(
         }
     };
     Ok((pub_socket, replay))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::sync::atomic::Ordering;
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    use super::Feed;
+    use crate::engine::{Config, Engine};
+    use crate::events::EventsConfig;
+    use crate::shared::LiveStats;
+
+    /// The ids of this process's threads named `kv-events`: publishers and
+    /// the libzmq threads each starts (they inherit its name). No other
+    /// unit test starts a feed.
+    fn publisher_threads() -> Vec<String> {
+        let tasks = fs::read_dir("/proc/self/task").expect("/proc/self/task");
+        tasks
+            .filter_map(|task| {
+                let task = task.ok()?;
+                let comm = fs::read_to_string(task.path().join("comm")).ok()?;
+                (comm.trim() == "kv-events").then(|| task.file_name().into_string().ok())?
+            })
+            .collect()
+    }
+
+    /// How many times thread `tid` blocked (parked, slept) so far.
+    fn voluntary_switches(tid: &str) -> u64 {
+        let status = fs::read_to_string(format!("/proc/self/task/{tid}/status")).expect("status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("voluntary_ctxt_switches")
+    }
+
+    /// The publisher wakes on data, not on a timer, and sleeps while idle.
+    /// Its park is made an hour long, so a publisher that looked at its
+    /// queue only when a nap or its park ran out would deliver nothing
+    /// within the minute this waits; and a parked publisher blocks once,
+    /// not once per nap. Nothing here measures a latency, so a loaded
+    /// machine cannot fail it.
+    #[test]
+    fn the_publisher_wakes_on_data_and_sleeps_while_idle() {
+        let endpoint = format!("ipc:///tmp/radixd-feed-wake-{}.sock", std::process::id());
+        let mut engine = Engine::new(Config {
+            page_size: 2,
+            capacity: 4096,
+        })
+        .expect("engine");
+        // SAFETY: `LiveStats` is atomics only, valid for every bit pattern
+        // (it is `ShmSafe`), zeros included.
+        let live: LiveStats = unsafe { std::mem::zeroed() };
+        let before = publisher_threads();
+        let mut feed = Feed::start_parking(
+            &EventsConfig::new(endpoint.clone()),
+            &mut engine,
+            Duration::from_secs(3600),
+        )
+        .expect("feed");
+        let ours: Vec<String> = publisher_threads()
+            .into_iter()
+            .filter(|t| !before.contains(t))
+            .collect();
+        assert!(!ours.is_empty(), "no publisher thread");
+        let blocks = || ours.iter().map(|t| voluntary_switches(t)).sum::<u64>();
+        let ctx = zmq::Context::new();
+        let sub = ctx.socket(zmq::SUB).expect("SUB");
+        sub.set_subscribe(b"").expect("subscribe");
+        sub.connect(&endpoint).expect("connect");
+
+        let limit = Instant::now() + Duration::from_secs(60);
+        let left_ms = || {
+            let left = limit.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "an event waited a minute for the publisher"
+            );
+            i64::try_from(left.as_millis()).unwrap_or(i64::MAX)
+        };
+        // Relaxed: a test's poll of a lone flag (it orders nothing here).
+        let parked = |feed: &Feed| feed.shared.asleep.load(Ordering::Relaxed);
+        let mut key = 0u32;
+        // One round of the daemon: a page cached, its event pushed (after
+        // the publisher parks, when `wait` says so). Returns a sequence
+        // number the batch carrying the event has at least.
+        let mut round = |feed: &mut Feed, engine: &mut Engine, wait: bool| {
+            while wait && !parked(feed) {
+                left_ms();
+                thread::sleep(Duration::from_millis(1));
+            }
+            // Relaxed: a lower bound is enough (the event goes in a batch
+            // counted after this load).
+            let seq = feed.shared.batches.load(Ordering::Relaxed);
+            key += 1;
+            let pages = engine.alloc(0, 1).expect("alloc");
+            engine
+                .insert(0, &[key, key], &pages, false)
+                .expect("insert");
+            feed.after_requests(engine, &live);
+            seq
+        };
+        let recv_seq = || {
+            let frames = sub.recv_multipart(0).expect("recv");
+            u64::from_be_bytes(frames[1].as_slice().try_into().expect("seq"))
+        };
+
+        // ZeroMQ's slow joiner: a PUB drops what it sends before the
+        // subscription reaches it, so rounds go on until a batch arrives.
+        loop {
+            round(&mut feed, &mut engine, true);
+            if sub.poll(zmq::POLLIN, 100).expect("poll") > 0 {
+                break;
+            }
+            left_ms();
+        }
+        // Then each round's event arrives: half of them pushed while the
+        // publisher is parked, half as soon as the last batch came in.
+        for i in 0..20 {
+            let want = round(&mut feed, &mut engine, i % 2 == 0);
+            loop {
+                assert!(sub.poll(zmq::POLLIN, left_ms()).expect("poll") > 0);
+                if recv_seq() >= want {
+                    break;
+                }
+            }
+        }
+
+        // Idle: parked, the publisher blocks once or twice (once more if
+        // the last round's wake-up comes after its park began), and
+        // libzmq's threads, with nothing to send, not at all, however long
+        // it stays idle; a publisher that napped or polled would block
+        // every few milliseconds (every 50 ms with the daemon's own park).
+        while !parked(&feed) {
+            left_ms();
+            thread::sleep(Duration::from_millis(1));
+        }
+        let blocked = blocks();
+        thread::sleep(Duration::from_millis(500));
+        let woke = blocks() - blocked;
+        assert!(
+            woke <= 4,
+            "an idle publisher blocked {woke} times in 500 ms"
+        );
+        drop(feed);
+    }
 }

@@ -30,17 +30,20 @@ use super::CacheEvent;
 pub const END_SEQ: [u8; 8] = [0xff; 8];
 /// Events per batch at most (a batch per drain of the queue otherwise).
 pub const MAX_BATCH_EVENTS: usize = 512;
-/// While events flowed this recently, the thread naps instead of parking.
-const ACTIVE_WINDOW: Duration = Duration::from_millis(100);
-/// A nap between looks at the queue while active. Short naps cost the
-/// request path: on 2 cores every wake-up of this thread (and of libzmq's
-/// I/O thread and of the subscriber it sends to) can preempt the spinning
-/// daemon or client (measured: with 200 µs naps `match` p99 went from 3 to
-/// 270 µs). The queue holds what the daemon records meanwhile (about 1,000
+/// The shortest time between two batches. The thread wakes on data (the
+/// daemon unparks it after a push), so an event after a quiet spell leaves
+/// at once; while events keep coming it sends at most one batch per gap,
+/// the events of the gap together. A batch per push would cost the request
+/// path: on 2 cores every wake-up of this thread (and of libzmq's I/O
+/// thread and of the subscriber it sends to) competes with the spinning
+/// daemon and clients (measured with polling naps: at 200 µs `match` p99
+/// went from 3 to 270 µs; the gap, unlike a nap, passes only while events
+/// flow). The queue holds what the daemon records meanwhile (about 250
 /// events at 500k requests/s, of 65,536 by default).
-const NAP: Duration = Duration::from_millis(2);
-/// Longest park when idle; a push wakes it sooner.
-const PARK: Duration = Duration::from_millis(50);
+const GAP: Duration = Duration::from_micros(500);
+/// Longest park with the queue empty: how long a replay request may wait
+/// while no event flows. A push wakes the thread at once.
+pub(crate) const PARK: Duration = Duration::from_millis(50);
 
 /// What travels from the daemon to the publisher thread.
 pub(crate) enum Msg {
@@ -76,6 +79,17 @@ impl Shared {
     }
 
     /// Called by the daemon after pushing: wakes a parked publisher.
+    ///
+    /// No wake-up is lost. The daemon pushes, then (fence) loads `asleep`;
+    /// the publisher, in [`Publisher::idle`], stores `asleep`, then (fence)
+    /// looks at the queue. The two SeqCst fences are totally ordered: if
+    /// this one comes first, the publisher's look sees the push and it does
+    /// not park; if its fence comes first, the load below sees `asleep` set
+    /// and unparks, and an unpark that lands before `park_timeout` makes it
+    /// return at once (the thread's token). A push the publisher would see
+    /// anyway costs at most one spurious unpark, which ends a later park
+    /// early. The queue's own atomics (SeqCst in `crossbeam_queue`) are
+    /// the "push" and the "look".
     pub fn wake(&self, thread: &thread::Thread) {
         // SeqCst fence: orders the push before the load of `asleep`; pairs
         // with the fence in `Publisher::idle` between its store of `asleep`
@@ -99,12 +113,19 @@ pub(crate) struct Publisher {
     pub buffer: VecDeque<(u64, Vec<u8>)>,
     /// Hashes pages and builds the batch.
     pub encoder: EventEncoder,
+    /// Longest park with the queue empty ([`PARK`]; a test makes it
+    /// endless to show that data, not a timeout, wakes the thread).
+    pub park: Duration,
 }
 
 impl Publisher {
     /// The thread's body: until the daemon stops and the queue is empty.
+    /// Parks while the queue is empty (a push wakes it: no timer decides
+    /// when an event leaves); sends two batches less than [`GAP`] apart
+    /// only when behind (queue half full) or past [`MAX_BATCH_EVENTS`].
     pub fn run(mut self) {
-        let mut last_active = Instant::now();
+        // When the last batch left (long ago: the first goes at once).
+        let mut sent = Instant::now().checked_sub(GAP).unwrap_or_else(Instant::now);
         loop {
             self.serve_replay();
             let mut got = false;
@@ -117,7 +138,7 @@ impl Publisher {
             }
             self.flush();
             if got {
-                last_active = Instant::now();
+                sent = Instant::now();
             }
             // Acquire: pairs with the Release store in `Feed::drop`, after
             // the daemon's last push.
@@ -127,20 +148,25 @@ impl Publisher {
                 }
                 continue;
             }
-            // Behind: catch up at once. Otherwise let a nap's worth of
-            // events gather into the next batch.
+            // Behind: catch up at once.
             if self.shared.queue.len() > self.shared.queue.capacity() / 2 {
                 continue;
             }
-            if last_active.elapsed() < ACTIVE_WINDOW {
-                thread::sleep(NAP);
-            } else {
-                self.idle();
+            // Nothing waiting: park until the daemon pushes (or `park`
+            // passes, for replay requests).
+            if self.shared.queue.is_empty() && !self.idle() {
+                continue;
+            }
+            // Events are waiting: let the rest of the gap since the last
+            // batch gather into the next one.
+            if let Some(left) = GAP.checked_sub(sent.elapsed()) {
+                thread::sleep(left);
             }
         }
     }
 
-    fn idle(&self) {
+    /// Parks until a push or `park`; whether the queue then holds events.
+    fn idle(&self) -> bool {
         // Relaxed: ordered before the look at the queue by the fence below,
         // which pairs with the fence in `Shared::wake`.
         self.shared.asleep.store(true, Ordering::Relaxed);
@@ -151,11 +177,12 @@ impl Publisher {
         // (`Feed::drop` also unparks); the Acquire load in `run` orders
         // the final drain.
         if self.shared.queue.is_empty() && !self.shared.stop.load(Ordering::Relaxed) {
-            thread::park_timeout(PARK);
+            thread::park_timeout(self.park);
         }
         // Relaxed: a spurious unpark by a daemon that still sees `true`
         // only shortens the next park.
         self.shared.asleep.store(false, Ordering::Relaxed);
+        !self.shared.queue.is_empty()
     }
 
     fn apply(&mut self, msg: Msg) {

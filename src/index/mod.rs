@@ -14,14 +14,14 @@
 //! has a map from its hashes to keys (as Dynamo keeps a lookup per worker),
 //! so workers whose hashes differ (a random `PYTHONHASHSEED`) still share
 //! blocks with the same tokens. The blocks themselves live in one
-//! open-addressed [`table`] whose slots hold the key and one membership bit
+//! open-addressed `table` whose slots hold the key and one membership bit
 //! per worker: a query walks the request's keys and intersects bit sets,
 //! 64 workers per word, with one probe per block.
 //!
 //! **Readers never block.** Any number of threads call
 //! [`KvIndex::find_matches`] while events are applied: the writer changes
 //! membership words in place (atomic stores) and replaces the table or the
-//! worker [`roster`] only by publishing a new one; the old one is freed
+//! worker `roster` only by publishing a new one; the old one is freed
 //! through crossbeam-epoch once no reader can hold it. Writers (event
 //! appliers) take one lock among themselves.
 //!

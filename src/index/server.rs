@@ -1,5 +1,5 @@
 //! `radixd index serve`: one [`KvIndex`] fed by N KV event publishers and
-//! answering queries on a ZeroMQ REP socket ([`protocol`](super::protocol)).
+//! answering queries on a ZeroMQ REP socket ([`protocol`]).
 //!
 //! One thread per publisher owns its [`Subscriber`] (SUB, and a DEALER to
 //! the replay socket when one is given: history from sequence 0 at start,

@@ -8,6 +8,7 @@
 //!
 //! ```text
 //! cd bench/dynamo && nice -n 10 cargo run --release -- [TRACE] [--runs 5]
+//!   (TRACE: by default ../shared/traces/conversation_trace.jsonl from the repository root)
 //! cd bench/dynamo && nice -n 10 cargo run --release -- --concurrency
 //! ```
 //!
@@ -27,7 +28,13 @@ use dynamo_kv_router::RadixTree;
 use radixd::events::hash::xxh3_chain;
 use radixd::index::{IndexConfig, KvIndex, OverlapScores, StoredBlock, Worker};
 
-const DEFAULT_TRACE: &str = "/work/shared/traces/conversation_trace.jsonl";
+/// The Mooncake conversation trace in `shared/traces/`, beside the
+/// repository (`../shared/traces/` from its root, as docs/replay.md has it),
+/// found from this crate's directory, wherever the program is run from.
+const DEFAULT_TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/traces/conversation_trace.jsonl"
+);
 
 fn load(path: &str) -> Vec<Vec<u64>> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));

@@ -56,7 +56,17 @@ from sglang.srt.utils import get_num_new_pages
 
 import radixd
 
-from .sglang import _namespaced, _token_ids, install_allocator
+from .sglang import _token_ids, install_allocator
+
+
+def _namespaced(key: Any) -> bool:
+    """Whether ``key`` (a ``RadixKey`` or a ``Req``) names a LoRA adapter
+    (``extra_key``) or a tenant (``cache_salt``). The full-attention
+    backend maps these to radixd namespaces; the hybrid components do not
+    take namespaces yet, and sharing KV across them would be wrong, so a
+    hybrid model serves such requests uncached (neither match nor insert)."""
+    return bool(getattr(key, "extra_key", None) or getattr(key, "cache_salt", None))
+
 
 logger = logging.getLogger(__name__)
 

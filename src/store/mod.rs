@@ -10,7 +10,7 @@
 //! - [`index`]: [`StoreIndex`], the daemon's writer: reserve, commit,
 //!   abort, eviction (least recently used leaves first), limbo, and the
 //!   adoption of a file a previous daemon left;
-//! - [`file`]: creating, adopting and mapping the file;
+//! - [`mod@file`]: creating, adopting and mapping the file;
 //! - [`error`]: [`StoreError`], [`AdoptError`].
 //!
 //! The store knows nothing of the radix tree, of rings or of the wire: the

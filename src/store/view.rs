@@ -4,7 +4,7 @@
 //! mappings in a client's.
 //!
 //! Under loom the records cannot lie in raw memory (loom's atomics are
-//! handles into its model): a [`LoomStore`] holds them as typed values and
+//! handles into its model): a `LoomStore` holds them as typed values and
 //! the view's accessors lead there instead, so the models drive the
 //! shipped [`StoreIndex`](super::StoreIndex) and
 //! [`StoreReader`](super::StoreReader) unchanged.

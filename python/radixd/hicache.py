@@ -489,17 +489,7 @@ class RadixdStorage(HiCacheStorage):
         if client is None:
             return [False] * len(keys)
         start = time.perf_counter()
-        try:
-            found = client.store_get_many_raw(self._pool_id(), keys, self._pieces(keys, host_indices))
-        except radixd.DaemonGoneError as e:
-            self._gone(client, e)
-            return [False] * len(keys)
-        except radixd.RadixdError as e:
-            logger.warning("radixd HiCache storage: batch_get_v1 failed: %s", e)
-            return [False] * len(keys)
-        if self.enable_storage_metrics:
-            self._record(self.prefetch_pgs, self.prefetch_bandwidth, sum(found), start)
-        return found
+        return self._read(client, "batch_get_v1", self._pool_id(), keys, self._pieces(keys, host_indices), start)
 
     def batch_set_v1(
         self,
@@ -517,20 +507,8 @@ class RadixdStorage(HiCacheStorage):
         if client is None:
             return [False] * len(keys)
         start = time.perf_counter()
-        try:
-            stored = client.store_put_many_raw(
-                self._pool_id(), keys, chain_parents(keys, extra_info), self._pieces(keys, host_indices)
-            )
-        except radixd.DaemonGoneError as e:
-            self._gone(client, e)
-            return [False] * len(keys)
-        except radixd.RadixdError as e:
-            logger.warning("radixd HiCache storage: batch_set_v1 of %d pages failed: %s", len(keys), e)
-            return [False] * len(keys)
-        if self.enable_storage_metrics:
-            self._record(self.backup_pgs, self.backup_bandwidth, sum(stored), start)
-        # Stored now or stored before (by anyone): either way it is there.
-        return [True] * len(keys)
+        parents = chain_parents(keys, extra_info)
+        return self._write(client, "batch_set_v1", self._pool_id(), keys, parents, self._pieces(keys, host_indices), start)
 
     # ---- existence -------------------------------------------------------
 
@@ -602,18 +580,7 @@ class RadixdStorage(HiCacheStorage):
         nbytes = sum(s for _, s in pieces[0])
         if any(sum(s for _, s in p) != nbytes for p in pieces):
             raise ValueError("radixd HiCache storage: targets of one batch differ in size")
-        start = time.perf_counter()
-        try:
-            found = client.store_get_many_raw(self._flat_id(dtype, nbytes), keys, pieces)
-        except radixd.DaemonGoneError as e:
-            self._gone(client, e)
-            return [False] * len(keys)
-        except radixd.RadixdError as e:
-            logger.warning("radixd HiCache storage: get failed: %s", e)
-            return [False] * len(keys)
-        if self.enable_storage_metrics:
-            self._record(self.prefetch_pgs, self.prefetch_bandwidth, sum(found), start)
-        return found
+        return self._read(client, "get", self._flat_id(dtype, nbytes), keys, pieces, time.perf_counter())
 
     def _set_many(self, keys: List[str], values: List[Any], sizes: Optional[List[Any]]) -> List[bool]:
         if not keys:
@@ -633,19 +600,37 @@ class RadixdStorage(HiCacheStorage):
         nbytes = sum(s for _, s in pieces[0])
         if any(sum(s for _, s in p) != nbytes for p in pieces):
             raise ValueError("radixd HiCache storage: values of one batch differ in size")
-        start = time.perf_counter()
+        ns = self._flat_id(dtype, nbytes)
+        return self._write(client, "set", ns, keys, chain_parents(keys, None), pieces, time.perf_counter())
+
+    def _read(self, client, what: str, ns: int, keys: List[str], pieces, start: float) -> List[bool]:
+        """``store_get_many_raw`` under the backend's rules: a daemon gone or a
+        refused batch is a miss of every key; figures when metrics are on."""
         try:
-            stored = client.store_put_many_raw(
-                self._flat_id(dtype, nbytes), keys, chain_parents(keys, None), pieces
-            )
+            found = client.store_get_many_raw(ns, keys, pieces)
         except radixd.DaemonGoneError as e:
             self._gone(client, e)
             return [False] * len(keys)
         except radixd.RadixdError as e:
-            logger.warning("radixd HiCache storage: set of %d pages failed: %s", len(keys), e)
+            logger.warning("radixd HiCache storage: %s of %d pages failed: %s", what, len(keys), e)
+            return [False] * len(keys)
+        if self.enable_storage_metrics:
+            self._record(self.prefetch_pgs, self.prefetch_bandwidth, sum(found), start)
+        return found
+
+    def _write(self, client, what: str, ns: int, keys: List[str], parents, pieces, start: float) -> List[bool]:
+        """``store_put_many_raw`` under the backend's rules, as :meth:`_read`."""
+        try:
+            stored = client.store_put_many_raw(ns, keys, parents, pieces)
+        except radixd.DaemonGoneError as e:
+            self._gone(client, e)
+            return [False] * len(keys)
+        except radixd.RadixdError as e:
+            logger.warning("radixd HiCache storage: %s of %d pages failed: %s", what, len(keys), e)
             return [False] * len(keys)
         if self.enable_storage_metrics:
             self._record(self.backup_pgs, self.backup_bandwidth, sum(stored), start)
+        # Stored now or stored before (by anyone): either way it is there.
         return [True] * len(keys)
 
     def _dummy_page(self) -> Optional[torch.Tensor]:

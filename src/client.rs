@@ -25,7 +25,7 @@ use crate::engine::{
     Anchor, ComponentStats, Components, Evicted, Handle, InsertExtra, InsertedExtra, MatchExtra,
     Peeked, Stats, TreeReader, Usable,
 };
-use crate::op::{ErrorKind, Rejection, Reply, Request};
+use crate::op::{ErrorKind, Join, Rejection, Reply, Request};
 use crate::shared::{
     read_components, read_info, Info, LiveStats, SharedLayout, PROTOCOL_VERSION, RING_CAPACITY,
 };
@@ -222,6 +222,18 @@ pub struct Client {
     store: Option<crate::store::StoreMap>,
     /// Namespace ids the daemon gave, by name (ids are never reused).
     namespaces: HashMap<String, u32>,
+    /// The group this client is a rank of ([`Client::join`]).
+    group: Option<Rank>,
+}
+
+/// A client's place in a group (see [`crate::group`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rank {
+    /// The group's key.
+    pub group: String,
+    pub rank: u32,
+    /// Ranks in the group.
+    pub size: u32,
 }
 
 /// See [`Client::set_anchoring`].
@@ -388,6 +400,7 @@ impl Client {
             },
             store: kv_store,
             namespaces: HashMap::new(),
+            group: None,
         };
         // From here on `Drop` releases the claim on every error path.
         let port = port_of(&client.segment, &client.layout, client.slot)?;
@@ -864,9 +877,11 @@ impl Client {
     /// there only if that node is unchanged, else the client sends the
     /// full request. A match of nothing is answered without a round trip.
     /// Answers are those of the full requests either way; off, every call
-    /// sends the whole key (for comparison and tests).
+    /// sends the whole key (for comparison and tests). A rank of a group
+    /// ([`Client::join`]) always sends the whole key: its steps must read
+    /// the same as its group's other ranks', whatever its view of the tree.
     pub fn set_anchoring(&mut self, on: bool) {
-        self.anchoring.on = on;
+        self.anchoring.on = on && self.group.is_none();
     }
 
     /// Whether anchoring is on (see [`Client::set_anchoring`]).
@@ -1495,6 +1510,10 @@ impl crate::op::Backend for Client {
                     full_len: x.full_len as u64,
                     mamba_state: x.mamba_state,
                 }),
+            Request::Join(join) => self.join_as(&join).map(|joined| Reply::Joined {
+                joined,
+                size: join.size,
+            }),
             request => Client::call(self, &request),
         };
         answer.map_err(|e| match e {
@@ -1508,6 +1527,10 @@ impl crate::op::Backend for Client {
 
     fn components(&self) -> Components {
         self.components
+    }
+
+    fn page_size(&self) -> Option<u32> {
+        Some(Client::page_size(self))
     }
 
     fn store(&mut self) -> Option<&mut dyn crate::op::StoreAccess> {
@@ -1555,6 +1578,53 @@ impl Client {
                 ProtocolError::BadReply(BadReply::BadField("pool binding")).into()
             }
         })
+    }
+}
+
+/// Groups (see [`crate::group`]): the ranks of one tensor-parallel server
+/// share one tree, each step carried out once and every rank answered the
+/// same.
+impl Client {
+    /// Makes this connection rank `rank` of the `size` ranks of group
+    /// `group` (a key every rank of the server agrees on, unique to it),
+    /// before any cache call: from then on every cache call is a step of
+    /// the group, which owns what the calls take (pages, locks, sessions)
+    /// until its last rank is gone. Anchoring goes off for good (see
+    /// [`Client::set_anchoring`]). Returns how many ranks have joined so
+    /// far; a refusal (`group_mismatch`, `group_closed`) changes nothing.
+    ///
+    /// A rank should wait without a timeout: a call given up on is still a
+    /// step, and what its late answer hands over would be given back in
+    /// steps the other ranks do not make.
+    pub fn join(&mut self, group: &str, rank: u32, size: u32) -> Result<u32, ClientError> {
+        self.join_as(&Join {
+            group: group.to_owned(),
+            rank,
+            size,
+            page_size: self.page_size(),
+        })
+    }
+
+    /// [`Client::join`] with the rank's page size given (the daemon
+    /// refuses one that is not its own).
+    pub fn join_as(&mut self, join: &Join) -> Result<u32, ClientError> {
+        match self.send(Call::Join(join))? {
+            Reply::Joined { joined, .. } => {
+                self.anchoring.on = false;
+                self.group = Some(Rank {
+                    group: join.group.clone(),
+                    rank: join.rank,
+                    size: join.size,
+                });
+                Ok(joined)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The group this connection is a rank of, if any.
+    pub fn rank(&self) -> Option<&Rank> {
+        self.group.as_ref()
     }
 }
 

@@ -23,6 +23,7 @@ use radixd_ipc::{
 };
 
 use crate::binding::{Binding, BindingBoard, Released};
+use crate::group::{self, Groups};
 use crate::engine::{ClientId, Components, ComponentsError, ConfigError, Engine, CORRUPT};
 use crate::op::{self, ErrorKind, Rejection, Request};
 use crate::shared::{
@@ -186,15 +187,35 @@ struct Peer<'s> {
     next_probe: Instant,
     /// A reply that found the ring full; nothing more is read until it goes.
     pending: Option<WireReply>,
-    /// An `alloc` waiting for evicted pages that readers still hold, and
-    /// until when it waits; nothing more is read until it is answered.
-    deferred: Option<(WireRequest, Instant)>,
+    /// A request waiting (an `alloc` for evicted pages that readers still
+    /// hold, a group's rank for its slowest rank), and until when it waits;
+    /// nothing more is read until it is answered.
+    deferred: Option<Deferred>,
+    /// The client has made stepped requests on its own (so it cannot join
+    /// a group: see `group::Groups::join`).
+    alone: bool,
     /// The ring was found corrupt: ignored until the slot is claimed anew.
     broken: bool,
     /// The engine stopped at corrupt shared data while serving this slot.
     corrupt: Option<String>,
     /// The slot's reader announcement, cleared when its client is gone.
     reader: &'s ReaderSlot,
+}
+
+/// A request the daemon answers later (see `Peer::deferred`).
+struct Deferred {
+    record: WireRequest,
+    until: Instant,
+    why: Wait,
+}
+
+/// What a deferred request waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wait {
+    /// Pages readers hold (an `alloc`).
+    Readers,
+    /// The slowest rank of the client's group (see `crate::group`).
+    Group,
 }
 
 /// Runs the daemon until `stop` becomes non-zero.
@@ -299,6 +320,7 @@ pub fn serve_reporting(
         // The reader is expired by then, and its pages come back.
         reader_wait: config.reader_expiry * 2,
         binding: Binding::new(board),
+        groups: Groups::new(),
         store: kv_store,
     };
     // Relaxed: a plain flag set by the signal handler; nothing to order.
@@ -309,8 +331,11 @@ pub fn serve_reporting(
             let Ok(word) = slots.word(index) else {
                 continue;
             };
-            let binding = &mut service.binding;
-            peer.serving = adopt(&mut engine, peer, &slots, index, word, live, binding);
+            let holds = Holds {
+                binding: &mut service.binding,
+                groups: &mut service.groups,
+            };
+            peer.serving = adopt(&mut engine, peer, &slots, index, word, live, holds);
             if !peer.serving || peer.broken {
                 continue;
             }
@@ -359,7 +384,11 @@ pub fn serve_reporting(
         }
         if now.duration_since(last_sweep) >= SWEEP {
             last_sweep = now;
-            sweep(&mut engine, &mut peers, &slots, live, &mut service.binding);
+            let holds = Holds {
+                binding: &mut service.binding,
+                groups: &mut service.groups,
+            };
+            sweep(&mut engine, &mut peers, &slots, live, holds);
             store::tidy(service.store.as_mut(), &peers, true);
             if let Some(damage) = peers.iter_mut().find_map(|p| p.corrupt.take()) {
                 return Err(ServeError::Corrupted(damage));
@@ -388,11 +417,16 @@ pub fn serve_reporting(
             // or one no longer served keeps the daemon asleep: the nap's
             // timeout retries them.
             let pending = || {
+                // A rank waiting for its group is woken by the others'
+                // requests, which are work.
                 peers.iter().any(|p| {
                     p.serving
                         && !p.broken
                         && p.pending.is_none()
-                        && (p.deferred.is_some() || p.requests.has_work())
+                        && p
+                            .deferred
+                            .as_ref()
+                            .map_or_else(|| p.requests.has_work(), |d| d.why == Wait::Readers)
                 }) || (0..config.max_clients).any(|i| slots.word(i).is_ok_and(|w| w.1 == CLAIMED))
             };
             doorbell.sleep(pending, Some(SLEEP.min(SWEEP)));
@@ -444,6 +478,7 @@ fn peer<'s>(
         next_probe: Instant::now(),
         pending: None,
         deferred: None,
+        alone: false,
         broken: false,
         corrupt: None,
         reader,
@@ -472,7 +507,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
     index: u32,
     word: (u32, u32),
     live: &LiveStats,
-    binding: &mut Binding<'_>,
+    mut holds: Holds<'_, '_>,
 ) -> bool {
     if peer.tenancy.serves(word) {
         return true;
@@ -491,6 +526,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
         replies,
         pending,
         deferred,
+        alone,
         broken,
         corrupt,
         reader,
@@ -504,7 +540,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
         probe,
         &mut || {
             reader.clear();
-            if let Err(damage) = forget(engine, index, live, binding) {
+            if let Err(damage) = forget(engine, index, live, &mut holds) {
                 *corrupt = Some(damage);
             }
         },
@@ -516,6 +552,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
             replies.reset();
             *pending = None;
             *deferred = None;
+            *alone = false;
             *broken = false;
         },
     );
@@ -539,11 +576,16 @@ fn forget<R: crate::engine::Region>(
     engine: &mut Engine<R>,
     index: u32,
     live: &LiveStats,
-    binding: &mut Binding<'_>,
+    holds: &mut Holds<'_, '_>,
 ) -> Result<(), String> {
     LiveStats::bump(&live.clients, -1);
     guarded(|| engine.release_client(client_id(index)))?;
-    if binding.release(client_id(index)) == Released::Unbound {
+    // The last connected rank of a group takes the group's holdings with
+    // it, as a client's go with it.
+    if let Some(group) = holds.groups.leave(client_id(index)) {
+        guarded(|| engine.release_client(group))?;
+    }
+    if holds.binding.release(client_id(index)) == Released::Unbound {
         let c = engine.components();
         let all = |on: bool| if on { u64::MAX } else { 0 };
         let (swa, mamba) = (all(c.swa.is_some()), all(c.mamba.is_some()));
@@ -552,6 +594,13 @@ fn forget<R: crate::engine::Region>(
             .map_err(|e| format!("{CORRUPT}: {e}"))?;
     }
     Ok(())
+}
+
+/// What clients hold beside the engine's pages and locks, released when
+/// they go: the pool's binding and their ranks in groups.
+struct Holds<'a, 's> {
+    binding: &'a mut Binding<'s>,
+    groups: &'a mut Groups,
 }
 
 /// What the daemon counts while it serves, in its own memory: nothing on
@@ -601,6 +650,8 @@ struct Service<'s> {
     reader_wait: Duration,
     /// Which KV buffer the pool belongs to (`Request::Bind`).
     binding: Binding<'s>,
+    /// The ranks of tensor-parallel servers (`Request::Join`).
+    groups: Groups,
     /// The node-wide KV store (`--store`).
     store: Option<crate::store::StoreFile>,
 }
@@ -636,16 +687,21 @@ fn drain<R: crate::engine::Region>(
     while answered < BATCH && popped < 2 * BATCH {
         popped += 1;
         let (record, retry) = match peer.deferred.take() {
-            Some((record, until)) => {
-                let want = wire::alloc_count(&record).unwrap_or(0);
-                if held_back(engine, want) && Instant::now() < until {
-                    peer.deferred = Some((record, until));
+            Some(d) => {
+                let blocked = match d.why {
+                    Wait::Readers => {
+                        held_back(engine, wire::alloc_count(&d.record).unwrap_or(0))
+                    }
+                    Wait::Group => service.groups.lagging(client_id(index)),
+                };
+                if blocked && Instant::now() < d.until {
+                    peer.deferred = Some(d);
                     break;
                 }
-                (record, true)
+                (d.record, Some((d.why, d.until)))
             }
             None => match peer.requests.pop() {
-                Some(record) => (record, false),
+                Some(record) => (record, None),
                 None => break,
             },
         };
@@ -672,6 +728,7 @@ fn drain<R: crate::engine::Region>(
             &peer.scratch,
             &record,
             &mut peer.corrupt,
+            &mut peer.alone,
         );
         // An `alloc` that evicted pages readers still hold waits for them
         // (the grace period, at most until the readers are expired) rather
@@ -679,9 +736,30 @@ fn drain<R: crate::engine::Region>(
         // served meanwhile, and this one reads nothing more until then.
         let short = reply.status == ErrorKind::InsufficientPages as u32;
         let held = short && wire::alloc_count(&record).is_some_and(|want| held_back(engine, want));
-        if held && !retry {
-            peer.deferred = Some((record, Instant::now() + service.reader_wait));
+        if held && retry.is_none() {
+            peer.deferred = Some(Deferred {
+                record,
+                until: Instant::now() + service.reader_wait,
+                why: Wait::Readers,
+            });
             break;
+        }
+        // A rank too far ahead of its group waits for the slowest rank
+        // (nothing changed), up to `group::LAG_WAIT` from its first try.
+        if reply.status == ErrorKind::GroupLag as u32 {
+            let now = Instant::now();
+            let until = match retry {
+                Some((Wait::Group, until)) => until,
+                _ => now + group::LAG_WAIT,
+            };
+            if now < until {
+                peer.deferred = Some(Deferred {
+                    record,
+                    until,
+                    why: Wait::Group,
+                });
+                break;
+            }
         }
         let tally = &mut service.tally;
         tally.held_by_readers += u64::from(held);
@@ -714,12 +792,14 @@ fn answer<R: crate::engine::Region>(
     scratch: &Scratch<'_>,
     record: &WireRequest,
     corrupt: &mut Option<String>,
+    alone: &mut bool,
 ) -> WireReply {
     let Service {
         spare,
         out,
         allow_reset,
         binding,
+        groups,
         store: kv_store,
         ..
     } = service;
@@ -753,6 +833,9 @@ fn answer<R: crate::engine::Region>(
                         .bind(client, pool)
                         .map(|holders| op::Reply::Bound { holders });
                 }
+                if let Request::Join(join) = &request {
+                    return groups.join(client, *alone, join, engine.page_size());
+                }
                 if let Request::Store(r) = request {
                     let generation = (record.seq >> 32) as u32;
                     return store::answer(kv_store.as_mut(), client, generation, r);
@@ -765,15 +848,28 @@ fn answer<R: crate::engine::Region>(
                         "reset of the shared cache is off (start the daemon with --allow-reset)",
                     ));
                 }
-                guarded(|| op::apply_with(engine, client, request, spare)).unwrap_or_else(
-                    |damage| {
-                        *corrupt = Some(damage);
-                        Err(Rejection::new(
-                            ErrorKind::Protocol,
-                            "the daemon found its engine corrupted and is stopping",
-                        ))
-                    },
-                )
+                let mut run = |client, request| {
+                    guarded(|| op::apply_with(engine, client, request, spare)).unwrap_or_else(
+                        |damage| {
+                            *corrupt = Some(damage);
+                            Err(Rejection::new(
+                                ErrorKind::Protocol,
+                                "the daemon found its engine corrupted and is stopping",
+                            ))
+                        },
+                    )
+                };
+                if !group::is_stepped(&request) {
+                    return run(client, request);
+                }
+                // A rank's step is its group's (see `crate::group`).
+                if !groups.is_empty() && groups.is_member(client) {
+                    return groups
+                        .step(client, request, run)
+                        .unwrap_or_else(|| Err(Rejection::new(ErrorKind::Protocol, "no group")));
+                }
+                *alone = true;
+                run(client, request)
             })
     };
     let room = if window_ok {
@@ -822,7 +918,7 @@ fn sweep<R: crate::engine::Region, L: radixd_ipc::SlotLocks>(
     peers: &mut [Peer<'_>],
     slots: &radixd_ipc::SlotTable<'_, L>,
     live: &LiveStats,
-    binding: &mut Binding<'_>,
+    mut holds: Holds<'_, '_>,
 ) {
     for status in slots.occupied() {
         let Some(peer) = peers.get_mut(status.index as usize) else {
@@ -839,7 +935,7 @@ fn sweep<R: crate::engine::Region, L: radixd_ipc::SlotLocks>(
             } = peer;
             tenancy.vacate(&mut || {
                 reader.clear();
-                if let Err(damage) = forget(engine, status.index, live, binding) {
+                if let Err(damage) = forget(engine, status.index, live, &mut holds) {
                     *corrupt = Some(damage);
                 }
             });

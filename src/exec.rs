@@ -32,7 +32,15 @@ pub fn run(
         let answer = match store::answer(backend, &line) {
             Some(answer) => answer,
             None => match parse_for(&line, &components) {
-                Ok(request) => render_for(backend.call(request), &components),
+                Ok(mut request) => {
+                    // A join without "page_size" is this connection's.
+                    if let (Request::Join(j), Some(p)) = (&mut request, backend.page_size()) {
+                        if j.page_size == 0 {
+                            j.page_size = p;
+                        }
+                    }
+                    render_for(backend.call(request), &components)
+                }
                 Err(rejection) => render(Err(rejection)),
             },
         };
@@ -160,6 +168,19 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
             Value::String(pool) => Request::Bind { pool: pool.clone() },
             _ => return Err(malformed("\"pool\" must be a string")),
         },
+        "join" => Request::Join(crate::op::Join {
+            group: match f.get("group")? {
+                Value::String(group) => group.clone(),
+                _ => return Err(malformed("\"group\" must be a string")),
+            },
+            rank: f.u32("rank")?,
+            size: f.u32("size")?,
+            // Absent: the connection's (filled in by `run`).
+            page_size: match f.u64_or_zero("page_size")? {
+                0 => 0,
+                _ => f.u32("page_size")?,
+            },
+        }),
         other => {
             return Err(Rejection::new(
                 ErrorKind::UnknownOp,
@@ -199,6 +220,7 @@ fn known_fields(op: &str) -> Option<&'static [&'static str]> {
         "session_commit" => &["session", "tokens", "pages", "ns"],
         "session_release" | "session_status" => &["session"],
         "bind" => &["pool"],
+        "join" => &["group", "rank", "size", "page_size"],
         "alloc_state" | "stats" | "reset" | "validate" => &[],
         _ => return None,
     })
@@ -218,6 +240,11 @@ impl Fields<'_> {
         self.get(name)?
             .as_u64()
             .ok_or_else(|| malformed(format!("{name:?} must be a non-negative integer")))
+    }
+
+    fn u32(&self, name: &str) -> Result<u32, Rejection> {
+        u32::try_from(self.u64(name)?)
+            .map_err(|_| malformed(format!("{name:?} must be below 2^32")))
     }
 
     /// An optional count: absent or `null` is 0.
@@ -395,6 +422,7 @@ pub fn render_for(result: Result<Reply, Rejection>, components: &Components) -> 
         Ok(Reply::Namespace { id }) => json!({"ok": true, "id": id}),
         Ok(Reply::SwaFreed { n }) => json!({"ok": true, "freed": n}),
         Ok(Reply::Bound { holders }) => json!({"ok": true, "holders": holders}),
+        Ok(Reply::Joined { joined, size }) => json!({"ok": true, "joined": joined, "size": size}),
         Ok(Reply::SwaPages(pages)) => {
             let pages: Vec<Value> = pages
                 .iter()

@@ -13,6 +13,8 @@
 //! - `index` (feature `index`): the cluster router's KV index over those
 //!   events (per-worker overlap scores, as Dynamo's router computes them).
 //! - [`binding`]: which KV buffer a daemon's page pool belongs to.
+//! - [`group`]: the ranks of one tensor-parallel server on one tree (each
+//!   step carried out once, every rank answered the same).
 //! - [`client`]: [`Client`], a scheduler's connection to the daemon.
 //! - [`order`]: cache-aware scheduling order (LPM, DFS-weight) from
 //!   lock-free peeks.
@@ -33,6 +35,8 @@ pub mod client;
 pub mod daemon;
 #[cfg(not(loom))]
 pub mod events;
+#[cfg(not(loom))]
+pub mod group;
 #[cfg(all(feature = "index", not(loom)))]
 pub mod index;
 #[cfg(not(loom))]

@@ -14,6 +14,7 @@ use crate::engine::{
     Anchor, AnchorError, ClientId, ComponentError, ComponentStats, Components, Engine, HandleError,
     InsertExtra, Inserted, InsertedExtra, NamespaceError, PageError, Region, SessionError, Stats,
 };
+pub use crate::group::Join;
 
 /// One request to the cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,6 +147,10 @@ pub enum Request {
     Namespace {
         name: String,
     },
+    /// Makes this client a rank of a group ([`crate::group`]): the ranks
+    /// of one tensor-parallel server share one tree, each step carried out
+    /// once. Answers [`Reply::Joined`]. A daemon's business, as `Bind`.
+    Join(Join),
 }
 
 /// The answer to a successful request.
@@ -222,6 +227,8 @@ pub enum Reply {
     Store(StoreReply),
     /// `Namespace`: the namespace's id.
     Namespace { id: u32 },
+    /// `Join`: ranks of the group that have joined so far, and its size.
+    Joined { joined: u32, size: u32 },
 }
 
 /// Longest session id, in bytes.
@@ -270,11 +277,43 @@ impl Reply {
             Self::Bound { .. } => "bound",
             Self::Store(_) => "store",
             Self::Namespace { .. } => "namespace",
+            Self::Joined { .. } => "joined",
         }
     }
 }
 
 impl Request {
+    /// The op's name, as `radixd exec` spells it (the internal ops by
+    /// their own names).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Alloc { .. } => "alloc",
+            Self::Free { .. } => "free",
+            Self::Insert { .. } | Self::InsertWith { .. } => "insert",
+            Self::Match { .. } | Self::MatchWith { .. } => "match",
+            Self::Lock { .. } => "lock",
+            Self::Unlock { .. } => "unlock",
+            Self::Evict { .. } | Self::EvictComponents { .. } => "evict",
+            Self::SessionCommit { .. } => "session_commit",
+            Self::SessionRelease { .. } => "session_release",
+            Self::SessionStatus { .. } => "session_status",
+            Self::Stats | Self::StatsWith => "stats",
+            Self::Reset => "reset",
+            Self::Validate => "validate",
+            Self::MatchAt { .. } => "match_at",
+            Self::InsertAt { .. } => "insert_at",
+            Self::AllocState => "alloc_state",
+            Self::FreeState { .. } => "free_state",
+            Self::FreeSwa { .. } => "free_swa",
+            Self::SwaPages { .. } => "swa_pages",
+            Self::Bind { .. } => "bind",
+            Self::Store(_) => "store",
+            Self::Namespaced { request, .. } => request.name(),
+            Self::Namespace { .. } => "namespace",
+            Self::Join(_) => "join",
+        }
+    }
+
     /// The session a request names, if any.
     pub fn session(&self) -> Option<&str> {
         match self {
@@ -357,11 +396,22 @@ pub enum ErrorKind {
     UnknownNamespace = 45,
     /// A namespace name that is empty or too long (or one too many).
     BadNamespace = 24,
+    /// A rank of a group sent another operation than the rank that led
+    /// the same step (a desynchronised scheduler): it is out of step.
+    Desync = 25,
+    /// A `join` that disagrees with its group (size, page size) or comes
+    /// from a connection that cannot be a rank.
+    GroupMismatch = 26,
+    /// A `join` of a finished group, or of a rank taken or gone.
+    GroupClosed = 27,
+    /// A rank ran too far ahead of its group's slowest rank and waited for
+    /// it in vain.
+    GroupLag = 28,
 }
 
 impl ErrorKind {
     /// Every kind, for decoding.
-    pub const ALL: [ErrorKind; 30] = [
+    pub const ALL: [ErrorKind; 34] = [
         Self::UnknownOp,
         Self::Malformed,
         Self::PageOutOfRange,
@@ -392,6 +442,10 @@ impl ErrorKind {
         Self::NotReserved,
         Self::UnknownNamespace,
         Self::BadNamespace,
+        Self::Desync,
+        Self::GroupMismatch,
+        Self::GroupClosed,
+        Self::GroupLag,
     ];
 
     /// The wire name.
@@ -427,6 +481,10 @@ impl ErrorKind {
             Self::NotReserved => "not_reserved",
             Self::UnknownNamespace => "unknown_namespace",
             Self::BadNamespace => "bad_namespace",
+            Self::Desync => "desync",
+            Self::GroupMismatch => "group_mismatch",
+            Self::GroupClosed => "group_closed",
+            Self::GroupLag => "group_lag",
         }
     }
 
@@ -774,6 +832,10 @@ pub fn apply_with<R: Region>(
         Request::Namespace { name } => Reply::Namespace {
             id: engine.namespace(&name)?,
         },
+        Request::Join(_) => return Err(Rejection::new(
+            ErrorKind::NotPermitted,
+            "groups are a daemon's: an in-process engine has one client, which is every rank",
+        )),
     })
 }
 
@@ -813,6 +875,11 @@ pub trait Backend {
     fn store(&mut self) -> Option<&mut dyn StoreAccess> {
         None
     }
+
+    /// Tokens per page (`None`: not known to this backend).
+    fn page_size(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// An in-process engine serving one client.
@@ -833,5 +900,9 @@ impl<R: Region> Backend for Local<R> {
 
     fn components(&self) -> Components {
         self.engine.components()
+    }
+
+    fn page_size(&self) -> Option<u32> {
+        Some(self.engine.page_size())
     }
 }

@@ -20,6 +20,7 @@ use std::mem::size_of;
 use radixd_ipc::{copy, Scratch, ScratchError};
 
 use crate::binding::MAX_POOL_IDENTITY;
+use crate::group::{Join, MAX_GROUP_KEY};
 mod store;
 
 pub use store::MAX_BATCH as MAX_STORE_BATCH;
@@ -107,6 +108,7 @@ mod opcode {
     pub const STATS_WITH: u32 = 22;
     pub const SWA_PAGES: u32 = 23;
     pub const BIND: u32 = 24;
+    pub const JOIN: u32 = 26;
     pub const STORE_NAMESPACE: u32 = 40;
     pub const STORE_RESERVE: u32 = 41;
     pub const STORE_COMMIT: u32 = 42;
@@ -133,6 +135,7 @@ mod kind {
     pub const SWA_PAGES: u32 = 14;
     pub const BOUND: u32 = 15;
     pub const LOCKED: u32 = 16;
+    pub const JOINED: u32 = 18;
     pub const STORE_NAMESPACE: u32 = 40;
     pub const STORE_RESERVED: u32 = 41;
     pub const STORE_DONE: u32 = 42;
@@ -442,6 +445,9 @@ pub enum Call<'a> {
     Namespaced(&'a str, &'a Request),
     /// See [`Request::Namespace`].
     Namespace(&'a str),
+    /// See [`Request::Join`]: the key travels where a session id does,
+    /// after the page size's word.
+    Join(&'a Join),
 }
 
 impl<'a> Call<'a> {
@@ -525,6 +531,7 @@ impl<'a> Call<'a> {
             Request::Store(r) => Self::Store(r),
             Request::Namespaced { ns, request } => Self::Namespaced(ns, request),
             Request::Namespace { name } => Self::Namespace(name),
+            Request::Join(join) => Self::Join(join),
         }
     }
 
@@ -609,6 +616,14 @@ impl<'a> Call<'a> {
             Self::Bind(pool) => (opcode::BIND, 0, 0, none, none, pool),
             Self::Store(_) => (0, 0, 0, none, none, ""),
             Self::Namespace(name) => (opcode::NAMESPACE, 0, 0, none, none, name),
+            Self::Join(j) => (
+                opcode::JOIN,
+                u64::from(j.rank) | u64::from(j.size) << 32,
+                0,
+                none,
+                none,
+                j.group.as_str(),
+            ),
             // Handled above.
             Self::Namespaced(..) => (0, 0, 0, none, none, ""),
         };
@@ -659,6 +674,12 @@ impl<'a> Call<'a> {
             } => {
                 e.anchor_words = AnchorWords {
                     words: [state, 0, 0, 0],
+                    len: 1,
+                };
+            }
+            Self::Join(j) => {
+                e.anchor_words = AnchorWords {
+                    words: [j.page_size, 0, 0, 0],
                     len: 1,
                 };
             }
@@ -953,6 +974,30 @@ fn decode_op<P: Payload + ?Sized>(
                 name: namespace_name(payload, pages_end, tail)?,
             }
         }
+        opcode::JOIN => {
+            exact(false, false, true)?;
+            // The page size's word, then the key: its length checked
+            // before it is copied; what it says, `group::Groups::join`.
+            let key_len = tail.checked_sub(4).ok_or_else(|| malformed("join without a page size"))?;
+            if key_len > MAX_GROUP_KEY {
+                return Err(malformed(format!(
+                    "a group key of {key_len} bytes is over the limit of {MAX_GROUP_KEY}"
+                )));
+            }
+            let mut word = spare.list();
+            let read = payload.words(pages_end, 1, &mut word);
+            let page_size = word.first().copied();
+            spare.keep(word);
+            read?;
+            let bytes = payload.bytes(pages_end + 4, key_len)?;
+            let group = String::from_utf8(bytes).map_err(|_| malformed("group key is not UTF-8"))?;
+            Request::Join(Join {
+                group,
+                rank: r.arg as u32,
+                size: (r.arg >> 32) as u32,
+                page_size: page_size.ok_or_else(|| malformed("join without a page size"))?,
+            })
+        }
         op => {
             return Err(Rejection::new(
                 ErrorKind::UnknownOp,
@@ -1182,6 +1227,10 @@ pub fn encode_reply(
             w.kind = kind::BOUND;
             w.a = *holders;
         }
+        Ok(Reply::Joined { joined, size }) => {
+            w.kind = kind::JOINED;
+            (w.a, w.b) = (u64::from(*joined), u64::from(*size));
+        }
     }
     w.payload_len = payload.len() as u32;
     if payload.len() <= INLINE_BYTES {
@@ -1376,6 +1425,10 @@ pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Reject
             }
         }
         kind::BOUND => Reply::Bound { holders: w.a },
+        kind::JOINED => Reply::Joined {
+            joined: u32::try_from(w.a).map_err(|_| BadReply::BadField("ranks joined"))?,
+            size: u32::try_from(w.b).map_err(|_| BadReply::BadField("group size"))?,
+        },
         k if store::is_store_kind(k) => Reply::Store(store::decode_reply(w, payload)?),
         k => return Err(BadReply::UnknownKind(k)),
     }))
@@ -1485,6 +1538,12 @@ mod tests {
             Request::Bind {
                 pool: "device=cuda:0;pages=64".into(),
             },
+            Request::Join(Join {
+                group: "127.0.0.1:30000/7f3a".into(),
+                rank: 3,
+                size: 8,
+                page_size: 16,
+            }),
             Request::Store(StoreRequest::Namespace {
                 name: b"model-tp0".to_vec(),
                 value_size: 1 << 20,
@@ -1774,6 +1833,8 @@ mod tests {
             Err(Rejection::new(ErrorKind::InsufficientStates, "full")),
             Ok(Reply::Bound { holders: 3 }),
             Err(Rejection::new(ErrorKind::PoolMismatch, "another buffer")),
+            Ok(Reply::Joined { joined: 2, size: 8 }),
+            Err(Rejection::new(ErrorKind::Desync, "step 3")),
         ];
         let mut payload = Vec::new();
         for reply in replies {

@@ -229,4 +229,8 @@ impl<B: super::Backend> super::Backend for WithStore<B> {
     fn store(&mut self) -> Option<&mut dyn StoreAccess> {
         Some(&mut self.store)
     }
+
+    fn page_size(&self) -> Option<u32> {
+        self.inner.page_size()
+    }
 }

@@ -1,0 +1,361 @@
+use super::*;
+use crate::engine::{Config, Engine};
+use crate::op::{apply, Reply, Request};
+
+const PAGE: u32 = 4;
+
+/// xorshift, so runs repeat exactly.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u32) -> u32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % u64::from(n.max(1))) as u32
+    }
+}
+
+fn engine() -> Engine {
+    Engine::new(Config {
+        page_size: PAGE,
+        capacity: 64,
+    })
+    .unwrap()
+}
+
+fn join(key: &str, rank: u32, size: u32) -> Join {
+    Join {
+        group: key.to_owned(),
+        rank,
+        size,
+        page_size: PAGE,
+    }
+}
+
+/// `groups.step` on `engine` for `client`.
+fn step(
+    groups: &mut Groups,
+    engine: &mut Engine,
+    client: ClientId,
+    request: Request,
+) -> Result<Reply, Rejection> {
+    groups
+        .step(client, request, |c, r| apply(engine, c, r))
+        .expect("a member")
+}
+
+/// A scheduler's calls, drawn from `seed`: match+lock, alloc, insert,
+/// unlock, sometimes stats, evict or free.
+fn calls(seed: u64, n: usize) -> Vec<Request> {
+    let mut rng = Rng(seed);
+    let mut out = Vec::new();
+    for i in 0..n {
+        let tokens: Vec<u32> = (0..rng.below(5) * PAGE + PAGE)
+            .map(|t| rng.below(3) * 100 + t)
+            .collect();
+        out.push(match i % 5 {
+            0 => Request::Match { tokens, lock: true },
+            1 => Request::Stats,
+            2 => Request::Alloc {
+                n: u64::from(rng.below(3)),
+            },
+            3 => Request::Evict {
+                tokens: u64::from(rng.below(8)),
+            },
+            _ => Request::Match {
+                tokens,
+                lock: false,
+            },
+        });
+    }
+    out
+}
+
+/// What a rank does with an answer: the calls that depend on it (an
+/// insert of the pages it got, an unlock of the handle it locked), as a
+/// scheduler would.
+fn follow_up(request: &Request, answer: &Result<Reply, Rejection>) -> Vec<Request> {
+    match (request, answer) {
+        (Request::Alloc { .. }, Ok(Reply::Pages(pages))) if !pages.is_empty() => {
+            let tokens = (0..pages.len() as u32 * PAGE).map(|t| 7_000 + t).collect();
+            vec![Request::Insert {
+                tokens,
+                pages: pages.clone(),
+                lock: false,
+            }]
+        }
+        (
+            Request::Match { lock: true, .. },
+            Ok(Reply::Matched {
+                handle: Some(h), ..
+            }),
+        ) => vec![Request::Unlock { handle: *h }],
+        _ => Vec::new(),
+    }
+}
+
+/// Runs `calls` (and their follow-ups) as `ranks` ranks interleaved by
+/// `order`, and alone on a second engine; every rank must get the alone
+/// run's answers, and the engines must end the same.
+fn lockstep(ranks: u32, order: &mut impl FnMut() -> u32) {
+    let script = calls(u64::from(ranks) * 7 + 1, 300);
+    // The solo run: the answers every rank must get.
+    let mut alone = engine();
+    let mut expected = Vec::new();
+    for r in &script {
+        let a = apply(&mut alone, 0, r.clone());
+        let then = follow_up(r, &a);
+        expected.push((describe(r), a));
+        for f in then {
+            let b = apply(&mut alone, 0, f.clone());
+            expected.push((describe(&f), b));
+        }
+    }
+    let mut shared = engine();
+    let mut groups = Groups::new();
+    for rank in 0..ranks {
+        groups.join(rank, false, &join("g", rank, ranks), PAGE).unwrap();
+    }
+    // Each rank replays the script, answering follow-ups from its own
+    // answers (never from the expected ones).
+    let mut at = vec![0usize; ranks as usize];
+    let mut queued: Vec<Vec<Request>> = vec![Vec::new(); ranks as usize];
+    let mut got: Vec<Vec<(Request, Result<Reply, Rejection>)>> = vec![Vec::new(); ranks as usize];
+    while at.iter().any(|&i| i < script.len()) {
+        let rank = order() % ranks;
+        let r = rank as usize;
+        let request = match queued[r].pop() {
+            Some(f) => f,
+            None if at[r] < script.len() => {
+                at[r] += 1;
+                script[at[r] - 1].clone()
+            }
+            None => continue,
+        };
+        let answer = step(&mut groups, &mut shared, rank, request.clone());
+        queued[r].extend(follow_up(&request, &answer));
+        got[r].push((request, answer));
+    }
+    for r in 0..ranks as usize {
+        while let Some(f) = queued[r].pop() {
+            let answer = step(&mut groups, &mut shared, r as u32, f.clone());
+            got[r].push((f, answer));
+        }
+    }
+    let order_of = |v: &Vec<(Request, Result<Reply, Rejection>)>| {
+        v.iter()
+            .map(|(q, a)| (describe(q), a.clone()))
+            .collect::<Vec<_>>()
+    };
+    for rank in 0..ranks as usize {
+        assert_eq!(order_of(&got[rank]), expected, "rank {rank}");
+    }
+    assert_eq!(apply(&mut shared, 0, Request::Stats), apply(&mut alone, 0, Request::Stats));
+    shared.validate().unwrap();
+    // Every step was taken by every rank: nothing is kept.
+    assert_eq!(groups.figures().kept_steps, 0);
+}
+
+#[test]
+fn ranks_in_any_interleaving_get_the_answers_one_rank_alone_gets() {
+    for ranks in [1, 2, 4, 8] {
+        // Round robin, one rank far ahead, and a pseudo-random order.
+        let mut i = 0u32;
+        lockstep(ranks, &mut || {
+            i += 1;
+            i
+        });
+        let mut i = 0u32;
+        lockstep(ranks, &mut || {
+            i += 1;
+            if i < 2_000 {
+                0
+            } else {
+                i
+            }
+        });
+        let mut rng = Rng(99);
+        lockstep(ranks, &mut || rng.below(1 << 20));
+    }
+}
+
+#[test]
+fn a_step_is_carried_out_once_by_the_group() {
+    let mut e = engine();
+    let mut g = Groups::new();
+    g.join(3, false, &join("g", 0, 2), PAGE).unwrap();
+    g.join(5, false, &join("g", 1, 2), PAGE).unwrap();
+    let a = step(&mut g, &mut e, 3, Request::Alloc { n: 2 }).unwrap();
+    let b = step(&mut g, &mut e, 5, Request::Alloc { n: 2 }).unwrap();
+    assert_eq!(a, b);
+    // Two pages went, not four, and they are the group's: either rank
+    // frees them (once, as a step).
+    assert_eq!(e.stats().owned_pages, 2);
+    let Reply::Pages(pages) = a else { panic!() };
+    assert!(e.free(3, &pages).is_err(), "not the rank's own");
+    step(&mut g, &mut e, 5, Request::Free { pages: pages.clone() }).unwrap();
+    step(&mut g, &mut e, 3, Request::Free { pages }).unwrap();
+    assert_eq!(e.stats().owned_pages, 0);
+}
+
+#[test]
+fn a_rank_out_of_step_is_told_which_step_and_both_operations() {
+    let mut e = engine();
+    let mut g = Groups::new();
+    for rank in 0..3 {
+        g.join(rank, false, &join("tp", rank, 3), PAGE).unwrap();
+    }
+    step(&mut g, &mut e, 0, Request::Stats).unwrap();
+    step(&mut g, &mut e, 0, Request::Alloc { n: 1 }).unwrap();
+    step(&mut g, &mut e, 1, Request::Stats).unwrap();
+    let err = step(
+        &mut g,
+        &mut e,
+        1,
+        Request::Match {
+            tokens: vec![1, 2, 3, 4],
+            lock: false,
+        },
+    )
+    .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Desync);
+    assert!(err.message.contains("step 1"), "{err}");
+    assert!(err.message.contains("match of 4 tokens [1, 2, 3, 4]"), "{err}");
+    assert!(err.message.contains("rank 0 sent alloc of 1 pages"), "{err}");
+    // Never an answer again, even to the step it missed; the others go on.
+    let again = step(&mut g, &mut e, 1, Request::Alloc { n: 1 }).unwrap_err();
+    assert_eq!(again.kind, ErrorKind::Desync);
+    assert_eq!(e.stats().owned_pages, 1, "nothing ran for the rank out of step");
+    step(&mut g, &mut e, 2, Request::Stats).unwrap();
+    step(&mut g, &mut e, 2, Request::Alloc { n: 1 }).unwrap();
+    assert_eq!(g.figures().kept_steps, 0, "the rank out of step holds no step");
+    // The same op with other arguments is out of step too.
+    step(&mut g, &mut e, 0, Request::Evict { tokens: 4 }).unwrap();
+    let err = step(&mut g, &mut e, 2, Request::Evict { tokens: 8 }).unwrap_err();
+    assert!(err.message.contains("evict of 8 tokens where rank 0 sent evict of 4 tokens"), "{err}");
+}
+
+#[test]
+fn a_rank_far_ahead_waits_for_the_slowest() {
+    let mut e = engine();
+    let mut g = Groups::new();
+    g.join(0, false, &join("g", 0, 2), PAGE).unwrap();
+    g.join(1, false, &join("g", 1, 2), PAGE).unwrap();
+    for _ in 0..LAG_STEPS {
+        step(&mut g, &mut e, 0, Request::Stats).unwrap();
+    }
+    assert!(g.lagging(0));
+    assert!(!g.lagging(1));
+    let err = step(&mut g, &mut e, 0, Request::Stats).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::GroupLag);
+    assert!(err.message.contains("rank 1 at step 0"), "{err}");
+    step(&mut g, &mut e, 1, Request::Stats).unwrap();
+    assert!(!g.lagging(0));
+    step(&mut g, &mut e, 0, Request::Stats).unwrap();
+    // The slowest rank leaving frees the leader at once.
+    assert!(g.lagging(0));
+    assert_eq!(g.leave(1), None);
+    assert!(!g.lagging(0));
+    assert_eq!(g.figures().kept_steps, 0);
+}
+
+#[test]
+fn a_rank_that_joins_late_starts_at_step_zero() {
+    let mut e = engine();
+    let mut g = Groups::new();
+    g.join(0, false, &join("g", 0, 2), PAGE).unwrap();
+    let a = step(&mut g, &mut e, 0, Request::Alloc { n: 3 }).unwrap();
+    assert_eq!(g.figures().kept_steps, 1, "kept for rank 1");
+    assert_eq!(
+        g.join(7, false, &join("g", 1, 2), PAGE),
+        Ok(Reply::Joined { joined: 2, size: 2 })
+    );
+    assert_eq!(step(&mut g, &mut e, 7, Request::Alloc { n: 3 }), Ok(a));
+    assert_eq!(g.figures().kept_steps, 0);
+}
+
+#[test]
+fn the_group_ends_with_its_last_connected_rank() {
+    let mut g = Groups::new();
+    g.join(0, false, &join("g", 0, 4), PAGE).unwrap();
+    g.join(1, false, &join("g", 1, 4), PAGE).unwrap();
+    assert_eq!(g.leave(9), None, "not a member");
+    assert_eq!(g.leave(0), None);
+    // Ranks 2 and 3 never came: they do not keep it alive.
+    assert_eq!(g.leave(1), Some(GROUP_CLIENT));
+    assert_eq!(g.figures(), GroupFigures::default());
+    let err = g.join(2, false, &join("g", 2, 4), PAGE).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::GroupClosed);
+    assert!(err.message.contains("finished"), "{err}");
+    // Its id is free for the next group.
+    g.join(3, false, &join("h", 0, 1), PAGE).unwrap();
+    assert_eq!(g.leave(3), Some(GROUP_CLIENT));
+}
+
+#[test]
+fn joins_that_disagree_or_come_too_late_change_nothing() {
+    let mut g = Groups::new();
+    g.join(0, false, &join("g", 0, 2), PAGE).unwrap();
+    let refused = |g: &mut Groups, client: ClientId, alone: bool, j: Join, kind: ErrorKind, says: &str| {
+        let before = g.figures();
+        let err = g.join(client, alone, &j, PAGE).unwrap_err();
+        assert_eq!(err.kind, kind, "{err}");
+        assert!(err.message.contains(says), "{err}");
+        assert_eq!(g.figures(), before);
+        assert!(!g.is_member(client) || client == 0);
+    };
+    refused(&mut g, 1, false, join("", 0, 1), ErrorKind::Malformed, "1..=256 bytes");
+    refused(&mut g, 1, false, join(&"k".repeat(257), 0, 1), ErrorKind::Malformed, "not 257");
+    refused(&mut g, 1, false, join("x", 0, 0), ErrorKind::GroupMismatch, "not 0");
+    refused(&mut g, 1, false, join("x", 0, 65), ErrorKind::GroupMismatch, "not 65");
+    refused(&mut g, 1, false, join("x", 2, 2), ErrorKind::GroupMismatch, "rank 2 is not below");
+    let mut paged = join("g", 1, 2);
+    paged.page_size = 8;
+    refused(&mut g, 1, false, paged, ErrorKind::GroupMismatch, "pages of 8 tokens");
+    refused(&mut g, 1, false, join("g", 1, 4), ErrorKind::GroupMismatch, "has 2 ranks; rank 1 says 4");
+    refused(&mut g, 1, false, join("g", 0, 2), ErrorKind::GroupClosed, "joined already");
+    refused(&mut g, 0, false, join("h", 0, 1), ErrorKind::GroupMismatch, "rank 0 of group \"g\" already");
+    refused(&mut g, 1, true, join("g", 1, 2), ErrorKind::GroupMismatch, "before any cache operation");
+    g.join(1, false, &join("g", 1, 2), PAGE).unwrap();
+    // A rank that left does not come back, even on a new connection.
+    assert_eq!(g.leave(1), None);
+    refused(&mut g, 2, false, join("g", 1, 2), ErrorKind::GroupClosed, "left");
+}
+
+#[test]
+fn anchored_requests_are_refused_to_ranks() {
+    let mut e = engine();
+    let mut g = Groups::new();
+    g.join(0, false, &join("g", 0, 1), PAGE).unwrap();
+    let anchored = Request::MatchAt {
+        anchor: crate::engine::Anchor {
+            node: 0,
+            generation: 0,
+            version: 0,
+            pages_into_node: 0,
+        },
+        matched_pages: 0,
+        next_hash: None,
+        lock: false,
+    };
+    let err = step(&mut g, &mut e, 0, anchored).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Malformed);
+}
+
+#[test]
+fn only_what_a_scheduler_decides_by_is_stepped() {
+    assert!(is_stepped(&Request::Stats));
+    assert!(is_stepped(&Request::Reset));
+    assert!(is_stepped(&Request::Namespaced {
+        ns: "a".into(),
+        request: Box::new(Request::Match {
+            tokens: vec![],
+            lock: false
+        })
+    }));
+    assert!(!is_stepped(&Request::Validate));
+    assert!(!is_stepped(&Request::Bind { pool: "a=b".into() }));
+    assert!(!is_stepped(&Request::Namespace { name: "a".into() }));
+    assert!(!is_stepped(&Request::Join(join("g", 0, 1))));
+}

@@ -23,8 +23,8 @@ use radixd_ipc::{
 };
 
 use crate::binding::{Binding, BindingBoard, Released};
-use crate::group::{self, Groups};
 use crate::engine::{ClientId, Components, ComponentsError, ConfigError, Engine, CORRUPT};
+use crate::group::{self, Groups};
 use crate::op::{self, ErrorKind, Rejection, Request};
 use crate::shared::{
     bucket_of, write_components, write_info, Info, LayoutProblem, LiveStats, SegmentConfig,
@@ -423,8 +423,7 @@ pub fn serve_reporting(
                     p.serving
                         && !p.broken
                         && p.pending.is_none()
-                        && p
-                            .deferred
+                        && p.deferred
                             .as_ref()
                             .map_or_else(|| p.requests.has_work(), |d| d.why == Wait::Readers)
                 }) || (0..config.max_clients).any(|i| slots.word(i).is_ok_and(|w| w.1 == CLAIMED))
@@ -689,9 +688,7 @@ fn drain<R: crate::engine::Region>(
         let (record, retry) = match peer.deferred.take() {
             Some(d) => {
                 let blocked = match d.why {
-                    Wait::Readers => {
-                        held_back(engine, wire::alloc_count(&d.record).unwrap_or(0))
-                    }
+                    Wait::Readers => held_back(engine, wire::alloc_count(&d.record).unwrap_or(0)),
                     Wait::Group => service.groups.lagging(client_id(index)),
                 };
                 if blocked && Instant::now() < d.until {

@@ -560,7 +560,12 @@ pub fn describe(request: &Request) -> String {
             pages,
             lock: l,
             ..
-        } => format!("insert{} of {} with {} pages", lock(l), key(tokens), pages.len()),
+        } => format!(
+            "insert{} of {} with {} pages",
+            lock(l),
+            key(tokens),
+            pages.len()
+        ),
         Request::Match { tokens, lock: l } | Request::MatchWith { tokens, lock: l } => {
             format!("match{} of {}", lock(l), key(tokens))
         }

@@ -832,10 +832,12 @@ pub fn apply_with<R: Region>(
         Request::Namespace { name } => Reply::Namespace {
             id: engine.namespace(&name)?,
         },
-        Request::Join(_) => return Err(Rejection::new(
-            ErrorKind::NotPermitted,
-            "groups are a daemon's: an in-process engine has one client, which is every rank",
-        )),
+        Request::Join(_) => {
+            return Err(Rejection::new(
+                ErrorKind::NotPermitted,
+                "groups are a daemon's: an in-process engine has one client, which is every rank",
+            ))
+        }
     })
 }
 

@@ -978,7 +978,9 @@ fn decode_op<P: Payload + ?Sized>(
             exact(false, false, true)?;
             // The page size's word, then the key: its length checked
             // before it is copied; what it says, `group::Groups::join`.
-            let key_len = tail.checked_sub(4).ok_or_else(|| malformed("join without a page size"))?;
+            let key_len = tail
+                .checked_sub(4)
+                .ok_or_else(|| malformed("join without a page size"))?;
             if key_len > MAX_GROUP_KEY {
                 return Err(malformed(format!(
                     "a group key of {key_len} bytes is over the limit of {MAX_GROUP_KEY}"
@@ -990,7 +992,8 @@ fn decode_op<P: Payload + ?Sized>(
             spare.keep(word);
             read?;
             let bytes = payload.bytes(pages_end + 4, key_len)?;
-            let group = String::from_utf8(bytes).map_err(|_| malformed("group key is not UTF-8"))?;
+            let group =
+                String::from_utf8(bytes).map_err(|_| malformed("group key is not UTF-8"))?;
             Request::Join(Join {
                 group,
                 rank: r.arg as u32,

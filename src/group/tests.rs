@@ -115,7 +115,9 @@ fn lockstep(ranks: u32, order: &mut impl FnMut() -> u32) {
     let mut shared = engine();
     let mut groups = Groups::new();
     for rank in 0..ranks {
-        groups.join(rank, false, &join("g", rank, ranks), PAGE).unwrap();
+        groups
+            .join(rank, false, &join("g", rank, ranks), PAGE)
+            .unwrap();
     }
     // Each rank replays the script, answering follow-ups from its own
     // answers (never from the expected ones).
@@ -148,10 +150,13 @@ fn lockstep(ranks: u32, order: &mut impl FnMut() -> u32) {
             .map(|(q, a)| (describe(q), a.clone()))
             .collect::<Vec<_>>()
     };
-    for rank in 0..ranks as usize {
-        assert_eq!(order_of(&got[rank]), expected, "rank {rank}");
+    for (rank, answers) in got.iter().enumerate() {
+        assert_eq!(order_of(answers), expected, "rank {rank}");
     }
-    assert_eq!(apply(&mut shared, 0, Request::Stats), apply(&mut alone, 0, Request::Stats));
+    assert_eq!(
+        apply(&mut shared, 0, Request::Stats),
+        apply(&mut alone, 0, Request::Stats)
+    );
     shared.validate().unwrap();
     // Every step was taken by every rank: nothing is kept.
     assert_eq!(groups.figures().kept_steps, 0);
@@ -194,7 +199,15 @@ fn a_step_is_carried_out_once_by_the_group() {
     assert_eq!(e.stats().owned_pages, 2);
     let Reply::Pages(pages) = a else { panic!() };
     assert!(e.free(3, &pages).is_err(), "not the rank's own");
-    step(&mut g, &mut e, 5, Request::Free { pages: pages.clone() }).unwrap();
+    step(
+        &mut g,
+        &mut e,
+        5,
+        Request::Free {
+            pages: pages.clone(),
+        },
+    )
+    .unwrap();
     step(&mut g, &mut e, 3, Request::Free { pages }).unwrap();
     assert_eq!(e.stats().owned_pages, 0);
 }
@@ -221,19 +234,37 @@ fn a_rank_out_of_step_is_told_which_step_and_both_operations() {
     .unwrap_err();
     assert_eq!(err.kind, ErrorKind::Desync);
     assert!(err.message.contains("step 1"), "{err}");
-    assert!(err.message.contains("match of 4 tokens [1, 2, 3, 4]"), "{err}");
-    assert!(err.message.contains("rank 0 sent alloc of 1 pages"), "{err}");
+    assert!(
+        err.message.contains("match of 4 tokens [1, 2, 3, 4]"),
+        "{err}"
+    );
+    assert!(
+        err.message.contains("rank 0 sent alloc of 1 pages"),
+        "{err}"
+    );
     // Never an answer again, even to the step it missed; the others go on.
     let again = step(&mut g, &mut e, 1, Request::Alloc { n: 1 }).unwrap_err();
     assert_eq!(again.kind, ErrorKind::Desync);
-    assert_eq!(e.stats().owned_pages, 1, "nothing ran for the rank out of step");
+    assert_eq!(
+        e.stats().owned_pages,
+        1,
+        "nothing ran for the rank out of step"
+    );
     step(&mut g, &mut e, 2, Request::Stats).unwrap();
     step(&mut g, &mut e, 2, Request::Alloc { n: 1 }).unwrap();
-    assert_eq!(g.figures().kept_steps, 0, "the rank out of step holds no step");
+    assert_eq!(
+        g.figures().kept_steps,
+        0,
+        "the rank out of step holds no step"
+    );
     // The same op with other arguments is out of step too.
     step(&mut g, &mut e, 0, Request::Evict { tokens: 4 }).unwrap();
     let err = step(&mut g, &mut e, 2, Request::Evict { tokens: 8 }).unwrap_err();
-    assert!(err.message.contains("evict of 8 tokens where rank 0 sent evict of 4 tokens"), "{err}");
+    assert!(
+        err.message
+            .contains("evict of 8 tokens where rank 0 sent evict of 4 tokens"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -297,30 +328,108 @@ fn the_group_ends_with_its_last_connected_rank() {
 fn joins_that_disagree_or_come_too_late_change_nothing() {
     let mut g = Groups::new();
     g.join(0, false, &join("g", 0, 2), PAGE).unwrap();
-    let refused = |g: &mut Groups, client: ClientId, alone: bool, j: Join, kind: ErrorKind, says: &str| {
-        let before = g.figures();
-        let err = g.join(client, alone, &j, PAGE).unwrap_err();
-        assert_eq!(err.kind, kind, "{err}");
-        assert!(err.message.contains(says), "{err}");
-        assert_eq!(g.figures(), before);
-        assert!(!g.is_member(client) || client == 0);
-    };
-    refused(&mut g, 1, false, join("", 0, 1), ErrorKind::Malformed, "1..=256 bytes");
-    refused(&mut g, 1, false, join(&"k".repeat(257), 0, 1), ErrorKind::Malformed, "not 257");
-    refused(&mut g, 1, false, join("x", 0, 0), ErrorKind::GroupMismatch, "not 0");
-    refused(&mut g, 1, false, join("x", 0, 65), ErrorKind::GroupMismatch, "not 65");
-    refused(&mut g, 1, false, join("x", 2, 2), ErrorKind::GroupMismatch, "rank 2 is not below");
+    let refused =
+        |g: &mut Groups, client: ClientId, alone: bool, j: Join, kind: ErrorKind, says: &str| {
+            let before = g.figures();
+            let err = g.join(client, alone, &j, PAGE).unwrap_err();
+            assert_eq!(err.kind, kind, "{err}");
+            assert!(err.message.contains(says), "{err}");
+            assert_eq!(g.figures(), before);
+            assert!(!g.is_member(client) || client == 0);
+        };
+    refused(
+        &mut g,
+        1,
+        false,
+        join("", 0, 1),
+        ErrorKind::Malformed,
+        "1..=256 bytes",
+    );
+    refused(
+        &mut g,
+        1,
+        false,
+        join(&"k".repeat(257), 0, 1),
+        ErrorKind::Malformed,
+        "not 257",
+    );
+    refused(
+        &mut g,
+        1,
+        false,
+        join("x", 0, 0),
+        ErrorKind::GroupMismatch,
+        "not 0",
+    );
+    refused(
+        &mut g,
+        1,
+        false,
+        join("x", 0, 65),
+        ErrorKind::GroupMismatch,
+        "not 65",
+    );
+    refused(
+        &mut g,
+        1,
+        false,
+        join("x", 2, 2),
+        ErrorKind::GroupMismatch,
+        "rank 2 is not below",
+    );
     let mut paged = join("g", 1, 2);
     paged.page_size = 8;
-    refused(&mut g, 1, false, paged, ErrorKind::GroupMismatch, "pages of 8 tokens");
-    refused(&mut g, 1, false, join("g", 1, 4), ErrorKind::GroupMismatch, "has 2 ranks; rank 1 says 4");
-    refused(&mut g, 1, false, join("g", 0, 2), ErrorKind::GroupClosed, "joined already");
-    refused(&mut g, 0, false, join("h", 0, 1), ErrorKind::GroupMismatch, "rank 0 of group \"g\" already");
-    refused(&mut g, 1, true, join("g", 1, 2), ErrorKind::GroupMismatch, "before any cache operation");
+    refused(
+        &mut g,
+        1,
+        false,
+        paged,
+        ErrorKind::GroupMismatch,
+        "pages of 8 tokens",
+    );
+    refused(
+        &mut g,
+        1,
+        false,
+        join("g", 1, 4),
+        ErrorKind::GroupMismatch,
+        "has 2 ranks; rank 1 says 4",
+    );
+    refused(
+        &mut g,
+        1,
+        false,
+        join("g", 0, 2),
+        ErrorKind::GroupClosed,
+        "joined already",
+    );
+    refused(
+        &mut g,
+        0,
+        false,
+        join("h", 0, 1),
+        ErrorKind::GroupMismatch,
+        "rank 0 of group \"g\" already",
+    );
+    refused(
+        &mut g,
+        1,
+        true,
+        join("g", 1, 2),
+        ErrorKind::GroupMismatch,
+        "before any cache operation",
+    );
     g.join(1, false, &join("g", 1, 2), PAGE).unwrap();
     // A rank that left does not come back, even on a new connection.
     assert_eq!(g.leave(1), None);
-    refused(&mut g, 2, false, join("g", 1, 2), ErrorKind::GroupClosed, "left");
+    refused(
+        &mut g,
+        2,
+        false,
+        join("g", 1, 2),
+        ErrorKind::GroupClosed,
+        "left",
+    );
 }
 
 #[test]

@@ -63,6 +63,14 @@ KINDS = (
     "pool_mismatch",
     # A namespace name that is empty or longer than 256 bytes.
     "bad_namespace",
+    # The ranks of one tensor-parallel server (`Client.join`): a rank whose
+    # call differs from its group's at the same step, a join that disagrees
+    # with its group, a join of a finished group or a taken rank, and a rank
+    # that waited in vain for the slowest.
+    "desync",
+    "group_mismatch",
+    "group_closed",
+    "group_lag",
 )
 
 #: kind string -> exception class

@@ -23,8 +23,10 @@ SGLang page ``p + 1``: token ``j`` of radixd page ``p`` lives at KV index
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import uuid
 from array import array
 from typing import Any, Optional, Sequence
 
@@ -592,20 +594,32 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
         _refuse(f"--radix-eviction-policy {params.eviction_policy}", "radixd evicts LRU")
     if params.enable_kv_cache_events:
         _refuse("--kv-events-config", "the daemon publishes KV events itself: radixd serve --kv-events ENDPOINT")
-    if getattr(params, "pp_size", 1) > 1 or getattr(params, "attn_cp_size", 1) > 1 or ctx.tp_size > 1:
-        _refuse("--tp-size/--pp-size/context parallelism above 1", "each rank would allocate its own pages")
+    if getattr(params, "pp_size", 1) > 1:
+        _refuse(
+            "--pp-size above 1",
+            "pipeline stages schedule micro-batches apart, so their cache calls are not one lockstep sequence",
+        )
+    if getattr(params, "attn_cp_size", 1) > 1:
+        _refuse("context parallelism (--attn-cp-size above 1)", "its ranks hold different tokens of each page")
     serving = _serving_args(ctx)
+    if getattr(serving, "enable_dp_attention", False):
+        _refuse("--enable-dp-attention", "each attention-DP rank keeps a KV pool of its own; a daemon serves one pool")
     if getattr(serving, "enable_streaming_session", False):
         _refuse("--enable-streaming-session", "streaming sessions are not mapped to radixd sessions yet")
     name = os.environ.get("RADIXD_NAME", "radixd")
-    pool = pool_identity(ctx)
+    # Tensor parallelism: the ranks of this server agree on a group and its
+    # pool (collectives over SGLang's tp_cache_group, on every rank alike).
+    group = tp_group(ctx)
+    pool = pool_identity(ctx, group)
     if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
+        if group is not None:
+            _refuse("--tp-size above 1 with a hybrid (SWA or Mamba) model", "its lockstep is not tested yet")
         # SWA and Mamba models: radixd's components (radixd.sglang_hybrid).
         from .sglang_hybrid import hybrid_cache_factory
 
         return hybrid_cache_factory(ctx, name, pool)
     try:
-        client = radixd.Client(name, pool=pool)
+        client = radixd.Client(name, pool=pool, group=group and group.join_args())
     except radixd.PoolMismatchError as e:
         raise radixd.PoolMismatchError(
             f"--radix-cache-backend radixd: daemon {name!r} refused this scheduler's KV pool: {e.message} "
@@ -625,8 +639,9 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
             "this model is full-attention only: its matches must not be cut back by a second component",
         )
     logger.info(
-        "radixd: connected to %r (page size %d, %d pages), its pool bound to %s",
+        "radixd: connected to %r (page size %d, %d pages), its pool bound to %s%s",
         name, client.page_size, client.capacity, client.pool,
+        "" if group is None else f", rank {group.rank} of {group.size} of group {group.key}",
     )
     try:
         return RadixdPrefixCache(params, client)
@@ -652,7 +667,58 @@ def _canonical(pool: dict) -> str:
     return ";".join(f"{k}={v}" for k, v in sorted(pool.items()))
 
 
-def pool_identity(ctx: Any) -> dict:
+class TpGroup:
+    """This scheduler's place among the tensor-parallel ranks of its
+    server: ``key`` (the group's, the same on every rank and unique to this
+    server's run), ``rank``, ``size``, and ``ranks`` (every rank's device
+    keys, in rank order, for the pool identity)."""
+
+    __slots__ = ("key", "rank", "size", "ranks")
+
+    def __init__(self, key: str, rank: int, size: int, ranks: list):
+        self.key, self.rank, self.size, self.ranks = key, rank, size, ranks
+
+    def join_args(self) -> tuple:
+        return (self.key, self.rank, self.size)
+
+    def __repr__(self) -> str:
+        return f"TpGroup({self.key!r}, rank={self.rank}, size={self.size})"
+
+
+def tp_group(ctx: Any) -> Optional[TpGroup]:
+    """The tensor-parallel group of this scheduler, from SGLang's
+    ``CacheInitParams.tp_cache_group`` (a ``torch.distributed`` group;
+    ``TreeCacheBuildContext.tp_group`` when it is unset): ``None`` for one
+    rank. A collective: every rank of the group calls it at the same point
+    (SGLang builds its tree cache on every rank alike). Rank 0 draws the
+    group's key (the server's address and a random part, so a restarted
+    server is a new group) and broadcasts it; every rank's device keys are
+    gathered for the group's pool identity."""
+    group = getattr(ctx.params, "tp_cache_group", None)
+    if group is None:
+        group = getattr(ctx, "tp_group", None)
+        group = getattr(group, "cpu_group", group)
+    import torch.distributed as dist
+
+    if group is None or not dist.is_available() or not dist.is_initialized():
+        if getattr(ctx, "tp_size", 1) > 1:
+            _refuse("--tp-size above 1 without a tensor-parallel process group", "its ranks cannot agree on a group")
+        return None
+    size = dist.get_world_size(group)
+    if size == 1:
+        return None
+    rank = dist.get_rank(group)
+    serving = _serving_args(ctx)
+    key = [f"{getattr(serving, 'host', None)}:{getattr(serving, 'port', None)}/{uuid.uuid4().hex}" if rank == 0 else None]
+    dist.broadcast_object_list(key, group=group, group_src=0)
+    allocator = ctx.params.token_to_kv_pool_allocator
+    mine = _rank_keys(getattr(allocator, "device", "cpu") if allocator is not None else "cpu")
+    ranks: list = [None] * size
+    dist.all_gather_object(ranks, mine, group=group)
+    return TpGroup(str(key[0]), rank, size, ranks)
+
+
+def pool_identity(ctx: Any, group: Optional[TpGroup] = None) -> dict:
     """Which KV buffer this scheduler's pages index, for the daemon's pool
     binding (docs/protocol.md, "One daemon, one KV pool"):
 
@@ -668,10 +734,11 @@ def pool_identity(ctx: Any) -> dict:
 
     Two schedulers that map one buffer derive the same identity and share
     the binding; any other pair differs in something and the second is
-    refused at start-up. The ranks of one tensor-parallel server (refused
-    today) will bind as one server: each rank's pool holds its shard of
-    the same page ids, so their identity will name the server and its
-    group instead of one rank's device (see ``_rank_keys``).
+    refused at start-up. The ranks of one tensor-parallel server (``group``,
+    :func:`tp_group`) bind as one server: each rank's pool holds its shard
+    of the same page ids, so instead of one rank's device the identity
+    names ``tp`` (the group's size) and ``ranks`` (a digest of every rank's
+    device keys, in rank order).
     """
     params = ctx.params
     allocator = params.token_to_kv_pool_allocator
@@ -680,7 +747,12 @@ def pool_identity(ctx: Any) -> dict:
     if allocator is not None:
         pool["pages"] = allocator.size // ps
         pool["dtype"] = str(getattr(allocator, "dtype", "unknown")).replace("torch.", "")
-        pool.update(_rank_keys(getattr(allocator, "device", "cpu")))
+        if group is None:
+            pool.update(_rank_keys(getattr(allocator, "device", "cpu")))
+        else:
+            pool["tp"] = group.size
+            every = "|".join(_canonical(r) for r in group.ranks)
+            pool["ranks"] = hashlib.sha256(every.encode()).hexdigest()[:32]
         kv = allocator.get_kvcache() if hasattr(allocator, "get_kvcache") else None
         for attr, key in (
             ("layer_num", "layers"),
@@ -704,8 +776,8 @@ def pool_identity(ctx: Any) -> dict:
 def _rank_keys(device: Any) -> dict:
     """The keys naming the device this rank's KV pool lives on: the torch
     device and, on CUDA, the GPU's UUID (indices are per process, UUIDs per
-    machine). The place where a tensor-parallel group (issue 31) will name
-    the server's group instead."""
+    machine). A tensor-parallel rank's are gathered into its group's
+    identity (:func:`tp_group`)."""
     dev = torch.device(device) if isinstance(device, (str, torch.device)) else torch.device("cpu")
     keys = {"device": str(dev)}
     if dev.type == "cuda":
@@ -743,6 +815,8 @@ __all__ = [
     "RadixdAllocatorMixin",
     "install_allocator",
     "pool_identity",
+    "tp_group",
+    "TpGroup",
     "radixd_cache_factory",
     "register",
 ]

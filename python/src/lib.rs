@@ -791,7 +791,8 @@ macro_rules! cache_methods {
 /// regardless), `pool` the KV buffer this client's pages index (a
 /// `key=value;...` string or a mapping, see `radixd::binding`): the first
 /// client that names one binds the daemon's pool, a client of another is
-/// refused with `radixd.PoolMismatchError`.
+/// refused with `radixd.PoolMismatchError`; `group` a `(key, rank, size)`
+/// to join at once (see `join`).
 #[pyclass(module = "radixd")]
 pub struct Client {
     inner: Mutex<Option<RustClient>>,
@@ -848,12 +849,13 @@ cache_methods! {
     #[pymethods]
     impl Client {
         #[new]
-        #[pyo3(signature = (name = "radixd", timeout = None, pool = None))]
+        #[pyo3(signature = (name = "radixd", timeout = None, pool = None, group = None))]
         fn new(
             py: Python<'_>,
             name: &str,
             timeout: Option<f64>,
             pool: Option<&Bound<'_, PyAny>>,
+            group: Option<(String, u32, u32)>,
         ) -> PyResult<Self> {
             let pool = pool.filter(|p| !p.is_none()).map(pool_identity).transpose()?;
             let timeout = match timeout {
@@ -869,6 +871,10 @@ cache_methods! {
                 })
                 .map_err(|e| rejected(py, client_error(e)))?;
             client.timeout = timeout;
+            if let Some((key, rank, size)) = &group {
+                py.allow_threads(|| client.join(key, *rank, *size))
+                    .map_err(|e| rejected(py, client_error(e)))?;
+            }
             Ok(Self {
                 page_size: client.page_size(),
                 capacity: client.capacity(),
@@ -885,6 +891,31 @@ cache_methods! {
         #[getter]
         fn pool(&self) -> Option<&str> {
             self.pool.as_deref()
+        }
+
+        /// Makes this connection rank `rank` of the `size` ranks of group
+        /// `group`: the ranks of one tensor-parallel server share one tree,
+        /// each cache call a step carried out once for the group and
+        /// answered alike to every rank (a rank whose call differs gets
+        /// `radixd.DesyncError`). Call it before any cache call; the group's
+        /// pages, locks and sessions go when its last rank does. Returns
+        /// the ranks joined so far. Raises `GroupMismatchError` (size or
+        /// page size disagree, or this connection made cache calls
+        /// already) or `GroupClosedError` (a finished group, a rank taken
+        /// or gone); nothing changes then.
+        fn join(&self, py: Python<'_>, group: &str, rank: u32, size: u32) -> PyResult<u32> {
+            let group = group.to_owned();
+            self.with(py, move |c| c.join(&group, rank, size))?
+                .map_err(|e| rejected(py, client_error(e)))
+        }
+
+        /// `(group, rank, size)` of the group this connection is a rank of,
+        /// or `None`.
+        #[getter]
+        fn rank(&self, py: Python<'_>) -> PyResult<Option<(String, u32, u32)>> {
+            let held = self.hold(py)?;
+            let c = held.as_ref().ok_or_else(closed)?;
+            Ok(c.rank().map(|r| (r.group.clone(), r.rank, r.size)))
         }
 
         /// What the daemon's pool is bound to, `(identity, holders)`, or

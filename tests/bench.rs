@@ -166,6 +166,9 @@ fn bad_flags_exit_2() {
         &["--transport", "tcp"],
         &["--connect", "x", "--transport", "uds"],
         &["--trace", "/no/such/trace.jsonl"],
+        &["--tp", "0"],
+        &["--tp", "2", "--transport", "uds"],
+        &["--tp", "2", "--readers", "1"],
     ] {
         let out = bench(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
@@ -223,4 +226,34 @@ fn a_hybrid_daemon_runs_the_scheduler_step_with_its_component() {
         "32",
     ]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+#[test]
+fn tp_runs_one_client_alone_then_the_ranks_of_one_group() {
+    let runs = small_json_runs(&["--tp", "3"]);
+    assert_eq!(runs.len(), 2, "alone, then the group");
+    assert_eq!(
+        (runs[0]["clients"].as_u64(), runs[1]["clients"].as_u64()),
+        (Some(1), Some(3))
+    );
+    // Every rank made the lone client's steps, with its answers: the same
+    // hit rate, nothing rejected.
+    for run in &runs {
+        assert_eq!(run["rejected"], 0, "{run}");
+        assert_eq!(
+            run["ops"]["match"]["count"].as_u64().unwrap() % 60,
+            0,
+            "{run}"
+        );
+    }
+    assert_eq!(runs[0]["hit_rate"], runs[1]["hit_rate"]);
+    assert_eq!(runs[1]["ops"]["match"]["count"], 180);
+    let out = bench(&["--tp", "2", "--requests", "40", "--prompt-tokens", "64"]);
+    assert_mentions(
+        &stdout_ok(&out),
+        &[
+            "2 ranks of one group",
+            "p50 per rank / alone (2 ranks): match",
+        ],
+    );
 }

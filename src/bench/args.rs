@@ -92,6 +92,13 @@ pub struct BenchArgs {
     /// success rate and latency are reported next to the writers'.
     #[arg(long, default_value_t = 0)]
     pub readers: u32,
+    /// Run the workload as the N tensor-parallel ranks of one server (N
+    /// clients in one group, every rank the same steps, each step carried
+    /// out once), after one client alone in the same run, and print each
+    /// operation's p50 per rank over the lone client's (shm only; whole
+    /// keys both, as ranks send).
+    #[arg(long, conflicts_with_all = ["compare", "kv_events_compare"])]
+    pub tp: Option<u32>,
     /// Prompts (one page each) that one more client keeps locked for the
     /// whole run, cached before the workload's prompts: long-running
     /// requests, which eviction must not pay for.
@@ -158,6 +165,14 @@ pub struct WorkerArgs {
     /// Send `match` and `insert` with the whole key (shm).
     #[arg(long)]
     pub full_requests: bool,
+    /// Join this group (shm) as rank `--rank` of `--group-size` before
+    /// the steps.
+    #[arg(long)]
+    pub group: Option<String>,
+    #[arg(long, default_value_t = 0)]
+    pub rank: u32,
+    #[arg(long, default_value_t = 1)]
+    pub group_size: u32,
 }
 
 impl BenchArgs {

@@ -198,6 +198,13 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
                 .into(),
         ));
     }
+    if args.tp.is_some()
+        && (args.transport == Transport::Uds || args.readers > 0 || args.tp == Some(0))
+    {
+        return Err(BenchError::Args(
+            "--tp N (N ≥ 1) measures the ranks of one group over shm, without --readers".into(),
+        ));
+    }
     let args = &args.resolve()?;
     if args.requests == 0 || args.prompt_tokens < args.page_size() {
         return Err(BenchError::Args(
@@ -241,6 +248,41 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
     } else {
         vec![args.clone()]
     };
+    if let Some(ranks) = args.tp {
+        // One client alone, then the ranks of one group: the same steps,
+        // with whole keys both (a rank sends no anchored request, and a
+        // TP=1 SGLang server sends whole keys too).
+        let args = &BenchArgs {
+            full_requests: true,
+            ..args.clone()
+        };
+        for clients in [1, ranks] {
+            let report = run_once(args, Transport::Shm, clients, &exe)?;
+            if args.json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string(&report)
+                        .map_err(|e| BenchError::Worker(e.to_string()))?
+                )?;
+            } else {
+                if clients > 1 {
+                    writeln!(
+                        out,
+                        "{clients} ranks of one group (every rank the same steps):"
+                    )?;
+                } else {
+                    writeln!(out, "one client alone:")?;
+                }
+                print_table(out, &report)?;
+            }
+            reports.push(report);
+        }
+        if !args.json {
+            table::print_group_ratios(out, &reports[0], &reports[1])?;
+        }
+        return Ok(());
+    }
     for &clients in &args.clients {
         for (&transport, args) in transports
             .iter()
@@ -470,7 +512,17 @@ fn run_workers(
         0
     };
     let mut children: Vec<Child> = Vec::new();
+    // `--tp`: the clients are the ranks of one group, each drawing the
+    // prompts of worker 0 of 1.
+    let group = args
+        .tp
+        .filter(|_| clients > 1)
+        .map(|_| format!("bench-{}-{clients}", std::process::id()));
     for worker in 0..clients + readers {
+        let (as_worker, workers) = match group {
+            Some(_) => (0, 1),
+            None => (worker, clients),
+        };
         let mut cmd = Command::new(exe);
         cmd.args([
             "bench-worker",
@@ -493,9 +545,9 @@ fn run_workers(
         ])
         .args([
             "--worker",
-            &worker.to_string(),
+            &as_worker.to_string(),
             "--workers",
-            &clients.to_string(),
+            &workers.to_string(),
         ])
         .args(["--block-size", &args.block_size.to_string()]);
         if let Some(trace) = &args.trace {
@@ -506,6 +558,10 @@ fn run_workers(
         }
         if args.full_requests {
             cmd.arg("--full-requests");
+        }
+        if let Some(group) = &group {
+            cmd.args(["--group", group, "--rank", &worker.to_string()])
+                .args(["--group-size", &clients.to_string()]);
         }
         children.push(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?);
     }

@@ -103,6 +103,23 @@ pub(super) fn print_ratios(out: &mut impl Write, pair: &[RunReport]) -> io::Resu
     )
 }
 
+/// Each operation's p50 for a rank of a group over a client alone (the
+/// goal: at most 1.3).
+pub(super) fn print_group_ratios(
+    out: &mut impl Write,
+    alone: &RunReport,
+    ranks: &RunReport,
+) -> io::Result<()> {
+    write!(out, "  p50 per rank / alone ({} ranks):", ranks.clients)?;
+    for op in super::OPS {
+        let r = op_ratio(ranks, alone, op, |l| l.p50_us);
+        if r > 0.0 {
+            write!(out, " {op} {r:.2}×")?;
+        }
+    }
+    writeln!(out, "\n")
+}
+
 /// `f` of `op` in `over` divided by the same in `under` (0 when `under` has
 /// no such figure).
 fn op_ratio(over: &RunReport, under: &RunReport, op: &str, f: fn(&Latency) -> f64) -> f64 {

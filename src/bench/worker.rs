@@ -27,6 +27,11 @@ pub fn worker(args: &WorkerArgs) -> Result<(), BenchError> {
             let mut client =
                 Client::connect(&args.target).map_err(|e| BenchError::Server(e.to_string()))?;
             client.set_anchoring(!args.full_requests);
+            if let Some(group) = &args.group {
+                client
+                    .join(group, args.rank, args.group_size)
+                    .map_err(|e| BenchError::Server(format!("join: {e}")))?;
+            }
             Box::new(client)
         }
         Transport::Uds => Box::new(UdsClient::connect(Path::new(&args.target), config)?),

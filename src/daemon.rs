@@ -380,6 +380,7 @@ pub fn serve_reporting(
             last_publish = now;
             unpublished = false;
             service.tally.publish(live);
+            live.set_groups(service.groups.figures());
             publish_figures(live, &engine);
         }
         if now.duration_since(last_sweep) >= SWEEP {

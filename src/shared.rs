@@ -109,6 +109,9 @@ pub struct LiveStats {
     /// declaration order), refreshed with `engine`; zero when only FULL is
     /// on.
     pub components: [AtomicU64; COMPONENT_FIGURES],
+    /// Tensor-parallel groups (`crate::group`): groups with a connected
+    /// rank, ranks connected, steps kept for ranks behind.
+    pub groups: [AtomicU64; 3],
 }
 
 /// Figures of [`ComponentStats`] in [`LiveStats::components`].
@@ -159,6 +162,25 @@ impl LiveStats {
         for (slot, v) in self.engine.iter().zip(values) {
             // Relaxed: independent gauges, read as a best-effort snapshot.
             slot.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// Publishes the groups' figures.
+    pub fn set_groups(&self, g: crate::group::GroupFigures) {
+        for (slot, v) in self.groups.iter().zip([g.groups, g.ranks, g.kept_steps]) {
+            // Relaxed: independent gauges, read as a best-effort snapshot.
+            slot.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads the groups' figures back.
+    pub fn groups(&self) -> crate::group::GroupFigures {
+        // Relaxed: independent gauges, a best-effort snapshot.
+        let [groups, ranks, kept_steps] = self.groups.each_ref().map(|a| a.load(Ordering::Relaxed));
+        crate::group::GroupFigures {
+            groups,
+            ranks,
+            kept_steps,
         }
     }
 

@@ -178,6 +178,13 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
         "clients     {} connected, {} reaped after dying",
         after.clients, after.reaped
     );
+    let g = live.groups();
+    if g.ranks > 0 {
+        println!(
+            "groups      {} tensor-parallel group(s), {} ranks connected, {} steps kept for ranks behind",
+            g.groups, g.ranks, g.kept_steps
+        );
+    }
     println!(
         "pages       {} free, {} owned by clients, {} cached",
         engine.free_pages, engine.owned_pages, cached

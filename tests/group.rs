@@ -196,6 +196,21 @@ fn a_rank_out_of_step_gets_an_error_naming_the_step_and_both_operations() {
     let mut r1 = rank(&daemon.name, "g", 1, 2);
     r0.alloc(2).unwrap();
     r0.stats().unwrap();
+    // `radixd stat` shows the group and the steps kept for rank 1.
+    let start = Instant::now();
+    loop {
+        let out = common::stdout_ok(
+            &common::radixd()
+                .args(["stat", &daemon.name, "--interval", "0.01"])
+                .output()
+                .unwrap(),
+        );
+        if out.contains("groups      1 tensor-parallel group(s), 2 ranks connected, 2 steps kept") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "{out}");
+        thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(r1.alloc(2).unwrap().len(), 2);
     let err = rejected(r1.evict(8).unwrap_err());
     assert_eq!(err.kind, ErrorKind::Desync);

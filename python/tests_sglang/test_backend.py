@@ -40,6 +40,21 @@ def test_unsupported_options_are_refused(change, option):
         radixd_cache_factory(ctx)
 
 
+def test_parallelism_that_is_not_one_lockstep_is_refused(monkeypatch):
+    for field, option in (("pp_size", "--pp-size"), ("attn_cp_size", "context parallelism")):
+        p = params(16, 8)
+        setattr(p, field, 2)
+        with pytest.raises(ValueError, match=option):
+            radixd_cache_factory(build_context(p))
+    # Tensor-parallel ranks of a hybrid model: refused by name (untested).
+    import radixd.sglang as rs
+
+    monkeypatch.setattr(rs, "tp_group", lambda ctx: rs.TpGroup("k", 0, 2, [{"device": "cpu"}] * 2))
+    ctx = dataclasses.replace(build_context(params(16, 8)), is_hybrid_swa=True)
+    with pytest.raises(ValueError, match="--tp-size above 1 with a hybrid"):
+        radixd_cache_factory(ctx)
+
+
 def test_eagle_and_other_policies_are_refused():
     p = params(16, 8)
     p.is_eagle = True

@@ -203,6 +203,7 @@ fn four_processes(c: &mut Criterion) {
                     kv_events_compare: false,
                     kv_events_no_subscriber: false,
                     readers: 0,
+                    tp: None,
                     locked: 0,
                     components: "full".into(),
                     swa_window: None,

@@ -224,7 +224,17 @@ pub struct Client {
     namespaces: HashMap<String, u32>,
     /// The group this client is a rank of ([`Client::join`]).
     group: Option<Rank>,
+    /// The group's board in the segment, if it has one, this rank's next
+    /// step, and the bytes of a step taken off the board.
+    board: Option<u32>,
+    step: u64,
+    board_buf: Vec<u8>,
 }
+
+/// Longest a rank other than 0 waits for a step to appear on its group's
+/// board before it asks the daemon itself (rank 0 asks at once: in
+/// lockstep, it leads and the others take its steps off the board).
+const STEP_WAIT: Duration = Duration::from_micros(50);
 
 /// A client's place in a group (see [`crate::group`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -401,6 +411,9 @@ impl Client {
             store: kv_store,
             namespaces: HashMap::new(),
             group: None,
+            board: None,
+            step: 0,
+            board_buf: Vec::new(),
         };
         // From here on `Drop` releases the claim on every error path.
         let port = port_of(&client.segment, &client.layout, client.slot)?;
@@ -596,8 +609,77 @@ impl Client {
 
     /// Sends one request straight from the caller's slices and waits for
     /// its answer; allocates nothing but what the answer hands over (its
-    /// page list).
+    /// page list). A rank's step may be answered off its group's board
+    /// instead ([`Client::join`]).
     fn send(&mut self, call: Call<'_>) -> Result<Reply, ClientError> {
+        if self.group.is_some() && call.is_stepped() {
+            return self.send_step(call);
+        }
+        self.post(call)
+    }
+
+    /// A rank's step `s`: taken off the group's board when the rank that
+    /// led it put it there and it is this very request (its digest), else
+    /// sent to the daemon, which leads it, answers it as it was led, or
+    /// says how it differs. Either way the rank's step count follows.
+    fn send_step(&mut self, call: Call<'_>) -> Result<Reply, ClientError> {
+        let (Some(rank), Some(index)) = (self.group.as_ref().map(|g| g.rank as usize), self.board)
+        else {
+            return self.post(call);
+        };
+        let s = self.step;
+        let taken = {
+            let e = call.encode(self.page_size(), self.capacity());
+            let key = wire::digest(&e);
+            let buf = &mut self.board_buf;
+            let board = self.layout.board(&self.segment, index);
+            board.and_then(|b| {
+                let start = Instant::now();
+                let mut spins = 0u32;
+                loop {
+                    if let Some(t) = b.take(s, buf) {
+                        // Another request than the step led: the daemon
+                        // says how (`desync`).
+                        return (t.key == key)
+                            .then(|| wire::decode_reply(&wire::reply_of_words(0, t.head), buf).ok())
+                            .flatten()
+                            .map(|answer| (b, answer));
+                    }
+                    // Counted but not there (too large, or its slot reused
+                    // by then), or rank 0, which leads: ask the daemon.
+                    if b.published() > s || rank == 0 {
+                        return None;
+                    }
+                    spins += 1;
+                    if spins % 64 == 0 && start.elapsed() > STEP_WAIT {
+                        return None;
+                    }
+                    spin_loop();
+                }
+            })
+        };
+        if let Some((board, answer)) = taken {
+            board.set_taken(rank, s + 1);
+            self.step = s + 1;
+            return answer.map_err(ClientError::Rejected);
+        }
+        let answer = self.post(call);
+        if let Some(b) = self.layout.board(&self.segment, index) {
+            // Acquire (in `told`) after the answer's pop: the daemon told
+            // before it pushed.
+            self.step = self.step.max(b.told(rank));
+        }
+        if matches!(&answer, Err(ClientError::Rejected(r)) if r.kind == ErrorKind::Desync) {
+            // Out of step for good: every later step is the daemon's to
+            // refuse, never one to take off the board.
+            self.board = None;
+        }
+        answer
+    }
+
+    /// Sends one request to the daemon and waits for its answer (see
+    /// [`Client::send`]).
+    fn post(&mut self, call: Call<'_>) -> Result<Reply, ClientError> {
         self.resync()?;
         let e = call.encode(self.page_size(), self.capacity());
         let half = self.layout.config.scratch_bytes as usize / 2;
@@ -631,6 +713,17 @@ impl Client {
         &mut self,
         requests: &[Request],
     ) -> Result<Vec<Result<Reply, Rejection>>, ClientError> {
+        if self.group.is_some() {
+            // A rank's steps go one by one, each perhaps off the board.
+            return requests
+                .iter()
+                .map(|r| match self.send(Call::of(r)) {
+                    Ok(reply) => Ok(Ok(reply)),
+                    Err(ClientError::Rejected(r)) => Ok(Err(r)),
+                    Err(e) => Err(e),
+                })
+                .collect();
+        }
         self.resync()?;
         let (encoded, half) = self.encode(requests);
         if let Some(big) = encoded
@@ -1513,6 +1606,7 @@ impl crate::op::Backend for Client {
             Request::Join(join) => self.join_as(&join).map(|joined| Reply::Joined {
                 joined,
                 size: join.size,
+                board: None,
             }),
             request => Client::call(self, &request),
         };
@@ -1609,8 +1703,10 @@ impl Client {
     /// refuses one that is not its own).
     pub fn join_as(&mut self, join: &Join) -> Result<u32, ClientError> {
         match self.send(Call::Join(join))? {
-            Reply::Joined { joined, .. } => {
+            Reply::Joined { joined, board, .. } => {
                 self.anchoring.on = false;
+                self.board = board;
+                self.step = 0;
                 self.group = Some(Rank {
                     group: join.group.clone(),
                     rank: join.rank,

@@ -321,6 +321,15 @@ pub fn serve_reporting(
         reader_wait: config.reader_expiry * 2,
         binding: Binding::new(board),
         groups: Groups::new(),
+        boards: (0..layout.boards)
+            .map(|i| layout.board(&segment, i))
+            .collect::<Option<Vec<_>>>()
+            .ok_or(ServeError::Region(RegionError::OutOfBounds {
+                offset: layout.boards_at,
+                len: u64::from(layout.boards),
+                size: segment.len(),
+            }))?,
+        board_out: Vec::new(),
         store: kv_store,
     };
     // Relaxed: a plain flag set by the signal handler; nothing to order.
@@ -380,6 +389,7 @@ pub fn serve_reporting(
             last_publish = now;
             unpublished = false;
             service.tally.publish(live);
+            catch_up_all(&mut service.groups, &service.boards);
             live.set_groups(service.groups.figures());
             publish_figures(live, &engine);
         }
@@ -652,6 +662,10 @@ struct Service<'s> {
     binding: Binding<'s>,
     /// The ranks of tensor-parallel servers (`Request::Join`).
     groups: Groups,
+    /// The groups' boards, by group index (see `crate::group`).
+    boards: Vec<&'s radixd_ipc::Board>,
+    /// Bytes of an answer being put on a board.
+    board_out: Vec<u8>,
     /// The node-wide KV store (`--store`).
     store: Option<crate::store::StoreFile>,
 }
@@ -690,7 +704,10 @@ fn drain<R: crate::engine::Region>(
             Some(d) => {
                 let blocked = match d.why {
                     Wait::Readers => held_back(engine, wire::alloc_count(&d.record).unwrap_or(0)),
-                    Wait::Group => service.groups.lagging(client_id(index)),
+                    Wait::Group => {
+                        catch_up_all(&mut service.groups, &service.boards);
+                        service.groups.lagging(client_id(index))
+                    }
                 };
                 if blocked && Instant::now() < d.until {
                     peer.deferred = Some(d);
@@ -798,6 +815,8 @@ fn answer<R: crate::engine::Region>(
         allow_reset,
         binding,
         groups,
+        boards,
+        board_out,
         store: kv_store,
         ..
     } = service;
@@ -832,7 +851,20 @@ fn answer<R: crate::engine::Region>(
                         .map(|holders| op::Reply::Bound { holders });
                 }
                 if let Request::Join(join) = &request {
-                    return groups.join(client, *alone, join, engine.page_size());
+                    let mut joined = groups.join(client, *alone, join, engine.page_size());
+                    if let (Ok(op::Reply::Joined { joined, board, .. }), Some((index, _))) =
+                        (&mut joined, groups.position(client))
+                    {
+                        if let Some(b) = boards.get(index as usize) {
+                            // A new group: its board starts empty (nobody
+                            // reads it before this answer names it).
+                            if *joined == 1 {
+                                b.reset();
+                            }
+                            *board = Some(index);
+                        }
+                    }
+                    return joined;
                 }
                 if let Request::Store(r) = request {
                     let generation = (record.seq >> 32) as u32;
@@ -846,6 +878,7 @@ fn answer<R: crate::engine::Region>(
                         "reset of the shared cache is off (start the daemon with --allow-reset)",
                     ));
                 }
+                let page = (engine.page_size(), engine.capacity());
                 let mut run = |client, request| {
                     guarded(|| op::apply_with(engine, client, request, spare)).unwrap_or_else(
                         |damage| {
@@ -861,10 +894,11 @@ fn answer<R: crate::engine::Region>(
                     return run(client, request);
                 }
                 // A rank's step is its group's (see `crate::group`).
-                if !groups.is_empty() && groups.is_member(client) {
-                    return groups
-                        .step(client, request, run)
-                        .unwrap_or_else(|| Err(Rejection::new(ErrorKind::Protocol, "no group")));
+                if let Some((index, rank)) = groups.position(client) {
+                    let board = boards.get(index as usize).copied();
+                    return step(
+                        groups, board, index, rank, client, request, run, page, board_out,
+                    );
                 }
                 *alone = true;
                 run(client, request)
@@ -885,6 +919,68 @@ fn answer<R: crate::engine::Region>(
         reply.payload_len = 0;
     }
     reply
+}
+
+/// A rank's stepped request (see `crate::group`): first the steps the rank
+/// took off its group's board count as done, then the step runs; a step it
+/// led goes on the board for the other ranks to take, and the rank is told
+/// where its steps stand.
+#[allow(clippy::too_many_arguments)]
+fn step(
+    groups: &mut Groups,
+    board: Option<&radixd_ipc::Board>,
+    index: u32,
+    rank: u32,
+    client: ClientId,
+    request: Request,
+    run: impl FnOnce(ClientId, Request) -> Result<op::Reply, Rejection>,
+    (page_size, capacity): (u32, u32),
+    out: &mut Vec<u8>,
+) -> Result<op::Reply, Rejection> {
+    let Some(b) = board else {
+        return groups
+            .step(client, request, run)
+            .unwrap_or_else(|| Err(Rejection::new(ErrorKind::Protocol, "no group")));
+    };
+    groups.catch_up(index, rank, b.taken(rank as usize));
+    let Some((result, led)) = groups.step_leading(client, request, run) else {
+        return Err(Rejection::new(ErrorKind::Protocol, "no group"));
+    };
+    if let Some(s) = led {
+        match groups.kept_request(index, s) {
+            Some(kept) => {
+                let e = wire::encode_request(kept, page_size, capacity);
+                let reply = wire::encode_reply(0, &result, e.reply_need, out);
+                b.publish(s, wire::digest(&e), wire::reply_words(&reply), out);
+            }
+            // Nobody else will take it.
+            None => b.pass(s),
+        }
+    }
+    if let Some(next) = groups.next_step(index, rank) {
+        b.tell(rank as usize, next);
+    }
+    // Steps the others took off the board are dropped now and then.
+    if groups.kept(index) > CATCH_UP_AT {
+        groups.catch_up_all(index, |r| b.taken(r as usize));
+    }
+    result
+}
+
+/// Kept steps past which a group's ranks' board cursors are read.
+const CATCH_UP_AT: usize = 256;
+
+/// Every group's steps its ranks took off the board count as done.
+fn catch_up_all(groups: &mut Groups, boards: &[&radixd_ipc::Board]) {
+    if groups.is_empty() {
+        return;
+    }
+    let indices: Vec<u32> = groups.indices().collect();
+    for index in indices {
+        if let Some(b) = boards.get(index as usize) {
+            groups.catch_up_all(index, |r| b.taken(r as usize));
+        }
+    }
 }
 
 /// Runs an engine operation, turning a stop at corrupt shared data (see

@@ -422,7 +422,9 @@ pub fn render_for(result: Result<Reply, Rejection>, components: &Components) -> 
         Ok(Reply::Namespace { id }) => json!({"ok": true, "id": id}),
         Ok(Reply::SwaFreed { n }) => json!({"ok": true, "freed": n}),
         Ok(Reply::Bound { holders }) => json!({"ok": true, "holders": holders}),
-        Ok(Reply::Joined { joined, size }) => json!({"ok": true, "joined": joined, "size": size}),
+        Ok(Reply::Joined { joined, size, .. }) => {
+            json!({"ok": true, "joined": joined, "size": size})
+        }
         Ok(Reply::SwaPages(pages)) => {
             let pages: Vec<Value> = pages
                 .iter()

@@ -362,7 +362,88 @@ impl Groups {
         Ok(Reply::Joined {
             joined: g.joined(),
             size,
+            board: None,
         })
+    }
+
+    /// `(group index, rank)` of `client`, if it is a rank.
+    pub fn position(&self, client: ClientId) -> Option<(u32, u32)> {
+        self.members.get(&client).copied()
+    }
+
+    /// The next step of rank `rank` of group `index`.
+    pub fn next_step(&self, index: u32, rank: u32) -> Option<u64> {
+        let g = self.groups.get(index as usize)?.as_ref()?;
+        Some(g.members.get(rank as usize)?.next)
+    }
+
+    /// Steps group `index` keeps for ranks behind.
+    pub fn kept(&self, index: u32) -> usize {
+        self.groups
+            .get(index as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, |g| g.log.len())
+    }
+
+    /// The request of step `step` of group `index`, while it is kept.
+    pub fn kept_request(&self, index: u32, step: u64) -> Option<&Request> {
+        let g = self.groups.get(index as usize)?.as_ref()?;
+        let at = usize::try_from(step.checked_sub(g.base)?).ok()?;
+        g.log.get(at).map(|e| &e.request)
+    }
+
+    /// Rank `rank` of group `index` says it has taken every step below
+    /// `taken` another way (off the group's board, `radixd_ipc::Board`):
+    /// its steps up to there are done. Untrusted: a number past the steps
+    /// carried out, or behind what the rank has made, changes nothing
+    /// beyond them.
+    pub fn catch_up(&mut self, index: u32, rank: u32, taken: u64) {
+        let Some(g) = self.groups.get_mut(index as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let Some(m) = g.members.get(rank as usize) else {
+            return;
+        };
+        if m.state != State::Joined {
+            return;
+        }
+        let end = g.base + g.log.len() as u64;
+        let to = taken.min(end);
+        if to <= m.next {
+            return;
+        }
+        let bit = !(1u64 << rank);
+        let from = (m.next - g.base) as usize;
+        for e in g.log.range_mut(from..(to - g.base) as usize) {
+            e.waiting &= bit;
+        }
+        g.members[rank as usize].next = to;
+        g.pop_read();
+    }
+
+    /// [`Groups::catch_up`] for every joined rank of group `index`, each
+    /// rank's cursor read by `taken`.
+    pub fn catch_up_all(&mut self, index: u32, taken: impl Fn(u32) -> u64) {
+        let Some(size) = self
+            .groups
+            .get(index as usize)
+            .and_then(Option::as_ref)
+            .map(|g| g.size)
+        else {
+            return;
+        };
+        for rank in 0..size {
+            self.catch_up(index, rank, taken(rank));
+        }
+    }
+
+    /// Indices of the live groups.
+    pub fn indices(&self) -> impl Iterator<Item = u32> + '_ {
+        self.groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.is_some())
+            .map(|(i, _)| i as u32)
     }
 
     /// Runs `request`, a stepped request ([`is_stepped`]) of `client`, a
@@ -376,9 +457,25 @@ impl Groups {
         request: Request,
         run: impl FnOnce(ClientId, Request) -> Result<Reply, Rejection>,
     ) -> Option<Result<Reply, Rejection>> {
+        self.step_leading(client, request, run).map(|(r, _)| r)
+    }
+
+    /// [`Groups::step`], also saying which step `client` led, if it led
+    /// one (the caller publishes it on the group's board: the request is
+    /// [`Groups::kept_request`] while other ranks have yet to take it).
+    pub fn step_leading(
+        &mut self,
+        client: ClientId,
+        request: Request,
+        run: impl FnOnce(ClientId, Request) -> Result<Reply, Rejection>,
+    ) -> Option<(Result<Reply, Rejection>, Option<u64>)> {
         let &(index, rank) = self.members.get(&client)?;
         let g = self.groups.get_mut(index as usize)?.as_mut()?;
-        Some(Self::step_in(g, index, rank, request, run))
+        let end = g.base + g.log.len() as u64;
+        let leads = g.members[rank as usize].next == end;
+        let result = Self::step_in(g, index, rank, request, run);
+        let led = (leads && g.base + g.log.len() as u64 == end + 1).then_some(end);
+        Some((result, led))
     }
 
     fn step_in(

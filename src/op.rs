@@ -227,8 +227,14 @@ pub enum Reply {
     Store(StoreReply),
     /// `Namespace`: the namespace's id.
     Namespace { id: u32 },
-    /// `Join`: ranks of the group that have joined so far, and its size.
-    Joined { joined: u32, size: u32 },
+    /// `Join`: ranks of the group that have joined so far, its size, and
+    /// the group's board in the segment (see `crate::group`), if it has
+    /// one.
+    Joined {
+        joined: u32,
+        size: u32,
+        board: Option<u32>,
+    },
 }
 
 /// Longest session id, in bytes.

@@ -19,8 +19,8 @@ use radixd_ipc::sync::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use radixd_ipc::{
-    EpochClock, LayoutConfig, LayoutError, Offset, ReaderSlot, RegionError, Segment, SegmentLayout,
-    ShmSafe, INFO_BYTES,
+    Board, EpochClock, LayoutConfig, LayoutError, Offset, ReaderSlot, RegionError, Segment,
+    SegmentLayout, ShmSafe, INFO_BYTES,
 };
 
 pub use crate::binding::{BindingBoard, BINDING_BYTES};
@@ -35,8 +35,8 @@ use crate::wire::{WireReply, WireRequest};
 /// records and the ops they carry, the engine layout); mixed into the
 /// layout hash. 3: the anchored ops `MatchAt`/`InsertAt` and `aux`; 4:
 /// the component ops and `Info`'s components; 5: the pool binding (`Bind`,
-/// `BindingBoard`).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// `BindingBoard`); 6: groups (`Join`, their boards).
+pub const PROTOCOL_VERSION: u32 = 6;
 /// Requests (and replies) a client may have in flight.
 pub const RING_CAPACITY: u32 = 64;
 
@@ -234,6 +234,11 @@ pub struct SharedLayout {
     /// [`ReaderSlot`] per client slot (writable by clients: outside the
     /// read-only part).
     pub readers_at: u64,
+    /// Offset of the groups' boards ([`radixd_ipc::Board`], see
+    /// `crate::group`; writable by clients, whose cursors are there).
+    pub boards_at: u64,
+    /// Boards: one per group index below this.
+    pub boards: u32,
     /// Offset of [`LiveStats`]; from here to the end clients map read-only.
     pub live_stats: u64,
     /// Offset of the [`BindingBoard`] (what the pool is bound to).
@@ -283,6 +288,7 @@ impl SharedLayout {
             response_capacity: RING_CAPACITY,
             scratch_bytes: config.scratch_bytes,
             user_bytes: readers_bytes(config.clients)
+                + boards_bytes(config.clients)
                 + LIVE_STATS_BYTES
                 + BINDING_BYTES
                 + engine.size() as u64,
@@ -295,7 +301,8 @@ impl SharedLayout {
         // number of pages, so the stats page, the binding's page and the
         // engine region after them are too (what `mprotect` in the client and REGION_ALIGN need).
         let readers_at = ipc.user;
-        let live_stats = readers_at + readers_bytes(config.clients);
+        let boards_at = readers_at + readers_bytes(config.clients);
+        let live_stats = boards_at + boards_bytes(config.clients);
         let binding = live_stats + LIVE_STATS_BYTES;
         let engine_at = binding + BINDING_BYTES;
         debug_assert_eq!(engine_at % REGION_ALIGN as u64, 0);
@@ -304,6 +311,8 @@ impl SharedLayout {
             ipc,
             engine,
             readers_at,
+            boards_at,
+            boards: boards_for(config.clients),
             live_stats,
             binding,
             engine_at,
@@ -321,6 +330,30 @@ impl SharedLayout {
             u64::from(self.config.clients),
         )?;
         Ok((clock, slots))
+    }
+}
+
+/// Group boards for `clients` slots: a group of two ranks or more has
+/// one, so half as many as slots.
+fn boards_for(clients: u32) -> u32 {
+    (clients / 2).max(1)
+}
+
+/// Bytes of the group boards for `clients` slots, in whole pages.
+fn boards_bytes(clients: u32) -> u64 {
+    let bytes = size_of::<Board>() as u64 * u64::from(boards_for(clients));
+    bytes.div_ceil(LIVE_STATS_BYTES) * LIVE_STATS_BYTES
+}
+
+impl SharedLayout {
+    /// Board `index` (a group's: see `crate::group`), if the segment has
+    /// one for it.
+    pub fn board<'s>(&self, segment: &'s Segment, index: u32) -> Option<&'s Board> {
+        if index >= self.boards {
+            return None;
+        }
+        let at = self.boards_at + u64::from(index) * size_of::<Board>() as u64;
+        segment.get(Offset::<Board>::new(at)).ok()
     }
 }
 

@@ -701,6 +701,91 @@ impl<'a> Call<'a> {
     }
 }
 
+impl Call<'_> {
+    /// Whether the call is a step of a group's rank (see
+    /// [`crate::group::is_stepped`], which this mirrors).
+    pub fn is_stepped(&self) -> bool {
+        !matches!(
+            self,
+            Self::Join(_) | Self::Bind(_) | Self::Validate | Self::Namespace(_) | Self::Store(_)
+        )
+    }
+}
+
+/// Two 64-bit digests of an encoded request (its record's fields, bar the
+/// sequence number and windows, and its payload): what a rank compares a
+/// step on its group's board with (`radixd_ipc::Board`). Two lanes of a
+/// multiply-rotate hash with other constants: two different requests
+/// collide with odds of about 2^-128.
+pub fn digest(e: &EncodedRequest<'_>) -> [u64; 2] {
+    const K: [u64; 2] = [0x9E37_79B9_7F4A_7C15, 0xC2B2_AE3D_27D4_EB4F];
+    let mut h = [0x243F_6A88_85A3_08D3u64, 0x1319_8A2E_0370_7344];
+    let mut mix = |w: u64| {
+        h[0] = (h[0].rotate_left(5) ^ w).wrapping_mul(K[0]);
+        h[1] = (h[1].rotate_left(29) ^ w).wrapping_mul(K[1]);
+    };
+    let r = &e.record;
+    mix(u64::from(r.op) | u64::from(r.flags) << 32);
+    mix(r.arg);
+    mix(u64::from(r.n_tokens) | u64::from(r.n_pages) << 32);
+    mix(u64::from(r.aux[0]) | u64::from(r.aux[1]) << 32);
+    mix(u64::from(r.payload_len));
+    let mut words = |xs: &[u32]| {
+        let mut pairs = xs.chunks_exact(2);
+        for p in &mut pairs {
+            mix(u64::from(p[0]) | u64::from(p[1]) << 32);
+        }
+        if let [x] = pairs.remainder() {
+            mix(u64::from(*x) | 1 << 63);
+        }
+        mix(xs.len() as u64);
+    };
+    words(e.tokens);
+    words(e.pages);
+    words(e.anchor_words.as_slice());
+    for bytes in [e.session, &e.bytes[..], e.ns] {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            mix(u64::from_ne_bytes([
+                c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
+            ]));
+        }
+        let mut last = [0u8; 8];
+        last[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+        mix(u64::from_ne_bytes(last));
+        mix(bytes.len() as u64);
+    }
+    [h[0] ^ h[0] >> 32, h[1] ^ h[1] >> 29]
+}
+
+/// A reply record as the six words of a step on a board (its sequence
+/// number left out: each rank's is its own).
+pub fn reply_words(w: &WireReply) -> [u64; radixd_ipc::HEAD_WORDS] {
+    [
+        u64::from(w.status) | u64::from(w.kind) << 32,
+        w.a,
+        w.b,
+        w.c,
+        u64::from(w.payload_len) | u64::from(w.flags) << 32,
+        u64::from_ne_bytes(w.inline),
+    ]
+}
+
+/// The reply record of [`reply_words`], with sequence number `seq`.
+pub fn reply_of_words(seq: u64, words: [u64; radixd_ipc::HEAD_WORDS]) -> WireReply {
+    WireReply {
+        seq,
+        status: words[0] as u32,
+        kind: (words[0] >> 32) as u32,
+        a: words[1],
+        b: words[2],
+        c: words[3],
+        payload_len: words[4] as u32,
+        flags: (words[4] >> 32) as u32,
+        inline: words[5].to_ne_bytes(),
+    }
+}
+
 /// Encodes `request` for an engine of `page_size` and `capacity`.
 pub fn encode_request(request: &Request, page_size: u32, capacity: u32) -> EncodedRequest<'_> {
     Call::of(request).encode(page_size, capacity)
@@ -1230,9 +1315,14 @@ pub fn encode_reply(
             w.kind = kind::BOUND;
             w.a = *holders;
         }
-        Ok(Reply::Joined { joined, size }) => {
+        Ok(Reply::Joined {
+            joined,
+            size,
+            board,
+        }) => {
             w.kind = kind::JOINED;
             (w.a, w.b) = (u64::from(*joined), u64::from(*size));
+            w.c = board.map_or(u64::MAX, u64::from);
         }
     }
     w.payload_len = payload.len() as u32;
@@ -1431,6 +1521,10 @@ pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Reject
         kind::JOINED => Reply::Joined {
             joined: u32::try_from(w.a).map_err(|_| BadReply::BadField("ranks joined"))?,
             size: u32::try_from(w.b).map_err(|_| BadReply::BadField("group size"))?,
+            board: match w.c {
+                u64::MAX => None,
+                c => Some(u32::try_from(c).map_err(|_| BadReply::BadField("group board"))?),
+            },
         },
         k if store::is_store_kind(k) => Reply::Store(store::decode_reply(w, payload)?),
         k => return Err(BadReply::UnknownKind(k)),
@@ -1688,6 +1782,58 @@ mod tests {
     }
 
     #[test]
+    fn calls_are_stepped_as_requests_are_and_digests_tell_requests_apart() {
+        let all = requests();
+        let digests: Vec<[u64; 2]> = all
+            .iter()
+            .map(|r| {
+                assert_eq!(
+                    Call::of(r).is_stepped(),
+                    crate::group::is_stepped(r),
+                    "{r:?}"
+                );
+                digest(&encode_request(r, 4, 64))
+            })
+            .collect();
+        for (i, a) in digests.iter().enumerate() {
+            for (j, b) in digests.iter().enumerate().skip(i + 1) {
+                assert_ne!(a, b, "{:?} and {:?}", all[i], all[j]);
+            }
+        }
+        // One token more, one page other, the lock flag: other digests.
+        let base = Request::Insert {
+            tokens: vec![1, 2, 3, 4],
+            pages: vec![9],
+            lock: false,
+        };
+        let d = |r: &Request| digest(&encode_request(r, 4, 64));
+        for other in [
+            Request::Insert {
+                tokens: vec![1, 2, 3, 4, 0],
+                pages: vec![9],
+                lock: false,
+            },
+            Request::Insert {
+                tokens: vec![1, 2, 3, 4],
+                pages: vec![8],
+                lock: false,
+            },
+            Request::Insert {
+                tokens: vec![1, 2, 3, 4],
+                pages: vec![9],
+                lock: true,
+            },
+        ] {
+            assert_ne!(d(&base), d(&other), "{other:?}");
+        }
+        assert_eq!(d(&base), d(&base.clone()));
+        // A reply survives its words.
+        let mut payload = Vec::new();
+        let w = encode_reply(7, &Ok(Reply::Pages(vec![1, 2, 3])), 64, &mut payload);
+        assert_eq!(reply_of_words(7, reply_words(&w)), w);
+    }
+
+    #[test]
     fn every_request_round_trips() {
         for request in requests() {
             let e = encode_request(&request, 1, 64);
@@ -1836,7 +1982,16 @@ mod tests {
             Err(Rejection::new(ErrorKind::InsufficientStates, "full")),
             Ok(Reply::Bound { holders: 3 }),
             Err(Rejection::new(ErrorKind::PoolMismatch, "another buffer")),
-            Ok(Reply::Joined { joined: 2, size: 8 }),
+            Ok(Reply::Joined {
+                joined: 2,
+                size: 8,
+                board: Some(3),
+            }),
+            Ok(Reply::Joined {
+                joined: 1,
+                size: 1,
+                board: None,
+            }),
             Err(Rejection::new(ErrorKind::Desync, "step 3")),
         ];
         let mut payload = Vec::new();

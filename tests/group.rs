@@ -446,3 +446,68 @@ fn kv_events_are_published_once_per_step_not_once_per_rank() {
     assert!(one.0 > 0 && one.1 > 0, "{one:?}");
     assert_eq!(history(3), one);
 }
+
+/// The daemon's `requests` figure, once it stops moving.
+fn daemon_requests(name: &str) -> u64 {
+    let read = || {
+        let out = common::stdout_ok(
+            &common::radixd()
+                .args(["stat", name, "--interval", "0.01"])
+                .output()
+                .unwrap(),
+        );
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("requests"))
+            .unwrap()
+            .to_owned();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let mut last = read();
+    loop {
+        thread::sleep(Duration::from_millis(60));
+        let now = read();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+#[test]
+fn ranks_take_the_steps_another_rank_led_off_the_board_without_asking_the_daemon() {
+    let daemon = Daemon::start(&["--page-size", "4", "--capacity", "48"]);
+    let mut r0 = rank(&daemon.name, "g", 0, 2);
+    let mut r1 = rank(&daemon.name, "g", 1, 2);
+    let before = daemon_requests(&daemon.name);
+    let led: Vec<_> = (0..30)
+        .map(|i| (r0.alloc(1).unwrap(), r0.stats().unwrap(), i))
+        .collect();
+    let took: Vec<_> = (0..30)
+        .map(|i| (r1.alloc(1).unwrap(), r1.stats().unwrap(), i))
+        .collect();
+    assert_eq!(took, led);
+    assert_eq!(
+        daemon_requests(&daemon.name) - before,
+        60,
+        "rank 1's 60 steps came off the board"
+    );
+    // Past the board's 64 slots, the daemon answers the rank behind.
+    for _ in 0..100 {
+        r0.stats().unwrap();
+    }
+    let before = daemon_requests(&daemon.name);
+    for _ in 0..100 {
+        r1.stats().unwrap();
+    }
+    let asked = daemon_requests(&daemon.name) - before;
+    assert_eq!(
+        asked,
+        100 - radixd_ipc::BOARD_SLOTS as u64,
+        "the last 64 off the board"
+    );
+}

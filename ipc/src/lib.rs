@@ -9,6 +9,7 @@
 //! `liveness`, `scratch`) are compiled out under `--cfg loom`; the protocols
 //! (`ring`, `doorbell`, `slots`) run unchanged under loom through [`sync`].
 
+pub mod board;
 pub mod copy;
 pub mod doorbell;
 pub mod epoch;
@@ -29,6 +30,7 @@ pub mod slots;
 pub mod sync;
 pub mod version;
 
+pub use board::{Board, Taken, BOARD_DATA, BOARD_READERS, BOARD_SLOTS, HEAD_WORDS};
 pub use doorbell::{Doorbell, Spin, Wake};
 pub use epoch::{Blocked, Collector, EpochClock, ReaderSlot, Reclaimer};
 pub use layout::{

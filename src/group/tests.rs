@@ -300,7 +300,11 @@ fn a_rank_that_joins_late_starts_at_step_zero() {
     assert_eq!(g.figures().kept_steps, 1, "kept for rank 1");
     assert_eq!(
         g.join(7, false, &join("g", 1, 2), PAGE),
-        Ok(Reply::Joined { joined: 2, size: 2 })
+        Ok(Reply::Joined {
+            joined: 2,
+            size: 2,
+            board: None
+        })
     );
     assert_eq!(step(&mut g, &mut e, 7, Request::Alloc { n: 3 }), Ok(a));
     assert_eq!(g.figures().kept_steps, 0);

@@ -232,7 +232,7 @@ pub struct Client {
 }
 
 /// Longest a rank other than 0 waits for a step to appear on its group's
-/// board before it asks the daemon itself (rank 0 asks at once: in
+/// board before it asks the daemon itself (rank 0 always asks: in
 /// lockstep, it leads and the others take its steps off the board).
 const STEP_WAIT: Duration = Duration::from_micros(50);
 
@@ -627,13 +627,19 @@ impl Client {
         else {
             return self.post(call);
         };
+        if rank == 0 {
+            // Rank 0 leads: its steps go to the daemon, which answers a
+            // step another rank led (rank 0 fell behind) as it was led.
+            // Reading the board first would cost it a cache miss a step.
+            return self.post(call);
+        }
         let s = self.step;
+        let (page_size, capacity) = (self.page_size(), self.capacity());
         let taken = {
-            let e = call.encode(self.page_size(), self.capacity());
-            let key = wire::digest(&e);
             let buf = &mut self.board_buf;
             let board = self.layout.board(&self.segment, index);
             board.and_then(|b| {
+                let key = wire::digest(&call.encode(page_size, capacity));
                 let start = Instant::now();
                 let mut spins = 0u32;
                 loop {
@@ -646,8 +652,8 @@ impl Client {
                             .map(|answer| (b, answer));
                     }
                     // Counted but not there (too large, or its slot reused
-                    // by then), or rank 0, which leads: ask the daemon.
-                    if b.published() > s || rank == 0 {
+                    // by then): ask the daemon.
+                    if b.published() > s {
                         return None;
                     }
                     spins += 1;

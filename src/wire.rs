@@ -712,50 +712,115 @@ impl Call<'_> {
     }
 }
 
-/// Two 64-bit digests of an encoded request (its record's fields, bar the
+/// A 128-bit digest of an encoded request (its record's fields, bar the
 /// sequence number and windows, and its payload): what a rank compares a
-/// step on its group's board with (`radixd_ipc::Board`). Two lanes of a
-/// multiply-rotate hash with other constants: two different requests
-/// collide with odds of about 2^-128.
+/// step on its group's board with (`radixd_ipc::Board`). Four lanes of a
+/// multiply-rotate hash take every fourth word (so the multiplies run side
+/// by side), folded by murmur3's finalizer into two words: two different
+/// requests collide with odds of about 2^-128.
 pub fn digest(e: &EncodedRequest<'_>) -> [u64; 2] {
-    const K: [u64; 2] = [0x9E37_79B9_7F4A_7C15, 0xC2B2_AE3D_27D4_EB4F];
-    let mut h = [0x243F_6A88_85A3_08D3u64, 0x1319_8A2E_0370_7344];
-    let mut mix = |w: u64| {
-        h[0] = (h[0].rotate_left(5) ^ w).wrapping_mul(K[0]);
-        h[1] = (h[1].rotate_left(29) ^ w).wrapping_mul(K[1]);
-    };
+    let mut d = Digest::new();
     let r = &e.record;
-    mix(u64::from(r.op) | u64::from(r.flags) << 32);
-    mix(r.arg);
-    mix(u64::from(r.n_tokens) | u64::from(r.n_pages) << 32);
-    mix(u64::from(r.aux[0]) | u64::from(r.aux[1]) << 32);
-    mix(u64::from(r.payload_len));
-    let mut words = |xs: &[u32]| {
-        let mut pairs = xs.chunks_exact(2);
+    d.word(u64::from(r.op) | u64::from(r.flags) << 32);
+    d.word(r.arg);
+    d.word(u64::from(r.n_tokens) | u64::from(r.n_pages) << 32);
+    d.word(u64::from(r.aux[0]) | u64::from(r.aux[1]) << 32);
+    d.word(u64::from(r.payload_len));
+    d.u32s(e.tokens);
+    d.u32s(e.pages);
+    d.u32s(e.anchor_words.as_slice());
+    for bytes in [e.session, &e.bytes[..], e.ns] {
+        d.bytes(bytes);
+    }
+    d.finish()
+}
+
+/// The state of [`digest`].
+struct Digest {
+    h: [u64; 4],
+    /// Words taken so far (which lane takes the next).
+    n: usize,
+}
+
+impl Digest {
+    const K: [u64; 4] = [
+        0x9E37_79B9_7F4A_7C15,
+        0xC2B2_AE3D_27D4_EB4F,
+        0x1656_67B1_9E37_79F9,
+        0xFF51_AFD7_ED55_8CCD,
+    ];
+
+    fn new() -> Self {
+        Self {
+            h: [
+                0x243F_6A88_85A3_08D3,
+                0x1319_8A2E_0370_7344,
+                0xA409_3822_299F_31D0,
+                0x082E_FA98_EC4E_6C89,
+            ],
+            n: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn lane(&mut self, i: usize, w: u64) {
+        self.h[i] = (self.h[i].rotate_left(23) ^ w).wrapping_mul(Self::K[i]);
+    }
+
+    fn word(&mut self, w: u64) {
+        self.lane(self.n % 4, w);
+        self.n += 1;
+    }
+
+    fn u32s(&mut self, xs: &[u32]) {
+        let mut quads = xs.chunks_exact(8);
+        for q in &mut quads {
+            let w = |i: usize| u64::from(q[2 * i]) | u64::from(q[2 * i + 1]) << 32;
+            // Four independent multiply chains.
+            let first = self.n;
+            for i in 0..4 {
+                self.lane((first + i) % 4, w(i));
+            }
+        }
+        let rest = quads.remainder();
+        let mut pairs = rest.chunks_exact(2);
         for p in &mut pairs {
-            mix(u64::from(p[0]) | u64::from(p[1]) << 32);
+            self.word(u64::from(p[0]) | u64::from(p[1]) << 32);
         }
         if let [x] = pairs.remainder() {
-            mix(u64::from(*x) | 1 << 63);
+            self.word(u64::from(*x) | 1 << 63);
         }
-        mix(xs.len() as u64);
-    };
-    words(e.tokens);
-    words(e.pages);
-    words(e.anchor_words.as_slice());
-    for bytes in [e.session, &e.bytes[..], e.ns] {
+        self.word(xs.len() as u64);
+    }
+
+    fn bytes(&mut self, bytes: &[u8]) {
         let mut chunks = bytes.chunks_exact(8);
         for c in &mut chunks {
-            mix(u64::from_ne_bytes([
+            self.word(u64::from_ne_bytes([
                 c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
             ]));
         }
         let mut last = [0u8; 8];
         last[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
-        mix(u64::from_ne_bytes(last));
-        mix(bytes.len() as u64);
+        self.word(u64::from_ne_bytes(last));
+        self.word(bytes.len() as u64);
     }
-    [h[0] ^ h[0] >> 32, h[1] ^ h[1] >> 29]
+
+    fn finish(self) -> [u64; 2] {
+        // murmur3's 64-bit finalizer.
+        let fmix = |mut k: u64| {
+            k ^= k >> 33;
+            k = k.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+            k ^= k >> 33;
+            k = k.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+            k ^ k >> 33
+        };
+        let [a, b, c, d] = self.h.map(fmix);
+        [
+            fmix(a ^ b.rotate_left(21) ^ c.rotate_left(42) ^ d.rotate_left(11)),
+            fmix(b ^ c.rotate_left(19) ^ d.rotate_left(37) ^ a.rotate_left(53)),
+        ]
+    }
 }
 
 /// A reply record as the six words of a step on a board (its sequence

@@ -613,7 +613,9 @@ fn payload_words(request: &Request) -> usize {
         Request::Insert { tokens, pages, .. }
         | Request::InsertWith { tokens, pages, .. }
         | Request::SessionCommit { tokens, pages, .. } => tokens.len() + pages.len(),
-        Request::Match { tokens, .. } | Request::MatchWith { tokens, .. } => tokens.len(),
+        Request::Match { tokens, .. }
+        | Request::MatchWith { tokens, .. }
+        | Request::Walk { tokens } => tokens.len(),
         Request::Free { pages } | Request::FreeSwa { pages } | Request::SwaPages { pages } => {
             pages.len()
         }
@@ -666,6 +668,7 @@ pub fn describe(request: &Request) -> String {
         Request::Match { tokens, lock: l } | Request::MatchWith { tokens, lock: l } => {
             format!("match{} of {}", lock(l), key(tokens))
         }
+        Request::Walk { tokens } => format!("walk of {}", key(tokens)),
         Request::Lock { handle } => format!("lock of {handle:#x}"),
         Request::Unlock { handle } => format!("unlock of {handle:#x}"),
         Request::Evict { tokens } => format!("evict of {tokens} tokens"),

@@ -147,6 +147,14 @@ pub enum Request {
     Namespace {
         name: String,
     },
+    /// FULL's own walk of `tokens` ([`Engine::peek`]: no lock, no LRU
+    /// touch, before SWA or MAMBA cut it back), answered `Matched` without
+    /// a handle. What a lock-free `peek` reads, as a request: a rank of a
+    /// group reads the tree as its step finds it, not as a rank ahead of
+    /// it has left it.
+    Walk {
+        tokens: Vec<u32>,
+    },
     /// Makes this client a rank of a group ([`crate::group`]): the ranks
     /// of one tensor-parallel server share one tree, each step carried out
     /// once. Answers [`Reply::Joined`]. A daemon's business, as `Bind`.
@@ -317,6 +325,7 @@ impl Request {
             Self::Namespaced { request, .. } => request.name(),
             Self::Namespace { .. } => "namespace",
             Self::Join(_) => "join",
+            Self::Walk { .. } => "walk",
         }
     }
 
@@ -838,6 +847,16 @@ pub fn apply_with<R: Region>(
         Request::Namespace { name } => Reply::Namespace {
             id: engine.namespace(&name)?,
         },
+        Request::Walk { tokens } => {
+            let mut pages = spare.list();
+            let len = engine.peek(&tokens, &mut pages);
+            spare.keep(tokens);
+            Reply::Matched {
+                len: len as u64,
+                pages,
+                handle: None,
+            }
+        }
         Request::Join(_) => {
             return Err(Rejection::new(
                 ErrorKind::NotPermitted,

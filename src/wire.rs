@@ -109,6 +109,7 @@ mod opcode {
     pub const SWA_PAGES: u32 = 23;
     pub const BIND: u32 = 24;
     pub const JOIN: u32 = 26;
+    pub const WALK: u32 = 27;
     pub const STORE_NAMESPACE: u32 = 40;
     pub const STORE_RESERVE: u32 = 41;
     pub const STORE_COMMIT: u32 = 42;
@@ -448,6 +449,8 @@ pub enum Call<'a> {
     /// See [`Request::Join`]: the key travels where a session id does,
     /// after the page size's word.
     Join(&'a Join),
+    /// See [`Request::Walk`].
+    Walk(&'a [u32]),
 }
 
 impl<'a> Call<'a> {
@@ -532,6 +535,7 @@ impl<'a> Call<'a> {
             Request::Namespaced { ns, request } => Self::Namespaced(ns, request),
             Request::Namespace { name } => Self::Namespace(name),
             Request::Join(join) => Self::Join(join),
+            Request::Walk { tokens } => Self::Walk(tokens),
         }
     }
 
@@ -540,7 +544,9 @@ impl<'a> Call<'a> {
     pub fn reply_need(&self, page_size: u32, capacity: u32) -> usize {
         match self {
             Self::Alloc(n) => (*n).min(u64::from(capacity)) as usize * 4,
-            Self::Match(tokens, _) => tokens.len() / page_size.max(1) as usize * 4,
+            Self::Match(tokens, _) | Self::Walk(tokens) => {
+                tokens.len() / page_size.max(1) as usize * 4
+            }
             // The pages and the state slot.
             Self::MatchWith(tokens, _) => (tokens.len() / page_size.max(1) as usize + 1) * 4,
             Self::Stats => STATS_BYTES,
@@ -616,6 +622,7 @@ impl<'a> Call<'a> {
             Self::Bind(pool) => (opcode::BIND, 0, 0, none, none, pool),
             Self::Store(_) => (0, 0, 0, none, none, ""),
             Self::Namespace(name) => (opcode::NAMESPACE, 0, 0, none, none, name),
+            Self::Walk(tokens) => (opcode::WALK, 0, 0, tokens, none, ""),
             Self::Join(j) => (
                 opcode::JOIN,
                 u64::from(j.rank) | u64::from(j.size) << 32,
@@ -1122,6 +1129,12 @@ fn decode_op<P: Payload + ?Sized>(
             exact(false, false, true)?;
             Request::Namespace {
                 name: namespace_name(payload, pages_end, tail)?,
+            }
+        }
+        opcode::WALK => {
+            exact(true, false, false)?;
+            Request::Walk {
+                tokens: list(spare, 0, r.n_tokens)?,
             }
         }
         opcode::JOIN => {
@@ -1699,6 +1712,9 @@ mod tests {
             Request::StatsWith,
             Request::Bind {
                 pool: "device=cuda:0;pages=64".into(),
+            },
+            Request::Walk {
+                tokens: vec![5, 6, 7, 8, 9],
             },
             Request::Join(Join {
                 group: "127.0.0.1:30000/7f3a".into(),

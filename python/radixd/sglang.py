@@ -612,12 +612,10 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
     group = tp_group(ctx)
     pool = pool_identity(ctx, group)
     if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
-        if group is not None:
-            _refuse("--tp-size above 1 with a hybrid (SWA or Mamba) model", "its lockstep is not tested yet")
         # SWA and Mamba models: radixd's components (radixd.sglang_hybrid).
         from .sglang_hybrid import hybrid_cache_factory
 
-        return hybrid_cache_factory(ctx, name, pool)
+        return hybrid_cache_factory(ctx, name, pool, group)
     try:
         client = radixd.Client(name, pool=pool, group=group and group.join_args())
     except radixd.PoolMismatchError as e:

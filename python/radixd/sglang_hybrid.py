@@ -850,16 +850,18 @@ def check_daemon(backend: Any, name: str, params: Any, is_swa: bool) -> None:
         )
 
 
-def hybrid_cache_factory(ctx: Any, name: str, pool: Optional[dict] = None) -> RadixdHybridCache:
+def hybrid_cache_factory(ctx: Any, name: str, pool: Optional[dict] = None, group: Any = None) -> RadixdHybridCache:
     """The ``radixd`` backend for a hybrid model: refuses what it does not
     run, connects to the daemon ``name`` binding its pool to ``pool`` (the
-    scheduler's KV pool, ``radixd.sglang.pool_identity``), checks its
-    components against the model's pools and builds the cache on it."""
+    scheduler's KV pool, ``radixd.sglang.pool_identity``) and, for a
+    tensor-parallel rank, joining its ``group`` (``radixd.sglang.tp_group``),
+    checks its components against the model's pools and builds the cache on
+    it."""
     check_hybrid_model(ctx)
     params = ctx.params
     is_swa = bool(ctx.is_hybrid_swa)
     try:
-        client = radixd.Client(name, pool=pool)
+        client = radixd.Client(name, pool=pool, group=None if group is None else group.join_args())
     except radixd.PoolMismatchError as e:
         raise radixd.PoolMismatchError(
             f"--radix-cache-backend radixd: daemon {name!r} refused this scheduler's KV pool: {e.message} "

@@ -976,13 +976,24 @@ cache_methods! {
         /// `(len, pages)` of the longest prefix of `tokens` FULL caches (the
         /// tree's own walk, before SWA or MAMBA cut it back), read straight
         /// from the shared tree: no round trip, no lock, no LRU touch. The
-        /// pages a just-inserted (and locked) key lives on.
+        /// pages a just-inserted (and locked) key lives on. A rank of a
+        /// group (`join`) asks the daemon instead, as a step: the shared
+        /// tree may be ahead of its steps, where a faster rank left it.
         fn peek_full<'py>(
             &self,
             py: Python<'py>,
             tokens: &Bound<'py, PyAny>,
         ) -> PyResult<(usize, Bound<'py, PyAny>)> {
             let tokens = input::u32s(tokens, "tokens")?;
+            let ranked = self.hold(py)?.as_ref().ok_or_else(closed)?.rank().is_some();
+            if ranked {
+                return match self.run(py, Request::Walk { tokens })? {
+                    Reply::Matched { len, pages, .. } => {
+                        Ok((len as usize, input::array_out(py, &pages)?))
+                    }
+                    other => Err(reply::unexpected(other)),
+                };
+            }
             let (peeked, pages) = self
                 .hold(py)?
                 .as_ref()

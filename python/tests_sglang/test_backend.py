@@ -46,12 +46,12 @@ def test_parallelism_that_is_not_one_lockstep_is_refused(monkeypatch):
         setattr(p, field, 2)
         with pytest.raises(ValueError, match=option):
             radixd_cache_factory(build_context(p))
-    # Tensor-parallel ranks of a hybrid model: refused by name (untested).
-    import radixd.sglang as rs
+    # Data-parallel attention: a KV pool per attention-DP rank.
+    from sglang.srt.server_args import ServerArgs
 
-    monkeypatch.setattr(rs, "tp_group", lambda ctx: rs.TpGroup("k", 0, 2, [{"device": "cpu"}] * 2))
-    ctx = dataclasses.replace(build_context(params(16, 8)), is_hybrid_swa=True)
-    with pytest.raises(ValueError, match="--tp-size above 1 with a hybrid"):
+    ctx = dataclasses.replace(build_context(params(16, 8)), server_args=ServerArgs(model_path="dummy"))
+    monkeypatch.setattr("radixd.sglang._serving_args", lambda ctx: type("S", (), {"enable_dp_attention": True})())
+    with pytest.raises(ValueError, match="--enable-dp-attention"):
         radixd_cache_factory(ctx)
 
 

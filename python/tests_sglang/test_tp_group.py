@@ -141,3 +141,33 @@ def test_a_rank_of_a_finished_group_is_refused(start_daemon):
             break
         assert time.time() < deadline, "a late rank joined a finished group"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("kind", ["swa", "mamba"])
+def test_hybrid_ranks_in_lockstep_agree_with_sglang(start_daemon, tmp_path, kind):
+    """Two ranks of a hybrid model (FULL+SWA, FULL+MAMBA) on one group: each
+    runs the hybrid twin against SGLang's own ``UnifiedRadixCache``, so every
+    answer every rank gets is the one SGLang gives a single scheduler."""
+    from hybrid_sim import HybridTwin
+
+    ps = 16
+    d = start_daemon(*HybridTwin.serve_args(kind, ps), page_size=ps, capacity=HybridTwin.FULL_PAGES[ps])
+    env = dict(os.environ, RADIXD_NAME=d.name, PYTHONPATH=str(HERE))
+    init = tmp_path / f"init-{kind}"
+    ops = int(os.environ.get("RADIXD_SGLANG_HYBRID_OPS", "1500"))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "hybrid_tp_proc.py"), "2", str(r), str(init), kind, str(ps), str(ops)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for r in range(2)
+    ]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=900)
+        assert p.returncode == 0, err[-4000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    assert outs[0] == outs[1]
+    assert outs[0]["counts"]["hits"] > 0 and outs[0]["counts"]["evictions"] > 0, outs[0]
+    with radixd.Client(d.name) as c:
+        c.validate()

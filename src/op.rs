@@ -350,6 +350,7 @@ impl Request {
                 | Self::MatchWith { .. }
                 | Self::InsertWith { .. }
                 | Self::SessionCommit { .. }
+                | Self::Walk { .. }
         )
     }
 }

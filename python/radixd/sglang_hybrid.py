@@ -59,13 +59,11 @@ import radixd
 from .sglang import _token_ids, install_allocator
 
 
-def _namespaced(key: Any) -> bool:
-    """Whether ``key`` (a ``RadixKey`` or a ``Req``) names a LoRA adapter
-    (``extra_key``) or a tenant (``cache_salt``). The full-attention
-    backend maps these to radixd namespaces; the hybrid components do not
-    take namespaces yet, and sharing KV across them would be wrong, so a
-    hybrid model serves such requests uncached (neither match nor insert)."""
-    return bool(getattr(key, "extra_key", None) or getattr(key, "cache_salt", None))
+def _ns(key: Any) -> Optional[str]:
+    """The radixd namespace of ``key`` (a ``RadixKey`` or a ``Req``): one per
+    LoRA adapter (``extra_key``) and tenant (``cache_salt``) pair, as
+    SGLang's tree keeps one subtree per pair (``radixd.namespace_of``)."""
+    return radixd.namespace_of(key)
 
 
 logger = logging.getLogger(__name__)
@@ -514,10 +512,11 @@ class RadixdHybridCache(BasePrefixCache):
         it, and the components' finalizers (Mamba's copy-on-write of the
         matched state into the request's own slot)."""
         key = params.key
-        if self.disable or _namespaced(key):
+        if self.disable:
             return self._miss()
         tokens = _token_ids(key)
-        m = self.backend.match_prefix(tokens)
+        ns = _ns(key)
+        m = self.backend.match_prefix(tokens, ns=ns)
         n, full = m.len, m.full_kv_hit_length
         if n == 0:
             node = self.root_node
@@ -546,8 +545,8 @@ class RadixdHybridCache(BasePrefixCache):
         return result
 
     def touch_prefix(self, key: Any) -> None:
-        if not self.disable and not _namespaced(key):
-            self.backend.match_prefix(_token_ids(key))
+        if not self.disable:
+            self.backend.match_prefix(_token_ids(key), ns=_ns(key))
 
     def path_device_indices(self, node: Any) -> torch.Tensor:
         if node is None or node.handle is None:
@@ -612,11 +611,11 @@ class RadixdHybridCache(BasePrefixCache):
         ``params.value`` (pages this client holds, the tree's own for the
         prefix it matched), the SWA evicted length and the Mamba state."""
         key = params.key
-        if self.disable or _namespaced(key):
+        if self.disable:
             return InsertResult(prefix_len=0)
-        return self._insert(_token_ids(key), params, lock=False)[0]
+        return self._insert(_token_ids(key), params, lock=False, ns=_ns(key))[0]
 
-    def _insert(self, tokens: Any, params: InsertParams, lock: bool) -> tuple:
+    def _insert(self, tokens: Any, params: InsertParams, lock: bool, ns: Optional[str] = None) -> tuple:
         ps = self.page_size
         n = len(tokens) // ps * ps
         if n == 0:
@@ -631,7 +630,7 @@ class RadixdHybridCache(BasePrefixCache):
         swa_evicted = params.get_evicted_seqlen(SWA) if self.is_swa_enabled else 0
         if swa_evicted:
             extra["swa_evicted"] = min(swa_evicted, n)
-        r = self.backend.insert(tokens[:n], pages, lock=lock, **extra)
+        r = self.backend.insert(tokens[:n], pages, lock=lock, ns=ns, **extra)
         result = InsertResult(prefix_len=r.cached, total_len=r.len, mamba_exist=r.mamba_exist)
         if self.is_swa_enabled and params.swa_branching_seqlen is not None:
             result.swa_branch_inserted = n >= params.swa_branching_seqlen
@@ -668,20 +667,21 @@ class RadixdHybridCache(BasePrefixCache):
                 comp.free_out_of_window_slots(req, effective - 1, insert_params)
         ps = self.page_size
         aligned = max(effective, 0) // ps * ps
-        if aligned <= 0 or _namespaced(req):
+        if aligned <= 0:
             # Nothing to key (SGLang's empty insert changes no node): the
             # components release what they prepared.
             for comp in comps:
                 comp.cleanup_after_caching_req(req, is_finished=is_finished, insert_params=insert_params)
             return
         tokens = token_ids[:aligned]
-        insert_params.key = RadixKey(tokens)
+        ns = _ns(req)
+        insert_params.key = RadixKey(tokens, req.extra_key, cache_salt=req.cache_salt)
         insert_params.value = self.req_to_token_pool.req_to_token[kv.req_pool_idx, :aligned].to(dtype=torch.int64, copy=True)
-        result, handle = self._insert(tokens, insert_params, lock=True)
+        result, handle = self._insert(tokens, insert_params, lock=True, ns=ns)
         kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
         # The key's node, locked by the insert: its FULL pages (the tree's
         # walk, not a match, which components may cut back).
-        got, pages = self.backend.peek_full(tokens)
+        got, pages = self.backend.peek_full(tokens, ns=ns)
         if got != aligned:
             raise RuntimeError(f"radixd: an insert of {aligned} tokens left {got} cached under its lock")
         node = HybridNode(handle, aligned, pages, tokens)

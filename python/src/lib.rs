@@ -508,6 +508,14 @@ mod reply {
 
 /// `request` in namespace `ns` (`None`: the default one, the request as
 /// it is).
+/// `(len, pages)` of a `Walk`'s answer.
+fn walked(py: Python<'_>, reply: Reply) -> PyResult<(usize, Bound<'_, PyAny>)> {
+    match reply {
+        Reply::Matched { len, pages, .. } => Ok((len as usize, input::array_out(py, &pages)?)),
+        other => Err(reply::unexpected(other)),
+    }
+}
+
 fn in_namespace(ns: Option<String>, request: Request) -> Request {
     match ns {
         Some(ns) => Request::Namespaced {
@@ -976,23 +984,21 @@ cache_methods! {
         /// `(len, pages)` of the longest prefix of `tokens` FULL caches (the
         /// tree's own walk, before SWA or MAMBA cut it back), read straight
         /// from the shared tree: no round trip, no lock, no LRU touch. The
-        /// pages a just-inserted (and locked) key lives on. A rank of a
-        /// group (`join`) asks the daemon instead, as a step: the shared
-        /// tree may be ahead of its steps, where a faster rank left it.
+        /// pages a just-inserted (and locked) key lives on. In namespace
+        /// `ns`, and for a rank of a group (`join`), it asks the daemon
+        /// instead (a rank's, as a step: the shared tree may be ahead of
+        /// its steps, where a faster rank left it).
+        #[pyo3(signature = (tokens, ns = None))]
         fn peek_full<'py>(
             &self,
             py: Python<'py>,
             tokens: &Bound<'py, PyAny>,
+            ns: Option<String>,
         ) -> PyResult<(usize, Bound<'py, PyAny>)> {
             let tokens = input::u32s(tokens, "tokens")?;
             let ranked = self.hold(py)?.as_ref().ok_or_else(closed)?.rank().is_some();
-            if ranked {
-                return match self.run(py, Request::Walk { tokens })? {
-                    Reply::Matched { len, pages, .. } => {
-                        Ok((len as usize, input::array_out(py, &pages)?))
-                    }
-                    other => Err(reply::unexpected(other)),
-                };
+            if ranked || ns.is_some() {
+                return walked(py, self.run(py, in_namespace(ns, Request::Walk { tokens }))?);
             }
             let (peeked, pages) = self
                 .hold(py)?
@@ -1252,14 +1258,19 @@ cache_methods! {
             Ok(guard(&self.inner)?.engine.capacity())
         }
 
-        /// As `Client.peek_full`: FULL's own walk of `tokens`, touching
-        /// nothing.
+        /// As `Client.peek_full`: FULL's own walk of `tokens` (in
+        /// namespace `ns`), touching nothing.
+        #[pyo3(signature = (tokens, ns = None))]
         fn peek_full<'py>(
             &self,
             py: Python<'py>,
             tokens: &Bound<'py, PyAny>,
+            ns: Option<String>,
         ) -> PyResult<(usize, Bound<'py, PyAny>)> {
             let tokens = input::u32s(tokens, "tokens")?;
+            if ns.is_some() {
+                return walked(py, self.run(py, in_namespace(ns, Request::Walk { tokens }))?);
+            }
             let mut pages = Vec::new();
             let len = guard(&self.inner)?.engine.peek(&tokens, &mut pages);
             Ok((len, input::array_out(py, &pages)?))

@@ -209,8 +209,12 @@ class HybridSim:
 
     # ----- what the scheduler does -----
 
-    def arrive(self, rid: str, tokens: list) -> dict:
-        req = Req(rid, "", array("q", tokens), SamplingParams(max_new_tokens=64))
+    def arrive(self, rid: str, tokens: list, space: tuple = (None, None)) -> dict:
+        """``space``: the request's ``(extra_key, cache_salt)``."""
+        extra_key, cache_salt = space
+        req = Req(
+            rid, "", array("q", tokens), SamplingParams(max_new_tokens=64), extra_key=extra_key, cache_salt=cache_salt
+        )
         req.init_next_round_input(self.cache)
         req.lock = self.cache.lock(req.last_node)
         alloc_req_slots(self.pool, [req], self.cache)
@@ -330,8 +334,9 @@ class HybridSim:
         req.finished_reason = FINISH_ABORT() if abort else FINISH_LENGTH(len(req.output_ids))
         release_kv_cache(req, self.cache, checkpoint=not abort)
 
-    def peek(self, tokens: list) -> tuple:
-        r = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
+    def peek(self, tokens: list, space: tuple = (None, None)) -> tuple:
+        key = RadixKey(array("q", tokens), extra_key=space[0], cache_salt=space[1])
+        r = self.cache.match_prefix(MatchPrefixParams(key=key))
         return (r.device_prefix_len, r.full_kv_hit_length, r.swa_branching_seqlen, r.mamba_branching_seqlen)
 
     def sizes(self) -> dict:
@@ -380,8 +385,21 @@ class HybridTwin:
 
     RELEASES = ("arrival", "reverse", "random")
 
-    def __init__(self, kind: str, page_size: int, backend_cache: Callable, seed: int, release: str = "random"):
+    def __init__(
+        self,
+        kind: str,
+        page_size: int,
+        backend_cache: Callable,
+        seed: int,
+        release: str = "random",
+        spaces: Optional[list] = None,
+    ):
         assert release in self.RELEASES, release
+        # The (extra_key, cache_salt) pairs requests come in (LoRA adapters,
+        # tenants); with one, no draw is made (the steps stay those of the
+        # twins without namespaces).
+        self.spaces = spaces or [(None, None)]
+        self.hit_spaces: set = set()
         self.kind, self.ps, self.release = kind, page_size, release
         self.rng = random.Random(seed)
         publish(page_size)
@@ -505,9 +523,12 @@ class HybridTwin:
             prompt = self.work.prompt()
             self.prompts[rid] = prompt
             self.order.append(rid)
-            got = self.a.arrive(rid, prompt)
-            self.same("arrival", got, self.b.arrive(rid, prompt))
+            space = r.choice(self.spaces) if len(self.spaces) > 1 else (None, None)
+            got = self.a.arrive(rid, prompt, space)
+            self.same(f"arrival in {space}", got, self.b.arrive(rid, prompt, space))
             self.counts["hits"] += got["prefix_len"] > 0
+            if got["prefix_len"] > 0:
+                self.hit_spaces.add(space)
             self.counts["cow"] += bool(got["cow"])
             self.counts["branch"] += got["swa_branching_seqlen"] is not None or got["mamba_branching_seqlen"] is not None
         elif roll < 0.65 and running:
@@ -550,7 +571,8 @@ class HybridTwin:
                 self.evict("evict", swa=swa, mamba=mamba)
         else:
             tokens = self.work.prompt()
-            self.same("match", self.a.peek(tokens), self.b.peek(tokens))
+            space = r.choice(self.spaces) if len(self.spaces) > 1 else (None, None)
+            self.same(f"match in {space}", self.a.peek(tokens, space), self.b.peek(tokens, space))
         self.check_sizes("after the step")
 
     def drain(self) -> None:

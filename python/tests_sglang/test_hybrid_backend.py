@@ -54,13 +54,15 @@ def _engine_cache(kind: str, page_size: int):
     return build
 
 
-def _run(twin: HybridTwin, kind: str) -> None:
+def _run(twin: HybridTwin, kind: str, hits: int = OPS // 100) -> None:
+    """``hits``: arrivals that must have hit (fewer when the prompts are
+    spread over namespaces)."""
     for _ in range(OPS):
         twin.step()
     twin.drain()
     twin.b.cache.backend.validate()
     c = twin.counts
-    assert c["hits"] > OPS // 100 and c["evictions"] > OPS // 50 and c["checkpoints"] > OPS // 20, c
+    assert c["hits"] > hits and c["evictions"] > OPS // 50 and c["checkpoints"] > OPS // 20, c
     assert c["branch"] > 0, c
     if kind == "mamba":
         assert c["cow"] > 0, c
@@ -87,6 +89,23 @@ def test_through_daemon(kind, page_size, release, start_daemon, monkeypatch):
     twin = HybridTwin(kind, page_size, lambda p: radixd_cache(kind, p), seed=100 + page_size * 7 + len(kind), release=release)
     assert type(twin.b.cache) is RadixdHybridCache
     _run(twin, kind)
+
+
+@pytest.mark.parametrize("kind", ["swa", "mamba"])
+def test_lora_adapters_and_tenants_are_namespaces(kind, start_daemon, monkeypatch):
+    """Requests of LoRA adapters (``extra_key``) and tenants
+    (``cache_salt``) match only their own prefixes, in SGLang's
+    ``UnifiedRadixCache`` as in radixd's namespaces: the twin agrees on
+    every answer, and namespaced requests hit their own prefixes."""
+    from hybrid_sim import radixd_cache
+
+    ps = 16
+    spaces = [(None, None), ("sql-lora", None), (None, "tenant-a"), ("sql-lora", "tenant-a")]
+    d = start_daemon(*HybridTwin.serve_args(kind, ps), page_size=ps, capacity=HybridTwin.FULL_PAGES[ps])
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    twin = HybridTwin(kind, ps, lambda p: radixd_cache(kind, p), seed=500 + len(kind), spaces=spaces)
+    _run(twin, kind, hits=OPS // 400)
+    assert any(space != (None, None) for space in twin.hit_spaces), twin.hit_spaces
 
 
 # ----- start-up: the factory, its checks and refusals -----

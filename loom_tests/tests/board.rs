@@ -84,7 +84,11 @@ fn a_counted_step_is_there_whole() {
             // there, whole.
             let mut out = Vec::new();
             let t = b.take(0, &mut out);
-            assert_eq!(t.map(|t| t.key), Some([0, 0]), "a counted step is not there");
+            assert_eq!(
+                t.map(|t| t.key),
+                Some([0, 0]),
+                "a counted step is not there"
+            );
         }
         writer.join().unwrap();
         seen

@@ -781,14 +781,24 @@ impl Digest {
 
     fn u32s(&mut self, xs: &[u32]) {
         let mut quads = xs.chunks_exact(8);
+        // Four independent multiply chains, in registers; the lanes are
+        // turned so that the word count decides which lane goes first.
+        let turn = self.n % 4;
+        let mut h = [0; 4];
+        for (i, x) in h.iter_mut().enumerate() {
+            *x = self.h[(turn + i) % 4];
+        }
+        let k: [u64; 4] = std::array::from_fn(|i| Self::K[(turn + i) % 4]);
         for q in &mut quads {
-            let w = |i: usize| u64::from(q[2 * i]) | u64::from(q[2 * i + 1]) << 32;
-            // Four independent multiply chains.
-            let first = self.n;
             for i in 0..4 {
-                self.lane((first + i) % 4, w(i));
+                let w = u64::from(q[2 * i]) | u64::from(q[2 * i + 1]) << 32;
+                h[i] = (h[i].rotate_left(23) ^ w).wrapping_mul(k[i]);
             }
         }
+        for (i, x) in h.into_iter().enumerate() {
+            self.h[(turn + i) % 4] = x;
+        }
+        self.n += 4 * (xs.len() / 8);
         let rest = quads.remainder();
         let mut pairs = rest.chunks_exact(2);
         for p in &mut pairs {

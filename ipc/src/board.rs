@@ -49,8 +49,9 @@ struct Cursor {
     next: AtomicU64,
 }
 
-/// One step as published.
-#[repr(C)]
+/// One step as published, on cache lines of its own (no slot's writes
+/// disturb a reader of its neighbour).
+#[repr(C, align(64))]
 #[derive(Debug)]
 struct Slot {
     version: Version,
@@ -80,7 +81,8 @@ pub struct Board {
 }
 
 #[cfg(not(loom))]
-const _: () = assert!(size_of::<Slot>() == 8 + 8 + 16 + 8 * HEAD_WORDS + BOARD_DATA);
+const _: () =
+    assert!(size_of::<Slot>() == (8 + 8 + 16 + 8 * HEAD_WORDS + BOARD_DATA).next_multiple_of(64));
 #[cfg(not(loom))]
 const _: () =
     assert!(size_of::<Board>() == 64 * (1 + 2 * BOARD_READERS) + BOARD_SLOTS * size_of::<Slot>());

@@ -334,9 +334,11 @@ impl SharedLayout {
 }
 
 /// Group boards for `clients` slots: a group of two ranks or more has
-/// one, so half as many as slots.
+/// one, so half as many as slots, and at most 8 (about 2 MiB): a daemon
+/// serves one KV pool, which is one server's, so one group at a time is
+/// the rule; groups past the boards are served through the daemon alone.
 fn boards_for(clients: u32) -> u32 {
-    (clients / 2).max(1)
+    (clients / 2).clamp(1, 8)
 }
 
 /// Bytes of the group boards for `clients` slots, in whole pages.

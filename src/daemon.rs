@@ -937,14 +937,14 @@ fn step(
     (page_size, capacity): (u32, u32),
     out: &mut Vec<u8>,
 ) -> Result<op::Reply, Rejection> {
-    let Some(b) = board else {
-        return groups
-            .step(client, request, run)
-            .unwrap_or_else(|| Err(Rejection::new(ErrorKind::Protocol, "no group")));
-    };
-    groups.catch_up(index, rank, b.taken(rank as usize));
+    if let Some(b) = board {
+        groups.catch_up(index, rank, b.taken(rank as usize));
+    }
     let Some((result, led)) = groups.step_leading(client, request, run) else {
         return Err(Rejection::new(ErrorKind::Protocol, "no group"));
+    };
+    let Some(b) = board else {
+        return result;
     };
     if let Some(s) = led {
         match groups.kept_request(index, s) {
@@ -975,11 +975,9 @@ fn catch_up_all(groups: &mut Groups, boards: &[&radixd_ipc::Board]) {
     if groups.is_empty() {
         return;
     }
-    let indices: Vec<u32> = groups.indices().collect();
-    for index in indices {
-        if let Some(b) = boards.get(index as usize) {
-            groups.catch_up_all(index, |r| b.taken(r as usize));
-        }
+    // A board without a group is skipped by `catch_up_all`.
+    for (index, b) in boards.iter().enumerate() {
+        groups.catch_up_all(index as u32, |r| b.taken(r as usize));
     }
 }
 

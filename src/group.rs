@@ -437,15 +437,6 @@ impl Groups {
         }
     }
 
-    /// Indices of the live groups.
-    pub fn indices(&self) -> impl Iterator<Item = u32> + '_ {
-        self.groups
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| g.is_some())
-            .map(|(i, _)| i as u32)
-    }
-
     /// Runs `request`, a stepped request ([`is_stepped`]) of `client`, a
     /// rank of a group ([`Groups::is_member`]): as the next step of its
     /// group if it leads, by `run` with the group's client id; or answered

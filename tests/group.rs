@@ -199,12 +199,7 @@ fn a_rank_out_of_step_gets_an_error_naming_the_step_and_both_operations() {
     // `radixd stat` shows the group and the steps kept for rank 1.
     let start = Instant::now();
     loop {
-        let out = common::stdout_ok(
-            &common::radixd()
-                .args(["stat", &daemon.name, "--interval", "0.01"])
-                .output()
-                .unwrap(),
-        );
+        let out = stat(&daemon.name);
         if out.contains("groups      1 tensor-parallel group(s), 2 ranks connected, 2 steps kept") {
             break;
         }
@@ -447,15 +442,20 @@ fn kv_events_are_published_once_per_step_not_once_per_rank() {
     assert_eq!(history(3), one);
 }
 
+/// What `radixd stat NAME` prints.
+fn stat(name: &str) -> String {
+    common::stdout_ok(
+        &common::radixd()
+            .args(["stat", name, "--interval", "0.01"])
+            .output()
+            .unwrap(),
+    )
+}
+
 /// The daemon's `requests` figure, once it stops moving.
 fn daemon_requests(name: &str) -> u64 {
     let read = || {
-        let out = common::stdout_ok(
-            &common::radixd()
-                .args(["stat", name, "--interval", "0.01"])
-                .output()
-                .unwrap(),
-        );
+        let out = stat(name);
         let line = out
             .lines()
             .find(|l| l.starts_with("requests"))

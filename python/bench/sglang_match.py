@@ -268,10 +268,10 @@ def hybrid_step_bench(ps: int) -> None:
 
 
 if __name__ == "__main__":
+    # SGLANG_MATCH_PARTS picks parts (scripts/bench-compare runs match,step).
+    parts = set(os.environ.get("SGLANG_MATCH_PARTS", "match,step,hybrid").split(","))
     publish_runtime()
-    for ps in (1, 16):
-        match_bench(ps)
-    for ps in (1, 16):
-        step_bench(ps)
-    for ps in (1, 16):
-        hybrid_step_bench(ps)
+    for part, bench in (("match", match_bench), ("step", step_bench), ("hybrid", hybrid_step_bench)):
+        if part in parts:
+            for ps in (1, 16):
+                bench(ps)

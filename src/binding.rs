@@ -6,14 +6,20 @@
 //! buffer: wrong attention, no error. So a client may say which buffer it
 //! is, a [`PoolIdentity`]; the first to say it binds the daemon's pool
 //! ([`Binding`]), a client of another buffer is refused with
-//! `pool_mismatch`, and the binding is released when its last holder is
-//! gone (disconnected or dead, as its locks are). Clients that bind
-//! nothing are not asked. [`BindingBoard`] publishes the binding in the
+//! `pool_mismatch` (the keys that differ first, then what to do), and the
+//! binding is released when its last holder is gone (disconnected or dead,
+//! as its locks are). [`BindingBoard`] publishes the binding in the
 //! segment for `radixd stat` and [`crate::Client::pool_binding`].
 //!
-//! When the binding goes, the cached prefixes go too (evicted as `evict`
-//! evicts, KV events and all): their KV lived in the buffer that left with
-//! its last holder, so whoever binds next starts from an empty tree.
+//! A binding starts and ends with an empty tree: when a pool becomes bound
+//! and when it becomes unbound, the daemon drops every lock and session of
+//! every client and evicts every cached prefix (as `evict` evicts, KV
+//! events and all; `Engine::drop_cached`), so nothing cached under one
+//! buffer, or under none, is ever matched under another. A handle locked
+//! before then is `stale` afterwards. While the pool is bound, a client
+//! that has not bound it may read, lock, give back and evict, but not fill
+//! the pool ([`Binding::admits`], [`fills_pool`]): `not_permitted`, naming
+//! `bind`. An unbound pool admits every client, as before bindings.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -22,7 +28,7 @@ use std::mem::size_of;
 use radixd_ipc::sync::{AtomicU32, AtomicU64, Ordering};
 use radixd_ipc::{ShmSafe, Version};
 
-use crate::op::{ErrorKind, Rejection};
+use crate::op::{ErrorKind, Rejection, Request};
 
 /// Longest identity, in bytes of its canonical form.
 pub const MAX_POOL_IDENTITY: usize = 1024;
@@ -245,18 +251,77 @@ pub struct Binding<'b> {
     board: &'b BindingBoard,
 }
 
-/// Longest value a refusal quotes, in characters.
-const QUOTED: usize = 40;
+/// Bytes of a `pool_mismatch` left for the keys that differ: the rest of
+/// [`crate::wire::MAX_ERROR_MESSAGE`] holds the sentences around them.
+const DIFFS_ROOM: usize = crate::wire::MAX_ERROR_MESSAGE - 1024;
 
-fn quoted(v: Option<&str>) -> String {
-    match v {
-        None => "none".to_owned(),
-        Some(v) if v.chars().count() > QUOTED => {
-            format!("{}...", v.chars().take(QUOTED).collect::<String>())
+fn quoted(v: Option<&str>) -> &str {
+    v.unwrap_or("none")
+}
+
+/// `key (bound X, this client Y)` for each key that differs, values whole,
+/// as many as fit [`DIFFS_ROOM`] (sorted by key), then how many more.
+fn listed(diffs: &[(&str, Option<&str>, Option<&str>)]) -> String {
+    let mut out = String::new();
+    for (i, (k, b, a)) in diffs.iter().enumerate() {
+        let item = format!("{k} (bound {}, this client {})", quoted(*b), quoted(*a));
+        // One item always fits: an identity is at most 1 KiB.
+        if i > 0 && out.len() + item.len() + 40 > DIFFS_ROOM {
+            out.push_str(&format!(" and {} more key(s)", diffs.len() - i));
+            break;
         }
-        Some(v) => v.to_owned(),
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&item);
+    }
+    out
+}
+
+/// Whether `request` puts something into the page pool or the tree: pages
+/// handed out, prefixes cached, a state slot taken. While the pool is
+/// bound, only its holders may ([`Binding::admits`]). Every op is named,
+/// so a new one must be placed.
+pub fn fills_pool(request: &Request) -> bool {
+    match request {
+        Request::Alloc { .. }
+        | Request::Insert { .. }
+        | Request::InsertAt { .. }
+        | Request::InsertWith { .. }
+        | Request::SessionCommit { .. }
+        | Request::AllocState => true,
+        Request::Namespaced { request, .. } => fills_pool(request),
+        // Reads (a lock included: it keeps cached pages, it adds none),
+        // what gives back, evictions, and what is not the pool's.
+        Request::Free { .. }
+        | Request::Match { .. }
+        | Request::MatchAt { .. }
+        | Request::MatchWith { .. }
+        | Request::Walk { .. }
+        | Request::Lock { .. }
+        | Request::Unlock { .. }
+        | Request::Evict { .. }
+        | Request::EvictComponents { .. }
+        | Request::SessionRelease { .. }
+        | Request::SessionStatus { .. }
+        | Request::Stats
+        | Request::StatsWith
+        | Request::Reset
+        | Request::Validate
+        | Request::FreeState { .. }
+        | Request::FreeSwa { .. }
+        | Request::SwaPages { .. }
+        | Request::Bind { .. }
+        | Request::Store(_)
+        | Request::Namespace { .. }
+        | Request::Join(_) => false,
     }
 }
+
+/// The longest the pool's identity is quoted in a refusal of
+/// [`Binding::admits`], so the refusal fits
+/// [`crate::wire::MIN_REPLY_WINDOW`] (`radixd stat` shows it whole).
+const IDENTITY_SHOWN: usize = 120;
 
 impl<'b> Binding<'b> {
     /// An unbound pool, published on `board`.
@@ -288,24 +353,22 @@ impl<'b> Binding<'b> {
         let asked = PoolIdentity::parse(text)?;
         match &self.identity {
             Some(bound) if *bound != asked => {
-                let mut diffs = bound
-                    .differences(&asked)
-                    .into_iter()
-                    .map(|(k, b, a)| {
-                        format!("{k} (bound {}, this client {})", quoted(b), quoted(a))
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                if self.holders.contains(&client) {
-                    diffs = format!("{diffs}; this client bound the pool already, and a connection's binding does not change");
-                }
+                // What differs first, values whole, then what to do; the
+                // whole fits a bind's reply window.
+                let diffs = listed(&bound.differences(&asked));
+                let held = if self.holders.contains(&client) {
+                    " This client bound the pool already, and a connection's binding does not change."
+                } else {
+                    ""
+                };
                 return Err(Rejection::new(
                     ErrorKind::PoolMismatch,
                     format!(
-                        "this daemon's page pool belongs to another KV buffer ({} client(s) bound), whose KV its page \
-                         ids index. One daemon per KV pool: start one for this buffer (`radixd serve --name OTHER ...`) \
-                         and point this server at it (RADIXD_NAME=OTHER); to share prefixes across servers, use the \
-                         node-wide store (`radixd serve --store SIZE`). Differs in: {diffs}",
+                        "this daemon's page pool belongs to another KV buffer; differs in: {diffs}.{held} \
+                         Its page ids index the bound buffer's KV ({} client(s) bound). One daemon per KV pool: \
+                         start one for this buffer (`radixd serve --name OTHER ...`) and point this server at it \
+                         (RADIXD_NAME=OTHER); to share prefixes across servers, use the node-wide store \
+                         (`radixd serve --store SIZE`).",
                         self.holders.len(),
                     ),
                 ));
@@ -316,6 +379,39 @@ impl<'b> Binding<'b> {
         self.holders.insert(client);
         self.publish();
         Ok(self.holders())
+    }
+
+    /// Whether `client` may make `request` now: while the pool is bound, a
+    /// client that has not bound it may read the cache (a lock included),
+    /// give back what it holds and evict, but not fill the pool
+    /// ([`fills_pool`]): the pages it would cache index no buffer it named,
+    /// and the binders would match them. Refused with `not_permitted`,
+    /// naming `bind`; nothing changes. An unbound pool admits everything.
+    pub fn admits(&self, client: u32, request: &Request) -> Result<(), Rejection> {
+        let Some(bound) = &self.identity else {
+            return Ok(());
+        };
+        if self.holders.contains(&client) || !fills_pool(request) {
+            return Ok(());
+        }
+        let mut shown = bound.as_str().to_owned();
+        if shown.len() > IDENTITY_SHOWN {
+            // Canonical identities are ASCII: any byte is a boundary.
+            shown.truncate(IDENTITY_SHOWN);
+            shown.push_str("...");
+        }
+        Err(Rejection::new(
+            ErrorKind::NotPermitted,
+            format!(
+                "{} needs a binding: this daemon's page pool is bound to a KV buffer ({} client(s) bound) \
+                 and this client has not bound it. Bind it to the buffer its pages index first \
+                 (exec `{{\"op\":\"bind\",\"pool\":...}}`, `Client::bind`, Python \
+                 `radixd.Client(name, pool=...)`); unbound, a client may only read (match, lock, peek, \
+                 stats), give back and evict. Bound to: {shown}",
+                request.name(),
+                self.holders.len(),
+            ),
+        ))
     }
 
     /// Drops `client`'s hold (it disconnected or died); the last one
@@ -599,10 +695,58 @@ mod tests {
         );
     }
 
+    /// An identity of the size the SGLang backend binds
+    /// (`radixd.sglang.pool_identity`: a GPU's device and UUID, the pool's
+    /// geometry, the server).
+    fn sglang(device: &str, uuid: &str, server: &str) -> String {
+        format!(
+            "device={device};uuid={uuid};page_size=16;pages=65536;dtype=bfloat16;layers=32;\
+             heads=8;head_dim=128;v_head_dim=128;server={server}"
+        )
+    }
+
     #[test]
-    fn a_refusal_fits_the_reply_window_and_keeps_its_advice() {
+    fn a_refusal_names_every_key_that_differs_whole_then_what_to_do() {
         let board = BindingBoard::default();
         let mut b = Binding::new(&board);
+        let (u0, u1) = (
+            "GPU-5d1c4f3e-8a9b-2c7d-6e0f-1a2b3c4d5e6f",
+            "GPU-77aa0b1c-9d8e-4f3a-b2c1-0e9d8c7b6a59",
+        );
+        b.bind(0, &sglang("cuda:0", u0, "10.0.0.1:30000")).unwrap();
+        let m = b
+            .bind(1, &sglang("cuda:1", u1, "10.0.0.1:30001"))
+            .unwrap_err()
+            .message;
+        assert!(m.len() <= crate::wire::MAX_ERROR_MESSAGE, "{}", m.len());
+        let uuids = format!("uuid (bound {u0}, this client {u1})");
+        let first: [&str; 3] = [
+            "device (bound cuda:0, this client cuda:1)",
+            "server (bound 10.0.0.1:30000, this client 10.0.0.1:30001)",
+            &uuids,
+        ];
+        for needle in first.into_iter().chain([
+            "radixd serve --name OTHER",
+            "RADIXD_NAME=OTHER",
+            "radixd serve --store SIZE",
+        ]) {
+            assert!(m.contains(needle), "{needle} not in {m}");
+        }
+        // What differs comes before the advice.
+        assert!(m.find(first[2]) < m.find("One daemon per KV pool"), "{m}");
+        let same = ["dtype", "pages", "layers", "heads"];
+        assert!(
+            same.iter().all(|k| !m.contains(&format!("{k} (bound"))),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_refusal_of_the_longest_identities_stays_whole() {
+        let board = BindingBoard::default();
+        let mut b = Binding::new(&board);
+        // Values of 70 bytes in 12 keys each side, all differing; and the
+        // most keys an identity holds, none shared.
         let long = |c: char| {
             (0..12)
                 .map(|i| format!("key{i}={}", c.to_string().repeat(70)))
@@ -611,8 +755,109 @@ mod tests {
         };
         b.bind(0, &long('a')).unwrap();
         let m = b.bind(1, &long('b')).unwrap_err().message;
-        let cut = &m[..m.len().min(crate::wire::MIN_REPLY_WINDOW)];
-        assert!(cut.contains("radixd serve --store SIZE"), "{cut}");
+        assert!(m.len() <= crate::wire::MAX_ERROR_MESSAGE, "{}", m.len());
+        let (a, bb) = ("a".repeat(70), "b".repeat(70));
+        for i in 0..12 {
+            let item = format!("key{i} (bound {a}, this client {bb})");
+            assert!(m.contains(&item), "{item} not in {m}");
+        }
+        assert!(m.contains("radixd serve --store SIZE"), "{m}");
+        assert!(!m.contains("this client bound"), "{m}");
+
+        let many = |p: &str| {
+            let mut v = Vec::new();
+            let mut len = 0;
+            for i in 0.. {
+                let pair = format!("{p}{i}=1");
+                if len + pair.len() + 1 > MAX_POOL_IDENTITY {
+                    break;
+                }
+                len += pair.len() + 1;
+                v.push(pair);
+            }
+            v.join(";")
+        };
+        let board = BindingBoard::default();
+        let mut b = Binding::new(&board);
+        b.bind(0, &many("x")).unwrap();
+        let m = b.bind(1, &many("y")).unwrap_err().message;
+        assert!(m.len() <= crate::wire::MAX_ERROR_MESSAGE, "{}", m.len());
+        assert!(m.contains("more key(s)"), "{m}");
+        assert!(m.contains("radixd serve --store SIZE"), "{m}");
+        // A holder asking for another buffer is told so, whole too.
+        let m = b.bind(0, &many("y")).unwrap_err().message;
+        assert!(m.len() <= crate::wire::MAX_ERROR_MESSAGE, "{}", m.len());
+        assert!(m.contains("does not change"), "{m}");
+    }
+
+    #[test]
+    fn an_unbound_client_of_a_bound_pool_may_read_and_give_back_only() {
+        let board = BindingBoard::default();
+        let mut b = Binding::new(&board);
+        let fill = [
+            Request::Alloc { n: 1 },
+            Request::Insert {
+                tokens: vec![1],
+                pages: vec![0],
+                lock: false,
+            },
+            Request::SessionCommit {
+                session: "s".into(),
+                tokens: vec![1],
+                pages: vec![0],
+            },
+            Request::AllocState,
+            Request::Namespaced {
+                ns: "n".into(),
+                request: Box::new(Request::Insert {
+                    tokens: vec![1],
+                    pages: vec![0],
+                    lock: true,
+                }),
+            },
+        ];
+        let read = [
+            Request::Match {
+                tokens: vec![1],
+                lock: true,
+            },
+            Request::Lock { handle: 1 },
+            Request::Unlock { handle: 1 },
+            Request::Free { pages: vec![0] },
+            Request::Evict { tokens: 4 },
+            Request::Stats,
+            Request::SessionRelease {
+                session: "s".into(),
+            },
+        ];
+        // Unbound: everyone may do everything.
+        for r in fill.iter().chain(&read) {
+            assert_eq!(b.admits(9, r), Ok(()), "{r:?}");
+        }
+        let identity = format!("k={}", "v".repeat(MAX_POOL_IDENTITY - 2));
+        b.bind(3, &identity).unwrap();
+        for r in &fill {
+            let e = b.admits(9, r).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::NotPermitted, "{r:?}");
+            assert!(
+                e.message
+                    .starts_with(&format!("{} needs a binding", r.name())),
+                "{e}"
+            );
+            assert!(e.message.contains("\"op\":\"bind\""), "{e}");
+            assert!(
+                e.message.len() <= crate::wire::MIN_REPLY_WINDOW,
+                "{}",
+                e.message.len()
+            );
+            // The holder may.
+            assert_eq!(b.admits(3, r), Ok(()), "{r:?}");
+        }
+        for r in &read {
+            assert_eq!(b.admits(9, r), Ok(()), "{r:?}");
+        }
+        b.release(3);
+        assert_eq!(b.admits(9, &fill[0]), Ok(()));
     }
 
     #[test]

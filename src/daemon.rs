@@ -579,9 +579,10 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
 /// adopted, once its holder is provably gone. `Err` names corrupt shared
 /// data the engine met on the way (see `guarded`).
 ///
-/// The last holder of the pool's binding leaving unbinds it, and the
-/// cached prefixes go (evicted as `evict` evicts): the KV they index lived
-/// in the buffer that went with its last holder.
+/// The last holder of the pool's binding leaving unbinds it, and the tree
+/// is emptied (`Engine::drop_cached`: every client's locks and sessions,
+/// then every cached prefix, evicted as `evict` evicts): the KV they index
+/// lived in the buffer that went with its last holder.
 fn forget<R: crate::engine::Region>(
     engine: &mut Engine<R>,
     index: u32,
@@ -596,12 +597,10 @@ fn forget<R: crate::engine::Region>(
         guarded(|| engine.release_client(group))?;
     }
     if holds.binding.release(client_id(index)) == Released::Unbound {
-        let c = engine.components();
-        let all = |on: bool| if on { u64::MAX } else { 0 };
-        let (swa, mamba) = (all(c.swa.is_some()), all(c.mamba.is_some()));
-        // Cannot fail: only components the engine keeps are asked for.
-        guarded(|| engine.evict_components(u64::MAX, swa, mamba).map(|_| ()))?
-            .map_err(|e| format!("{CORRUPT}: {e}"))?;
+        // Every client's locks and sessions go too: a lock an unbound
+        // client took must not keep this buffer's pages cached for the
+        // next binder (its handle is `stale` now).
+        guarded(|| engine.drop_cached())?;
     }
     Ok(())
 }
@@ -846,10 +845,24 @@ fn answer<R: crate::engine::Region>(
                 }
                 if let Request::Bind { pool } = &request {
                     // The daemon's own state, not the engine's.
-                    return binding
-                        .bind(client, pool)
-                        .map(|holders| op::Reply::Bound { holders });
+                    let fresh = binding.identity().is_none();
+                    let holders = binding.bind(client, pool)?;
+                    if fresh {
+                        // A binding starts from an empty tree: what is
+                        // cached was cached under no buffer, or under one
+                        // gone (see `crate::binding`).
+                        if let Err(damage) = guarded(|| engine.drop_cached()) {
+                            *corrupt = Some(damage);
+                            return Err(Rejection::new(
+                                ErrorKind::Protocol,
+                                "the daemon found its engine corrupted and is stopping",
+                            ));
+                        }
+                    }
+                    return Ok(op::Reply::Bound { holders });
                 }
+                // A client that has not bound a bound pool may not fill it.
+                binding.admits(client, &request)?;
                 if let Request::Join(join) = &request {
                     let mut joined = groups.join(client, *alone, join, engine.page_size());
                     if let (Ok(op::Reply::Joined { joined, board, .. }), Some((index, _))) =

@@ -8,8 +8,10 @@
 //! sessions, as a client does), and every other rank's step `s` is checked
 //! against that one and answered the same: the same match, the same pages,
 //! the same evictions, the same handles. A rank whose step `s` differs is
-//! out of step: it gets [`ErrorKind::Desync`] naming the step and both
-//! operations, then and for every later step, never a different answer.
+//! out of step: it gets [`ErrorKind::Desync`] naming the step, what
+//! differs first (the op, or the first token position where the keys
+//! differ: [`first_difference`]) and both operations, then and for every
+//! later step, never a different answer.
 //!
 //! Each step is kept until every rank that can still read it has (a rank
 //! that has not joined yet included: it starts at step 0). A rank more than
@@ -505,13 +507,16 @@ impl Groups {
                 g.pop_read();
                 return result;
             }
-            let why = format!(
-                "rank {rank} of group {:?} is out of step at step {step}: it sent {} where rank {} sent {}",
-                g.key,
+            // What differs first, then both calls: a reply window keeps at
+            // least the first `MIN_REPLY_WINDOW` bytes of a message.
+            let why = fitted(format!(
+                "rank {rank} of group {} is out of step at step {step}: {}; it sent {} where rank {} sent {}",
+                clipped(&g.key),
+                first_difference(&request, &e.request, e.leader),
                 describe(&request),
                 e.leader,
                 describe(&e.request)
-            );
+            ));
             g.members[rank as usize].state = State::OutOfStep(why.clone());
             g.drop_reader(rank);
             return Err(Rejection::new(ErrorKind::Desync, why));
@@ -521,8 +526,8 @@ impl Groups {
             return Err(Rejection::new(
                 ErrorKind::GroupLag,
                 format!(
-                    "rank {rank} of group {:?} is at step {step}, rank {slow} at step {at}: {} steps ({} bytes) wait for it",
-                    g.key,
+                    "rank {rank} of group {} is at step {step}, rank {slow} at step {at}: {} steps ({} bytes) wait for it",
+                    clipped(&g.key),
                     g.log.len(),
                     g.bytes
                 ),
@@ -625,6 +630,148 @@ fn answer_words(result: &Result<Reply, Rejection>) -> usize {
     }
 }
 
+/// Bytes of a name (group key, session id, namespace) a message quotes.
+const CLIP: usize = 48;
+
+/// `name` quoted (escaped as `{:?}` does), cut to [`CLIP`] bytes with
+/// `...` when longer: a message stays short whatever the names.
+fn clipped(name: &str) -> String {
+    let quoted = format!("{name:?}");
+    if quoted.len() <= CLIP {
+        return quoted;
+    }
+    let mut end = CLIP;
+    while !quoted.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &quoted[..end])
+}
+
+/// `message` cut to the room every reply window has for one
+/// ([`crate::wire::MIN_REPLY_WINDOW`]), ending with `...` when cut: what a
+/// message puts first is what the wire carries, never cut by it.
+fn fitted(mut message: String) -> String {
+    let room = crate::wire::MIN_REPLY_WINDOW;
+    if message.len() > room {
+        let mut end = room - 3;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str("...");
+    }
+    message
+}
+
+/// The key, the pages and whether a lock is asked, of the requests that
+/// carry them.
+fn parts(request: &Request) -> (Option<&[u32]>, Option<&[u32]>, Option<bool>) {
+    match request {
+        Request::Insert {
+            tokens,
+            pages,
+            lock,
+        }
+        | Request::InsertWith {
+            tokens,
+            pages,
+            lock,
+            ..
+        } => (Some(tokens), Some(pages), Some(*lock)),
+        Request::SessionCommit { tokens, pages, .. } => (Some(tokens), Some(pages), None),
+        Request::Match { tokens, lock } | Request::MatchWith { tokens, lock } => {
+            (Some(tokens), None, Some(*lock))
+        }
+        Request::Walk { tokens } => (Some(tokens), None, None),
+        Request::Free { pages } | Request::FreeSwa { pages } | Request::SwaPages { pages } => {
+            (None, Some(pages), None)
+        }
+        _ => (None, None, None),
+    }
+}
+
+/// Where two lists first differ, as `the {what} first differ at {item} i
+/// (from 0): x here, y at rank {leader}`, or where one ends.
+fn first_position(what: &str, item: &str, ours: &[u32], led: &[u32], leader: u32) -> String {
+    match ours.iter().zip(led).position(|(a, b)| a != b) {
+        Some(i) => format!(
+            "the {what} first differ at {item} {i} (from 0): {} here, {} at rank {leader}",
+            ours[i], led[i]
+        ),
+        None => format!(
+            "the {what} agree on their first {} {item}s, then one ends: {} {item}s here, {} at rank {leader}",
+            ours.len().min(led.len()),
+            ours.len(),
+            led.len()
+        ),
+    }
+}
+
+/// What first differs between `ours`, a rank's call, and `led`, the call
+/// rank `leader` made at the same step: the namespace, the op, the first
+/// token position of the key, the first page, the lock, in that order,
+/// else the other arguments. Two keys of one length that differ at token
+/// 9 read the same in [`describe`]; here they do not.
+pub fn first_difference(ours: &Request, led: &Request, leader: u32) -> String {
+    fn unwrap(r: &Request) -> (Option<&str>, &Request) {
+        match r {
+            Request::Namespaced { ns, request } => (Some(ns.as_str()), &**request),
+            r => (None, r),
+        }
+    }
+    let ((ns, ours), (led_ns, led)) = (unwrap(ours), unwrap(led));
+    if ns != led_ns {
+        let shown = |ns: Option<&str>| ns.map_or_else(|| "none".to_owned(), clipped);
+        return format!(
+            "the namespaces differ: {} here, {} at rank {leader}",
+            shown(ns),
+            shown(led_ns)
+        );
+    }
+    if std::mem::discriminant(ours) != std::mem::discriminant(led) {
+        return if ours.name() == led.name() {
+            format!("another form of {} than rank {leader}'s", ours.name())
+        } else {
+            format!(
+                "another op: {} here, {} at rank {leader}",
+                ours.name(),
+                led.name()
+            )
+        };
+    }
+    let ((key, pages, lock), (led_key, led_pages, led_lock)) = (parts(ours), parts(led));
+    if let (Some(a), Some(b)) = (key, led_key) {
+        if a != b {
+            return first_position("keys", "token", a, b, leader);
+        }
+    }
+    if let (Some(a), Some(b)) = (pages, led_pages) {
+        if a != b {
+            return first_position("pages", "page", a, b, leader);
+        }
+    }
+    if lock != led_lock {
+        let asks = |l: Option<bool>| {
+            if l == Some(true) {
+                "locks"
+            } else {
+                "does not lock"
+            }
+        };
+        return format!(
+            "the same key, but this call {} and rank {leader}'s {}",
+            asks(lock),
+            asks(led_lock)
+        );
+    }
+    let same = if key.is_some() {
+        "the same op and key"
+    } else {
+        "the same op"
+    };
+    format!("{same} as rank {leader}'s, other arguments")
+}
+
 /// A request in a few words, for an out-of-step error: its op and sizes,
 /// and the first tokens of its key.
 pub fn describe(request: &Request) -> String {
@@ -670,11 +817,15 @@ pub fn describe(request: &Request) -> String {
         } => format!("evict of {tokens} tokens, {swa_tokens} SWA tokens, {mamba_states} states"),
         Request::SessionCommit {
             session, tokens, ..
-        } => format!("session_commit of {session:?} with {}", key(tokens)),
-        Request::SessionRelease { session } => format!("session_release of {session:?}"),
-        Request::SessionStatus { session } => format!("session_status of {session:?}"),
+        } => format!(
+            "session_commit of {} with {}",
+            clipped(session),
+            key(tokens)
+        ),
+        Request::SessionRelease { session } => format!("session_release of {}", clipped(session)),
+        Request::SessionStatus { session } => format!("session_status of {}", clipped(session)),
         Request::Namespaced { ns, request } => {
-            format!("{} in namespace {ns:?}", describe(request))
+            format!("{} in namespace {}", describe(request), clipped(ns))
         }
         other => other.name().to_owned(),
     }
@@ -682,3 +833,128 @@ pub fn describe(request: &Request) -> String {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod desync_messages {
+    use super::*;
+    use crate::engine::{Config, Engine};
+    use crate::op::apply;
+
+    fn m(tokens: Vec<u32>) -> Request {
+        Request::Match {
+            tokens,
+            lock: false,
+        }
+    }
+
+    #[test]
+    fn the_first_difference_is_named() {
+        let led: Vec<u32> = (0..16).collect();
+        let mut ours = led.clone();
+        ours[9] = 900;
+        let said = |a: &Request, b: &Request| first_difference(a, b, 0);
+        assert_eq!(
+            said(&m(ours), &m(led.clone())),
+            "the keys first differ at token 9 (from 0): 900 here, 9 at rank 0"
+        );
+        assert_eq!(
+            said(&m(led[..12].to_vec()), &m(led.clone())),
+            "the keys agree on their first 12 tokens, then one ends: 12 tokens here, 16 at rank 0"
+        );
+        let insert = |pages: Vec<u32>, lock| Request::Insert {
+            tokens: led.clone(),
+            pages,
+            lock,
+        };
+        assert_eq!(
+            said(
+                &insert(vec![1, 2, 3, 4], false),
+                &insert(vec![1, 2, 7, 4], false)
+            ),
+            "the pages first differ at page 2 (from 0): 3 here, 7 at rank 0"
+        );
+        assert_eq!(
+            said(&insert(vec![1], true), &insert(vec![1], false)),
+            "the same key, but this call locks and rank 0's does not lock"
+        );
+        let ns = |name: &str, r: Request| Request::Namespaced {
+            ns: name.to_owned(),
+            request: Box::new(r),
+        };
+        assert_eq!(
+            said(&ns("a", m(vec![1])), &m(vec![1])),
+            "the namespaces differ: \"a\" here, none at rank 0"
+        );
+        assert_eq!(
+            said(&ns("a", m(vec![1, 5])), &ns("a", m(vec![1, 6]))),
+            "the keys first differ at token 1 (from 0): 5 here, 6 at rank 0"
+        );
+        assert_eq!(
+            said(&Request::Stats, &Request::Alloc { n: 1 }),
+            "another op: stats here, alloc at rank 0"
+        );
+        let with = Request::MatchWith {
+            tokens: vec![1],
+            lock: false,
+        };
+        assert_eq!(
+            said(&with, &m(vec![1])),
+            "another form of match than rank 0's"
+        );
+        assert_eq!(
+            said(&Request::Evict { tokens: 8 }, &Request::Evict { tokens: 4 }),
+            "the same op as rank 0's, other arguments"
+        );
+    }
+
+    /// The longest names there are (group key, session id, namespace) and
+    /// the largest numbers: the message still fits a reply window, what
+    /// differs whole.
+    #[test]
+    fn a_desync_fits_a_reply_window_whatever_the_names() {
+        let mut e = Engine::new(Config {
+            page_size: 4,
+            capacity: 64,
+        })
+        .unwrap();
+        let mut g = Groups::new();
+        let key = "k".repeat(MAX_GROUP_KEY);
+        for rank in [0, 1] {
+            let join = Join {
+                group: key.clone(),
+                rank,
+                size: 2,
+                page_size: 4,
+            };
+            g.join(rank, false, &join, 4).unwrap();
+        }
+        let commit = |last: u32| Request::Namespaced {
+            ns: "n".repeat(256),
+            request: Box::new(Request::SessionCommit {
+                session: "s".repeat(crate::op::MAX_SESSION_ID),
+                tokens: vec![u32::MAX - 1, u32::MAX, u32::MAX, u32::MAX, last],
+                pages: vec![u32::MAX; 1],
+            }),
+        };
+        let mut run = |rank, r| {
+            g.step(rank, r, |c, r| apply(&mut e, c, r))
+                .expect("a member")
+        };
+        let _ = run(0, commit(7));
+        let err = run(1, commit(u32::MAX)).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Desync);
+        assert!(
+            err.message.len() <= crate::wire::MIN_REPLY_WINDOW,
+            "{}",
+            err.message.len()
+        );
+        assert!(
+            err.message.contains(&format!(
+                "the keys first differ at token 4 (from 0): {} here, 7 at rank 0",
+                u32::MAX
+            )),
+            "{err}"
+        );
+        assert!(err.message.ends_with("..."), "{err}");
+    }
+}

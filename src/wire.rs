@@ -162,8 +162,16 @@ const FLAG_NS: u32 = 16;
 /// Largest answer payload carried in the reply record itself.
 pub const INLINE_BYTES: usize = 8;
 
-/// Room a client leaves for an error message.
+/// Room a client leaves for an error message: every reply window has at
+/// least this much, and the daemon's messages for ops other than `bind`
+/// and `join` fit it (what to act on first, cut by their maker, never by
+/// the wire: see `group::first_difference`, `binding::Binding::admits`).
 pub const MIN_REPLY_WINDOW: usize = 512;
+
+/// Longest error message a reply carries, and the reply window of a `bind`
+/// or `join`: their refusals (the keys two pool identities differ in, a
+/// group key) name what to do, and arrive whole.
+pub const MAX_ERROR_MESSAGE: usize = 4096;
 
 /// The handle a request locks by itself (`lock`), whose lock a client
 /// must give back if the answer comes too late for its caller; locks taken
@@ -576,7 +584,11 @@ impl<'a> Call<'a> {
             e.record.payload_len = e.payload_len() as u32;
             return e;
         }
-        let reply_need = self.reply_need(page_size, capacity).max(MIN_REPLY_WINDOW);
+        let message_room = match self {
+            Self::Bind(_) | Self::Join(_) => MAX_ERROR_MESSAGE,
+            _ => MIN_REPLY_WINDOW,
+        };
+        let reply_need = self.reply_need(page_size, capacity).max(message_room);
         let lock = |lock: bool| if lock { FLAG_LOCK } else { 0 };
         let none: &[u32] = &[];
         // (op, arg, flags, tokens, pages, session)
@@ -1269,7 +1281,8 @@ impl<P: Payload + ?Sized> Payload for Prefix<'_, P> {
 /// the bytes for its window of `room` bytes; a payload of at most
 /// [`INLINE_BYTES`] goes into the record instead, leaving `payload` empty.
 /// Only an error message can outgrow a window whose room was checked
-/// against [`reply_need`]: it is cut, never inside a character.
+/// against [`reply_need`]: it is cut to the room (at most
+/// [`MAX_ERROR_MESSAGE`]), never inside a character.
 pub fn encode_reply(
     seq: u64,
     result: &Result<Reply, Rejection>,
@@ -1284,7 +1297,7 @@ pub fn encode_reply(
     match result {
         Err(rejection) => {
             w.status = rejection.kind as u32;
-            let message = utf8_prefix(&rejection.message, room.min(MIN_REPLY_WINDOW));
+            let message = utf8_prefix(&rejection.message, room.min(MAX_ERROR_MESSAGE));
             payload.extend_from_slice(message.as_bytes());
         }
         Ok(Reply::Pages(pages)) => {

@@ -1,7 +1,7 @@
 //! One daemon, one KV pool, through the real daemon: the first client that
 //! binds a KV buffer binds the pool, a client of another buffer is refused
-//! (`pool_mismatch`, with what to do), clients that bind nothing are not
-//! asked, garbage changes nothing, and the binding goes with its last
+//! (`pool_mismatch`, with what to do), clients that bind nothing read
+//! beside it, garbage changes nothing, and the binding goes with its last
 //! holder (disconnected or SIGKILLed), its cached prefixes with it, so a
 //! restarted server binds again. `radixd stat` shows it all.
 
@@ -92,14 +92,15 @@ fn a_bound_pool_refuses_another_buffer_and_is_freed_by_its_last_holder() {
         &[&format!("pool        bound to {a} (2 clients bound)")],
     );
 
-    // A client that binds nothing works as before, beside the binding.
+    // A client that binds nothing reads beside the binding (filling the
+    // pool is for binders: tests/binding_scope.rs).
     let mut guest = Client::connect(&daemon.name).unwrap();
-    let pages = guest.alloc(2).unwrap();
-    guest
+    let pages = second.alloc(2).unwrap();
+    second
         .insert(&[1, 2, 3, 4, 5, 6, 7, 8], &pages, false)
         .unwrap();
     assert_eq!(
-        second
+        guest
             .match_prefix(&[1, 2, 3, 4, 5, 6, 7, 8], false)
             .unwrap()
             .len,

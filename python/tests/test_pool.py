@@ -1,7 +1,7 @@
 """One daemon, one KV pool: ``radixd.Client(name, pool=...)`` binds the
 daemon's pool to a KV buffer; a client of another buffer is refused with
-``radixd.PoolMismatchError`` saying what to do; unbound clients are not
-asked; the binding goes with its last holder (closed or killed)."""
+``radixd.PoolMismatchError`` saying what to do; unbound clients read beside
+the binding; the binding goes with its last holder (closed or killed)."""
 
 from __future__ import annotations
 
@@ -39,12 +39,15 @@ def test_the_first_binder_binds_and_another_buffer_is_refused(daemon):
                        "uuid (bound GPU-aaaa, this client GPU-bbbb)"):
             assert needle in e.message, e.message
 
-        # A client that binds nothing works as before.
+        # A client that binds nothing reads beside the binding, but does not
+        # fill the pool (test_pool_scope.py).
         with daemon.client() as guest:
             assert guest.pool is None
-            pages = guest.alloc(2)
-            guest.insert(list(range(8)), pages)
-            assert a.match_prefix(list(range(8))).len == 8
+            pages = a.alloc(2)
+            a.insert(list(range(8)), pages)
+            assert guest.match_prefix(list(range(8))).len == 8
+            with pytest.raises(radixd.NotPermittedError, match="bind"):
+                guest.alloc(2)
 
             # Bad identities: a typed error before anything is sent, and the
             # binding as it was.

@@ -88,7 +88,9 @@ def test_allocator_hands_out_radixd_pages(start_daemon, monkeypatch):
     cache = radixd_cache_factory(build_context(p))
     assert isinstance(cache, RadixdPrefixCache) and cache.token_to_kv_pool_allocator is alloc
     assert alloc.available_size() == 8 * 16
-    with radixd.Client(d.name) as other:
+    # Another process of the same KV buffer: it binds the scheduler's pool
+    # (an unbound client may not fill a bound pool).
+    with radixd.Client(d.name, pool=cache.backend.pool) as other:
         taken = other.alloc(3)
         assert alloc.available_size() == 5 * 16  # one pool, shared
         out = alloc.alloc(32)

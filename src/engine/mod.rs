@@ -1253,6 +1253,33 @@ impl<R: Region> Engine<R> {
         self.arena.hy_release_states(client);
     }
 
+    /// Empties the tree but keeps what clients own: every lock and session
+    /// of every client goes (their handles name evicted nodes afterwards:
+    /// `stale`), then every cached page is evicted as `evict` evicts (KV
+    /// events report them removed), with the SWA pages and states the tree
+    /// held. Owned pages and state slots stay their owners'. What a daemon
+    /// does when its pool's binding changes: the KV the cached pages index
+    /// lived in another buffer than the next binder's.
+    pub fn drop_cached(&mut self) {
+        let mut with_sessions: Vec<ClientId> = self.sessions.values().map(|s| s.client).collect();
+        with_sessions.sort_unstable();
+        with_sessions.dedup();
+        for client in with_sessions {
+            self.release_client_sessions(client);
+        }
+        let held: Vec<((ClientId, u32), u32)> = self.locks.drain().collect();
+        for ((client, node), count) in held {
+            for _ in 0..count {
+                let serial = self.take_serial(client, node, None);
+                self.arena.unlock_path(node, serial);
+            }
+        }
+        let c = self.components();
+        let all = |on: bool| if on { u64::MAX } else { 0 };
+        // Cannot fail: only the components this engine keeps are asked for.
+        let _ = self.evict_components(u64::MAX, all(c.swa.is_some()), all(c.mamba.is_some()));
+    }
+
     /// Empties the cache: every page free, every lock and handle gone.
     pub fn reset(&mut self) {
         self.arena.format();

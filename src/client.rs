@@ -23,11 +23,12 @@ use radixd_ipc::{
 use crate::binding::{BindingBoard, BoardError, PoolBinding, PoolIdentity};
 use crate::engine::{
     Anchor, ComponentStats, Components, Evicted, Handle, InsertExtra, InsertedExtra, MatchExtra,
-    Peeked, Stats, TreeReader, Usable,
+    Peeked, Recency, Stats, TreeReader, Usable,
 };
 use crate::op::{ErrorKind, Join, Rejection, Reply, Request};
 use crate::shared::{
-    read_components, read_info, Info, LiveStats, SharedLayout, PROTOCOL_VERSION, RING_CAPACITY,
+    read_components, read_info, read_recency, Info, LiveStats, SharedLayout, PROTOCOL_VERSION,
+    RING_CAPACITY,
 };
 use crate::wire::{self, BadReply, Call, WireReply, WireRequest};
 
@@ -185,6 +186,8 @@ pub struct Client {
     layout: SharedLayout,
     /// The components the daemon's engine keeps (from `Info`).
     components: Components,
+    /// What a split counts as a use of in the daemon's engine (from `Info`).
+    recency: Recency,
     slot: u32,
     /// Generation of this client's claim: the high half of every `seq`, so
     /// the daemon drops records of another holder of the slot.
@@ -368,6 +371,7 @@ impl Client {
         }
         let config = read_info(info).ok_or(ClientError::LayoutMismatch)?;
         let components = read_components(info).ok_or(ClientError::LayoutMismatch)?;
+        let recency = read_recency(info).ok_or(ClientError::LayoutMismatch)?;
         let layout = SharedLayout::new(config).map_err(|_| ClientError::LayoutMismatch)?;
         if layout.ipc.hash != segment.info().layout_hash || layout.ipc.total_size != segment.len() {
             return Err(ClientError::LayoutMismatch);
@@ -389,6 +393,7 @@ impl Client {
             segment,
             layout,
             components,
+            recency,
             slot: claim.index,
             generation: claim.generation,
             next: 0,
@@ -464,6 +469,12 @@ impl Client {
     /// The components the daemon's engine keeps beside FULL.
     pub fn components(&self) -> Components {
         self.components
+    }
+
+    /// What a split counts as a use of in the daemon's engine
+    /// (`radixd serve --recency`): SGLang's rule answers as SGLang's trees.
+    pub fn recency(&self) -> Recency {
+        self.recency
     }
 
     /// The `seq` of the request `n` requests after the next one.

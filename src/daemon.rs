@@ -296,6 +296,7 @@ pub fn serve_reporting(
         .map_err(ServeError::Region)?;
     write_info(info, &seg_config);
     write_components(info, &engine.components());
+    crate::shared::write_recency(info, engine.recency());
     publish_figures(live, &engine);
     // Release: publishes the configuration and the formatted engine; pairs
     // with the Acquire load of `ready` in `Client::connect`.

@@ -26,7 +26,8 @@ use radixd_ipc::{
 pub use crate::binding::{BindingBoard, BINDING_BYTES};
 use crate::engine::layout::ENGINE_VERSION;
 use crate::engine::{
-    ComponentStats, Components, EngineLayout, MambaConfig, Region, Stats, SwaConfig, REGION_ALIGN,
+    ComponentStats, Components, EngineLayout, MambaConfig, Recency, Region, Stats, SwaConfig,
+    REGION_ALIGN,
 };
 pub use crate::readers::{SharedGrace, ShmGrace};
 use crate::wire::{WireReply, WireRequest};
@@ -63,13 +64,22 @@ pub struct Info {
     /// Bytes of the store's data region (`--store`; 0: no store). Its
     /// file is `/dev/shm/<name>.store`, ready before `serving`.
     pub store_bytes: AtomicU64,
-    pub _reserved: [AtomicU64; 20],
+    /// What a split counts as a use of (`--recency`): [`RECENCY_EXACT`]
+    /// (0, what a daemon that predates the field leaves) or
+    /// [`RECENCY_SGLANG`]. Backends that answer as SGLang read it.
+    pub recency: AtomicU64,
+    pub _reserved: [AtomicU64; 19],
 }
 
 /// Bit of [`Info::components`]: SWA is on.
 pub const COMPONENT_SWA: u64 = 1;
 /// Bit of [`Info::components`]: MAMBA is on.
 pub const COMPONENT_MAMBA: u64 = 2;
+
+/// [`Info::recency`] of [`Recency::Exact`].
+pub const RECENCY_EXACT: u64 = 0;
+/// [`Info::recency`] of [`Recency::Sglang`].
+pub const RECENCY_SGLANG: u64 = 1;
 
 const _: () = assert!(size_of::<Info>() as u64 == INFO_BYTES);
 
@@ -458,6 +468,27 @@ pub fn read_components(info: &Info) -> Option<Components> {
     c.check().ok().map(|()| c)
 }
 
+/// Writes the engine's `recency` into `info` (before `serving`).
+pub fn write_recency(info: &Info, recency: Recency) {
+    let word = match recency {
+        Recency::Exact => RECENCY_EXACT,
+        Recency::Sglang => RECENCY_SGLANG,
+    };
+    // Relaxed: published by the Release store of `serving`.
+    info.recency.store(word, Ordering::Relaxed);
+}
+
+/// Reads the recency from a serving `info`; `None` for a word that names
+/// no rule.
+pub fn read_recency(info: &Info) -> Option<Recency> {
+    // Relaxed: the caller's Acquire load of `serving` ordered it.
+    match info.recency.load(Ordering::Relaxed) {
+        RECENCY_EXACT => Some(Recency::Exact),
+        RECENCY_SGLANG => Some(Recency::Sglang),
+        _ => None,
+    }
+}
+
 /// The engine region inside a mapped segment (daemon side).
 pub struct ShmRegion<'s> {
     ptr: NonNull<u8>,
@@ -575,5 +606,19 @@ mod tests {
         assert_eq!(read_components(&info), None);
         info.swa_window.store(1 << 40, Ordering::Relaxed);
         assert_eq!(read_components(&info), None);
+    }
+
+    #[test]
+    fn recency_round_trips_through_info_and_garbage_is_refused() {
+        let info = Info::default();
+        // A daemon that never wrote the word (zeroed) runs exact.
+        assert_eq!(read_recency(&info), Some(Recency::Exact));
+        for r in Recency::ALL {
+            write_recency(&info, r);
+            assert_eq!(read_recency(&info), Some(r));
+        }
+        // Relaxed: one thread writes and reads it.
+        info.recency.store(2, Ordering::Relaxed);
+        assert_eq!(read_recency(&info), None);
     }
 }

@@ -8,8 +8,10 @@ use radixd_ipc::sync::Ordering;
 use radixd_ipc::{Offset, Segment, INFO_OFFSET};
 
 use crate::binding::{BindingBoard, BoardError};
-use crate::engine::TreeReader;
-use crate::shared::{bucket_floor, read_components, read_info, Info, LiveStats, SharedLayout};
+use crate::engine::{Recency, TreeReader};
+use crate::shared::{
+    bucket_floor, read_components, read_info, read_recency, Info, LiveStats, SharedLayout,
+};
 
 /// Why the figures could not be read.
 #[derive(Debug)]
@@ -133,6 +135,7 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
     }
     let config = read_info(info).ok_or_else(|| unreadable(&"bad configuration"))?;
     let components = read_components(info).ok_or_else(|| unreadable(&"bad components"))?;
+    let recency = read_recency(info).ok_or_else(|| unreadable(&"bad recency"))?;
     let layout = SharedLayout::new(config).map_err(|e| unreadable(&e))?;
     if layout.ipc.hash != segment.info().layout_hash {
         return Err(unreadable(&"layout mismatch"));
@@ -169,8 +172,13 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
     } else {
         format!(", components {}", components.names())
     };
+    // The default (exact) prints as it always did, as `serve` announces it.
+    let rule = match recency {
+        Recency::Exact => "",
+        Recency::Sglang => ", sglang recency",
+    };
     println!(
-        "config      page size {}, {} pages, {} client slots{named}",
+        "config      page size {}, {} pages, {} client slots{named}{rule}",
         config.page_size, config.capacity, config.clients
     );
     println!("pool        {}", pool_line(&segment, &layout));

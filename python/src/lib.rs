@@ -809,6 +809,8 @@ pub struct Client {
     capacity: u32,
     /// The daemon's components (fixed for its lifetime).
     components: Components,
+    /// The daemon's recency rule (fixed for its lifetime).
+    recency: Recency,
     /// The KV buffer this client bound the pool to, canonical.
     pool: Option<String>,
     /// The store namespaces this client registered (`store_namespace`).
@@ -887,6 +889,7 @@ cache_methods! {
                 page_size: client.page_size(),
                 capacity: client.capacity(),
                 components: client.components(),
+                recency: client.recency(),
                 inner: Mutex::new(Some(client)),
                 name: name.to_owned(),
                 pool: pool.map(|p| p.as_str().to_owned()),
@@ -954,6 +957,13 @@ cache_methods! {
         #[getter]
         fn capacity(&self) -> u32 {
             self.capacity
+        }
+
+        /// What a split counts as a use of in the daemon's engine
+        /// (`radixd serve --recency`): `"exact"` or `"sglang"`.
+        #[getter]
+        fn recency(&self) -> &'static str {
+            self.recency.name()
         }
 
         /// Whether `close()` was called.

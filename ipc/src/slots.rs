@@ -355,7 +355,10 @@ impl<'a, L: SlotLocks> SlotTable<'a, L> {
             return Ok(None);
         }
         // Acquire: pairs with the Release CAS of `release`/`reclaim`, so the
-        // previous owner's (and the daemon's cleanup) accesses are done.
+        // previous owner's (and the daemon's cleanup) accesses are done, and
+        // its store to `released` precedes ours in that word's order (else
+        // the daemon may read the older generation as the latest; loom:
+        // `a_claim_orders_the_last_release_before_its_own`).
         let word = slot.word.load(Ordering::Acquire);
         let (generation, state) = unpack(word);
         let claim = Claim {
@@ -417,7 +420,8 @@ impl<'a, L: SlotLocks> SlotTable<'a, L> {
         self.locks.unlock(claim.index)?;
         // Relaxed: published by the Release CAS below, and on to the daemon
         // by the next claimant's CASes (read-modify-writes that continue its
-        // release sequence) up to the Acquire load in `word`.
+        // release sequence) up to the Acquire load in `word` (loom:
+        // `a_release_reaches_the_daemon_with_the_next_claim`).
         slot.released
             .store(u64::from(claim.generation), Ordering::Relaxed);
         let free = pack(claim.generation.wrapping_add(1), FREE);

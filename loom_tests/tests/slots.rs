@@ -14,6 +14,14 @@
 //!   slot with a request queued while the daemon is mid-drain, and a new
 //!   client claims the slot: no record of the old holder runs for the new
 //!   one, and the new one is served.
+//! * `a_release_reaches_the_daemon_with_the_next_claim` and
+//!   `a_claim_orders_the_last_release_before_its_own`: what a release
+//!   publishes (`released`, stored after the lock is dropped) reaches the
+//!   daemon through the next claim, and a claimant's own release comes
+//!   after the previous one's, so the daemon adopts a claim made over the
+//!   claim it serves at first sight. The clients there run in threads of
+//!   their own (processes: one acquires nothing from another but through
+//!   the slot word).
 //!
 //! Mutations checked (each made temporarily in `ipc/src/slots.rs`, run at
 //! `LOOM_MAX_PREEMPTIONS=2`, then reverted):
@@ -33,6 +41,15 @@
 //! * `RingHeader::reset` (in `ipc/src/ring.rs`) leaving the entries'
 //!   stamps: caught by both (a stale stamp would let the new holder's
 //!   consumer take the old holder's message for its own first one).
+//! * `release`'s CAS to FREE Relaxed instead of Release: caught by both
+//!   `released` models (the daemon reads the generation from before the
+//!   release and leaves the next claim unadopted).
+//! * the claim's Acquire load and CAS both Relaxed: caught by
+//!   `a_claim_orders_the_last_release_before_its_own` (B's store to
+//!   `released` precedes A's in its modification order). Either one alone
+//!   Relaxed passes, rightly: the CAS succeeds only on the very store the
+//!   load read (every transition changes the word), so one Acquire of it
+//!   is enough.
 //!
 //! Not caught, by design: dropping the daemon's re-read of the slot word
 //! after a pop, or its check of a record's generation. Neither is needed
@@ -50,9 +67,11 @@
 
 use loom_tests::explore;
 
-use radixd_ipc::slots::{ClaimStep, ACTIVE, FREE};
+use radixd_ipc::slots::{ClaimStep, ACTIVE, CLAIMED, FREE};
 use radixd_ipc::sync::{yield_now, Arc, Mutex};
-use radixd_ipc::{Claim, ClientSlot, HeapRing, LivenessError, SlotLocks, SlotTable, Tenancy};
+use radixd_ipc::{
+    Claim, ClaimError, ClientSlot, HeapRing, LivenessError, SlotLocks, SlotTable, Tenancy,
+};
 
 /// Kernel-lock model: `held[i]` is the id of the party holding slot i's
 /// lock (0: none), behind one mutex, as the kernel's lock table is.
@@ -421,4 +440,175 @@ fn handover_with_a_request_queued() {
         // release instead of being reset away).
         met_a
     });
+}
+
+/// Generations of one slot's claims in the `released` models: A's (adopted
+/// in the setup), B's and C's; each claim and each return to FREE bumps
+/// the generation.
+const GEN_A: u32 = 1;
+const GEN_B: u32 = 3;
+const GEN_C: u32 = 5;
+
+/// Client A, holding the slot at `GEN_A` and adopted by `d` (the setup of
+/// both `released` models).
+fn adopted_a(slots: &'static [ClientSlot], kernel: &Arc<Kernel>) -> (Claim, Daemon) {
+    let a = SlotTable::new(
+        slots,
+        Party {
+            me: 1,
+            kernel: kernel.clone(),
+        },
+    );
+    let claim = a.claim(1).unwrap();
+    assert_eq!(claim.generation, GEN_A);
+    let mut d = Daemon::new(slots, kernel);
+    assert!(d.round(&mut |_| {}));
+    (claim, d)
+}
+
+/// Claims the slot as party `me`, waiting (as a client that retries)
+/// while it is taken.
+fn claim_when_free(slots: &'static [ClientSlot], kernel: &Arc<Kernel>, me: u32) -> Claim {
+    let t = SlotTable::new(
+        slots,
+        Party {
+            me,
+            kernel: kernel.clone(),
+        },
+    );
+    loop {
+        match t.claim(me) {
+            Ok(claim) => return claim,
+            Err(ClaimError::Full) => yield_now(),
+            Err(e) => panic!("claim: {e}"),
+        }
+    }
+}
+
+/// The daemon settles the word it just read; whenever that is a claim
+/// over the claim it serves, asserts that it adopts it at first sight
+/// (no client dies and no word is forged in these models, so such a
+/// claim always follows the served claim's release, and `released` must
+/// show that). Returns the word and whether it was such a claim.
+fn settle_asserting_adoption(d: &mut Daemon) -> ((u32, u32), bool) {
+    let word = d.table.word(0).unwrap();
+    let before = d.tenancy.owner();
+    let over = word.1 == CLAIMED && before.is_some_and(|g| g != word.0);
+    let forgotten = &mut d.forgotten;
+    d.tenancy
+        .settle(&d.table, 0, word, true, &mut || *forgotten += 1, &mut || {});
+    if over {
+        assert_ne!(
+            d.tenancy.owner(),
+            before,
+            "claim {word:?} left unadopted over {before:?}: the release not seen in `released`"
+        );
+    }
+    (word, over)
+}
+
+/// What `release` publishes: it stores the generation it ends in
+/// `released` (Relaxed) after dropping the lock and before its Release CAS
+/// to FREE; the next claimant's CASes continue that release sequence up to
+/// the daemon's Acquire load of the word, which then shows the release.
+/// A releases in a thread of its own, B claims in another once A has let
+/// go (it waits on the lock and the word, nothing else), and the daemon
+/// looks once B's claim is made. With `release`'s CAS Relaxed the daemon
+/// may read `released` from before A's release and leave B unadopted (and
+/// B waiting) on a release that happened.
+#[test]
+fn a_release_reaches_the_daemon_with_the_next_claim() {
+    explore(
+        "a_release_reaches_the_daemon_with_the_next_claim",
+        40,
+        || {
+            let slots = one_slot();
+            let kernel = Kernel::new(1);
+            let (claim_a, mut d) = adopted_a(slots, &kernel);
+            let k = kernel.clone();
+            let a = loom::thread::spawn(move || {
+                let a = SlotTable::new(slots, Party { me: 1, kernel: k });
+                a.release(claim_a).unwrap();
+            });
+            let k = kernel.clone();
+            let b = loom::thread::spawn(move || claim_when_free(slots, &k, 2));
+            assert_eq!(b.join().unwrap().generation, GEN_B);
+            // B's claim is made (joined: its own steps are ordered before the
+            // daemon's look), A's thread is not joined: only the slot word
+            // carries A's release to the daemon.
+            let (word, over) = settle_asserting_adoption(&mut d);
+            assert_eq!(word, (GEN_B, CLAIMED));
+            assert_eq!(
+                d.table.raw_word(0),
+                Some((GEN_B, ACTIVE)),
+                "B's claim not adopted"
+            );
+            a.join().unwrap();
+            // On the path: every execution (B's claim over A's, A released).
+            over
+        },
+    );
+}
+
+/// What a claim's Acquire orders: the previous holder's store to
+/// `released` before the claimant's own, later one. B claims in a thread
+/// of its own once A (the main thread, after B's spawn) has released; the
+/// daemon (the main thread too) adopts B if it sees B's claim, B releases
+/// without waiting for its adoption (a connect that timed out), and C (the
+/// main thread again) claims. Finding C's claim over B's, the daemon must
+/// read B's generation in `released`. With the claim's Acquire load and
+/// CAS Relaxed, B's store may precede A's in `released`'s modification
+/// order (nothing orders them: B acquired nothing from A, and A's store
+/// comes after its unlock), the daemon may read A's generation as the
+/// latest, and C is left unadopted. (The daemon and clients A and C share
+/// one thread: that only adds orderings, so a failure is never the
+/// model's artifact.)
+#[test]
+fn a_claim_orders_the_last_release_before_its_own() {
+    explore(
+        "a_claim_orders_the_last_release_before_its_own",
+        100,
+        || {
+            let slots = one_slot();
+            let kernel = Kernel::new(1);
+            let (claim_a, mut d) = adopted_a(slots, &kernel);
+            let k = kernel.clone();
+            let b = loom::thread::spawn(move || {
+                let claim = claim_when_free(slots, &k, 2);
+                let b = SlotTable::new(slots, Party { me: 2, kernel: k });
+                b.release(claim).unwrap();
+            });
+            let a = SlotTable::new(
+                slots,
+                Party {
+                    me: 1,
+                    kernel: kernel.clone(),
+                },
+            );
+            a.release(claim_a).unwrap();
+            // The daemon looks until it has seen B's claim (adopting it if it
+            // is still CLAIMED) or its end.
+            loop {
+                if d.table.word(0).unwrap().0 >= GEN_B {
+                    settle_asserting_adoption(&mut d);
+                    break;
+                }
+                yield_now();
+            }
+            let claim_c = claim_when_free(slots, &kernel, 3);
+            assert_eq!(claim_c.generation, GEN_C);
+            let b_served = d.tenancy.owner() == Some(GEN_B);
+            let (word, _) = settle_asserting_adoption(&mut d);
+            assert_eq!(word, (GEN_C, CLAIMED));
+            assert_eq!(
+                d.table.raw_word(0),
+                Some((GEN_C, ACTIVE)),
+                "C's claim not adopted"
+            );
+            b.join().unwrap();
+            // On the path: the daemon adopted B before B's release, and so
+            // found C's claim over B's.
+            b_served
+        },
+    );
 }

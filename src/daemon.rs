@@ -281,10 +281,15 @@ pub fn serve_reporting(
         .map_err(ServeError::Region)?;
     let grace = SharedGrace::new(grace);
     engine.set_grace(Box::new(grace.clone()));
-    let kv_store = store::open(config, &grace, info)?;
+    let mut kv_store = store::open(config, &grace, info)?;
     let (_, readers) = layout.readers(&segment).map_err(ServeError::Region)?;
-    let mut events = crate::events::Events::start(config.events.as_ref(), &mut engine, live)
-        .map_err(ServeError::Events)?;
+    let mut events = crate::events::Events::start(
+        config.events.as_ref(),
+        &mut engine,
+        kv_store.as_mut().map(|s| &mut s.index),
+        live,
+    )
+    .map_err(ServeError::Events)?;
     let mut peers = (0..config.max_clients)
         .map(|i| peer(&segment, &layout, readers, i))
         .collect::<Result<Vec<_>, _>>()?;
@@ -344,6 +349,7 @@ pub fn serve_reporting(
             let holds = Holds {
                 binding: &mut service.binding,
                 groups: &mut service.groups,
+                store: service.store.as_mut(),
             };
             peer.serving = adopt(&mut engine, peer, &slots, index, word, live, holds);
             if !peer.serving || peer.broken {
@@ -360,7 +366,8 @@ pub fn serve_reporting(
             guarded(|| engine.reclaim()).map_err(ServeError::Corrupted)?;
         }
         store::tidy(service.store.as_mut(), &peers, false);
-        events.after_requests(&mut engine, live);
+        let kv_index = service.store.as_mut().map(|s| &mut s.index);
+        events.after_requests(&mut engine, kv_index, live);
         // Relaxed: the daemon wrote this gauge itself (in `adopt`/`forget`).
         let clients = live.clients.load(Ordering::Relaxed);
         load.set_peers(clients.saturating_add(1));
@@ -399,6 +406,7 @@ pub fn serve_reporting(
             let holds = Holds {
                 binding: &mut service.binding,
                 groups: &mut service.groups,
+                store: service.store.as_mut(),
             };
             sweep(&mut engine, &mut peers, &slots, live, holds);
             store::tidy(service.store.as_mut(), &peers, true);
@@ -544,6 +552,7 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
         ..
     } = peer;
     let before = tenancy.owner();
+    let mut kv_store = holds.store.take();
     let served = tenancy.settle(
         slots,
         index,
@@ -565,6 +574,9 @@ fn adopt<R: crate::engine::Region, L: SlotLocks>(
             *deferred = None;
             *alone = false;
             *broken = false;
+            // Before the client sees its claim served: it reads the store
+            // only after that.
+            store::claimed(kv_store.as_deref_mut(), index);
         },
     );
     if served && tenancy.owner() != before {
@@ -611,6 +623,8 @@ fn forget<R: crate::engine::Region>(
 struct Holds<'a, 's> {
     binding: &'a mut Binding<'s>,
     groups: &'a mut Groups,
+    /// The store, whose per-client counters restart with each claim.
+    store: Option<&'a mut crate::store::StoreFile>,
 }
 
 /// What the daemon counts while it serves, in its own memory: nothing on

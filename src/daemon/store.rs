@@ -46,6 +46,14 @@ pub(super) fn answer(
     .map(Reply::Store)
 }
 
+/// A client's claim of slot `slot` is about to be served: its store
+/// counters restart from zero (issue 37 item 9).
+pub(super) fn claimed(store: Option<&mut StoreFile>, slot: u32) {
+    if let Some(store) = store {
+        store.index.reset_counters(slot);
+    }
+}
+
 /// Between rounds: reuses what readers have left, and aborts the
 /// reservations of every claim no longer served (its client released
 /// its slot or died between reserve and commit).

@@ -175,7 +175,29 @@ impl BatchWriter {
         medium: &str,
         lora: Option<(u64, Option<&str>)>,
     ) {
-        self.open(8, "BlockStored");
+        self.stored_in_group(block_hashes, parent, tokens, block_size, medium, lora, None);
+    }
+
+    /// [`BatchWriter::stored`] with vLLM's `group_idx` (the KV cache group;
+    /// `None`: omitted, msgspec's default). In the array layout a group
+    /// index needs the field before it, `extra_keys`, written (nil).
+    #[allow(clippy::too_many_arguments)]
+    pub fn stored_in_group(
+        &mut self,
+        block_hashes: &[u64],
+        parent: Option<u64>,
+        tokens: &[u32],
+        block_size: u32,
+        medium: &str,
+        lora: Option<(u64, Option<&str>)>,
+        group_idx: Option<u32>,
+    ) {
+        let fields = match (group_idx, self.layout) {
+            (None, _) => 8,
+            (Some(_), BatchLayout::Array) => 10,
+            (Some(_), BatchLayout::Map) => 9,
+        };
+        self.open(fields, "BlockStored");
         self.block_hashes(block_hashes);
         self.key("parent_block_hash");
         match parent {
@@ -197,6 +219,13 @@ impl BatchWriter {
         match lora.and_then(|(_, name)| name) {
             Some(name) => msgpack::str(&mut self.body, name),
             None => msgpack::nil(&mut self.body),
+        }
+        if let Some(group) = group_idx {
+            if self.layout == BatchLayout::Array {
+                msgpack::nil(&mut self.body);
+            }
+            self.key("group_idx");
+            msgpack::uint(&mut self.body, u64::from(group));
         }
         self.count += 1;
     }
@@ -399,6 +428,42 @@ mod tests {
                     medium: Some("GPU".into()),
                 },
                 "{layout:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_group_index_follows_nil_extra_keys() {
+        for layout in [BatchLayout::Array, BatchLayout::Map] {
+            let mut w = BatchWriter::with_layout(layout);
+            w.stored_in_group(&[9], Some(8), &[], 16, "CPU", None, Some(2));
+            let payload = w.finish(1.0, 0);
+            let Value::Array(top) = msgpack::decode(&payload).unwrap() else {
+                // The map layout: the event is a map with 9 pairs.
+                let b = decode_batch(&payload).unwrap();
+                assert_eq!(b.events.len(), 1);
+                continue;
+            };
+            let Value::Array(events) = &top[1] else {
+                panic!("events")
+            };
+            let Value::Array(e) = &events[0] else {
+                panic!("event")
+            };
+            assert_eq!(e.len(), 10, "{layout:?}");
+            assert_eq!(e[8], Value::Nil);
+            assert_eq!(e[9].as_u64(), Some(2));
+            let b = decode_batch(&payload).unwrap();
+            assert_eq!(
+                b.events[0],
+                KvEvent::BlockStored {
+                    block_hashes: vec![9],
+                    parent_block_hash: Some(8),
+                    token_ids: vec![],
+                    block_size: 16,
+                    lora_id: None,
+                    medium: Some("CPU".into()),
+                }
             );
         }
     }

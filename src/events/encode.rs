@@ -8,7 +8,8 @@ use std::collections::HashMap;
 
 use super::batch::{BatchLayout, BatchWriter};
 use super::hash::{FullHash, Scheme};
-use super::CacheEvent;
+use super::store::{store_block, MEDIUM_STORE};
+use super::{CacheEvent, StoreEvent};
 
 /// A namespace as events see it.
 struct Namespace {
@@ -134,6 +135,31 @@ impl EventEncoder {
             CacheEvent::Cleared => {
                 self.hashes.clear();
                 self.writer.cleared();
+            }
+        }
+    }
+
+    /// Appends the node store's event `e` to the batch being built: one
+    /// block, hashed from its key ([`store_block`]), its parent's from the
+    /// parent's key, medium `CPU`, no tokens (the store keeps none), the
+    /// engine's page size as `block_size`.
+    pub fn store_event(&mut self, e: &StoreEvent) {
+        match e {
+            StoreEvent::Stored { key, parent, .. } => {
+                let b = store_block(key);
+                let parent = parent.as_deref().map(|p| store_block(p).hash);
+                self.writer.stored_in_group(
+                    &[b.hash],
+                    parent,
+                    &[],
+                    self.page_size,
+                    MEDIUM_STORE,
+                    None,
+                    b.group_idx,
+                );
+            }
+            StoreEvent::Removed { key, .. } => {
+                self.writer.removed(&[store_block(key).hash], MEDIUM_STORE);
             }
         }
     }

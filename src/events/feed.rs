@@ -12,9 +12,10 @@ use super::batch::BatchLayout;
 use super::encode::EventEncoder;
 use super::hash::{Scheme, SchemeName};
 use super::publisher::{batch_priority, Msg, Publisher, Shared, PARK};
-use super::{CacheEvent, EventsConfig, EventsError};
+use super::{CacheEvent, EventsConfig, EventsError, StoreEvent};
 use crate::engine::{Engine, Region};
 use crate::shared::LiveStats;
+use crate::store::StoreIndex;
 
 /// Publishes what an engine caches and evicts (see the module docs of
 /// [`crate::events`]). Dropping it flushes the queue and stops the thread.
@@ -23,6 +24,8 @@ pub struct Feed {
     thread: Option<JoinHandle<()>>,
     /// Facts taken from the engine, reused between rounds.
     taken: Vec<CacheEvent>,
+    /// Facts taken from the store, reused between rounds.
+    store_taken: Vec<StoreEvent>,
     /// The queue overflowed: what it lost is to be replaced by a resync.
     lost: bool,
     overflows: u64,
@@ -30,12 +33,27 @@ pub struct Feed {
 
 impl Feed {
     /// Binds the sockets `config` names, starts the publisher thread and
-    /// turns on `engine`'s record of what it caches and evicts.
+    /// turns on `engine`'s record of what it caches and evicts, and the
+    /// `store`'s of what it commits and lets go (its values are announced
+    /// first: a store adopted from a previous daemon is not empty).
     pub fn start<R: Region>(
         config: &EventsConfig,
         engine: &mut Engine<R>,
+        store: Option<&mut StoreIndex>,
     ) -> Result<Self, EventsError> {
-        Self::start_parking(config, engine, PARK)
+        let mut feed = Self::start_parking(config, engine, PARK)?;
+        if let Some(store) = store {
+            store.record_events(true);
+            let values = store.snapshot();
+            // The queue is empty: the snapshot (one message) fits.
+            if !values.is_empty() && feed.shared.queue.push(Msg::StoreSnapshot(values)).is_err() {
+                feed.lost = true;
+            }
+            if let Some(t) = &feed.thread {
+                feed.shared.wake(t.thread());
+            }
+        }
+        Ok(feed)
     }
 
     /// [`Feed::start`] with the publisher parking at most `park` while its
@@ -112,21 +130,32 @@ impl Feed {
             shared,
             thread: Some(thread),
             taken: Vec::new(),
+            store_taken: Vec::new(),
             lost: false,
             overflows: 0,
         })
     }
 
-    /// Moves what `engine` recorded since the last call onto the queue. On
-    /// overflow the rest is dropped and counted, and as soon as the queue
-    /// has room a resync (everything now cached) takes its place. Never
-    /// blocks; refreshes the event figures in `live`.
-    pub fn after_requests<R: Region>(&mut self, engine: &mut Engine<R>, live: &LiveStats) {
+    /// Moves what `engine` and `store` recorded since the last call onto
+    /// the queue. On overflow the rest is dropped and counted, and as soon
+    /// as the queue has room a resync (everything now cached and stored)
+    /// takes its place. After the engine's `Cleared` (which a router
+    /// applies to every tier of the node) the store's values are announced
+    /// again. Never blocks; refreshes the event figures in `live`.
+    pub fn after_requests<R: Region>(
+        &mut self,
+        engine: &mut Engine<R>,
+        mut store: Option<&mut StoreIndex>,
+        live: &LiveStats,
+    ) {
         // Relaxed: figures for `radixd stat`; a stale one is fine.
         let batches = self.shared.batches.load(Ordering::Relaxed);
         live.events_batches.store(batches, Ordering::Relaxed);
         engine.take_events(&mut self.taken);
-        if self.taken.is_empty() && !self.lost {
+        if let Some(s) = store.as_deref_mut() {
+            s.take_events(&mut self.store_taken);
+        }
+        if self.taken.is_empty() && self.store_taken.is_empty() && !self.lost {
             return;
         }
         // Buffers the publisher is done with, for the engine's next copies.
@@ -143,16 +172,42 @@ impl Feed {
         if self.lost {
             // What was taken is part of the state the resync carries.
             self.taken.clear();
+            self.store_taken.clear();
             if queue.len() + 1 >= queue.capacity() {
                 return;
             }
-            if queue.push(Msg::Resync(engine.cached_runs())).is_ok() {
+            let values = store.map_or_else(Vec::new, |s| s.snapshot());
+            if queue
+                .push(Msg::Resync(engine.cached_runs(), values))
+                .is_ok()
+            {
                 self.lost = false;
                 pushed = true;
             }
         } else {
+            let mut cleared = false;
             for e in self.taken.drain(..) {
+                cleared |= matches!(e, CacheEvent::Cleared);
                 if queue.push(Msg::Event(e)).is_err() {
+                    self.lost = true;
+                    break;
+                }
+                pushed = true;
+            }
+            if cleared && !self.lost {
+                // The snapshot holds what the round's store facts did.
+                self.store_taken.clear();
+                let values = store.map_or_else(Vec::new, |s| s.snapshot());
+                if !values.is_empty() {
+                    self.lost = queue.push(Msg::StoreSnapshot(values)).is_err();
+                    pushed |= !self.lost;
+                }
+            }
+            for e in self.store_taken.drain(..) {
+                if self.lost {
+                    break;
+                }
+                if queue.push(Msg::Store(e)).is_err() {
                     self.lost = true;
                     break;
                 }
@@ -160,6 +215,7 @@ impl Feed {
             }
             if self.lost {
                 self.taken.clear();
+                self.store_taken.clear();
                 self.overflows += 1;
                 // Relaxed: a figure for `radixd stat`; the daemon is its
                 // only writer.
@@ -338,7 +394,7 @@ mod tests {
             engine
                 .insert(0, &[key, key], &pages, false)
                 .expect("insert");
-            feed.after_requests(engine, &live);
+            feed.after_requests(engine, None, &live);
             seq
         };
         let recv_seq = || {

@@ -33,6 +33,8 @@ pub mod hash;
 pub mod msgpack;
 #[cfg(feature = "kv-events")]
 pub mod publisher;
+#[cfg(any(feature = "kv-events", feature = "index"))]
+pub mod store;
 #[cfg(feature = "kv-events")]
 pub mod subscriber;
 
@@ -40,6 +42,7 @@ pub mod subscriber;
 pub use feed::Feed;
 
 pub use crate::engine::CacheEvent;
+pub use crate::store::StoreEvent;
 
 /// How `radixd serve --kv-events` publishes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,11 +131,13 @@ pub struct Events {
 }
 
 impl Events {
-    /// Starts publishing for `engine` when `config` asks for it (turning on
-    /// the engine's record), and marks it in `live`.
+    /// Starts publishing for `engine` and the node's `store` when `config`
+    /// asks for it (turning on their records; the store's values are
+    /// announced first), and marks it in `live`.
     pub fn start<R: crate::engine::Region>(
         config: Option<&EventsConfig>,
         engine: &mut crate::engine::Engine<R>,
+        store: Option<&mut crate::store::StoreIndex>,
         live: &crate::shared::LiveStats,
     ) -> Result<Self, EventsError> {
         let Some(config) = config else {
@@ -143,7 +148,7 @@ impl Events {
         };
         #[cfg(feature = "kv-events")]
         {
-            let feed = Feed::start(config, engine)?;
+            let feed = Feed::start(config, engine, store)?;
             // Relaxed: a flag for `radixd stat`.
             live.events_enabled
                 .store(1, radixd_ipc::sync::Ordering::Relaxed);
@@ -151,24 +156,25 @@ impl Events {
         }
         #[cfg(not(feature = "kv-events"))]
         {
-            let _ = (config, engine, live);
+            let _ = (config, engine, store, live);
             Err(EventsError::NotBuilt)
         }
     }
 
-    /// After a round of requests: hands what the engine recorded to the
-    /// publisher. One branch when events are off.
+    /// After a round of requests: hands what the engine and the store
+    /// recorded to the publisher. One branch when events are off.
     #[inline]
     pub fn after_requests<R: crate::engine::Region>(
         &mut self,
         engine: &mut crate::engine::Engine<R>,
+        store: Option<&mut crate::store::StoreIndex>,
         live: &crate::shared::LiveStats,
     ) {
         #[cfg(feature = "kv-events")]
         if let Some(feed) = self.feed.as_mut() {
-            feed.after_requests(engine, live);
+            feed.after_requests(engine, store, live);
         }
         #[cfg(not(feature = "kv-events"))]
-        let _ = (engine, live);
+        let _ = (engine, store, live);
     }
 }

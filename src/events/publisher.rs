@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_queue::ArrayQueue;
 
 use super::encode::EventEncoder;
-use super::CacheEvent;
+use super::{CacheEvent, StoreEvent};
 
 /// vLLM's `END_SEQ`: `(-1).to_bytes(8, "big", signed=True)`.
 pub const END_SEQ: [u8; 8] = [0xff; 8];
@@ -49,9 +49,16 @@ pub(crate) const PARK: Duration = Duration::from_millis(50);
 pub(crate) enum Msg {
     /// One recorded fact.
     Event(CacheEvent),
+    /// One fact of the node store.
+    Store(StoreEvent),
+    /// Every value of the node store, parents first: announced when
+    /// publishing starts and after the engine's `AllBlocksCleared` (a
+    /// router clears a worker's every tier then).
+    StoreSnapshot(Vec<StoreEvent>),
     /// The queue overflowed: everything now cached, to be sent as
-    /// `AllBlocksCleared` and a `BlockStored` per run.
-    Resync(Vec<CacheEvent>),
+    /// `AllBlocksCleared`, a `BlockStored` per run, then a `BlockStored`
+    /// per value of the store.
+    Resync(Vec<CacheEvent>, Vec<StoreEvent>),
 }
 
 /// State the daemon and the publisher thread share.
@@ -188,12 +195,30 @@ impl Publisher {
     fn apply(&mut self, msg: Msg) {
         match msg {
             Msg::Event(e) => self.event(e),
-            Msg::Resync(runs) => {
+            Msg::Store(e) => self.store_event(&e),
+            Msg::StoreSnapshot(values) => {
+                for e in &values {
+                    self.store_event(e);
+                }
+            }
+            Msg::Resync(runs, values) => {
                 self.event(CacheEvent::Cleared);
                 for run in runs {
                     self.event(run);
                 }
+                for e in &values {
+                    self.store_event(e);
+                }
             }
+        }
+    }
+
+    /// A store event, sending the batch when it is full (a snapshot may
+    /// hold millions).
+    fn store_event(&mut self, e: &StoreEvent) {
+        self.encoder.store_event(e);
+        if self.encoder.len() >= MAX_BATCH_EVENTS {
+            self.flush();
         }
     }
 

@@ -95,14 +95,25 @@ impl fmt::Display for Worker {
     }
 }
 
-/// The answer to a query: Dynamo's `OverlapScores`.
+/// The answer to a query: Dynamo's `OverlapScores`, and the same for the
+/// workers' stores (events of medium `CPU`: a radixd node's node-wide
+/// store, a vLLM engine's CPU tier), counted apart.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OverlapScores {
-    /// Per worker holding at least the request's first block, how many
-    /// leading blocks of the request it holds.
+    /// Per worker holding at least the request's first block on its
+    /// device (events of medium `GPU` or none), how many leading blocks of
+    /// the request it holds there.
     pub scores: Vec<(Worker, u32)>,
-    /// Per known worker, how many blocks it holds in all.
+    /// Per known worker, how many blocks it holds on its device in all.
     pub tree_sizes: Vec<(Worker, u64)>,
+    /// Per worker whose store holds at least the request's first block, how
+    /// many leading blocks of the request its store holds (whatever its
+    /// device holds: a router weighs a store hit, a copy into the device,
+    /// apart from a device hit).
+    pub store_scores: Vec<(Worker, u32)>,
+    /// Per worker that published store events, how many blocks its store
+    /// holds.
+    pub store_sizes: Vec<(Worker, u64)>,
 }
 
 impl OverlapScores {
@@ -117,6 +128,24 @@ impl OverlapScores {
     /// `worker`'s tree size; `None` for a worker the index does not know.
     pub fn tree_size(&self, worker: Worker) -> Option<u64> {
         self.tree_sizes
+            .iter()
+            .find(|(w, _)| *w == worker)
+            .map(|&(_, s)| s)
+    }
+
+    /// `worker`'s store score; `None` when its store holds not even the
+    /// first block.
+    pub fn store_score(&self, worker: Worker) -> Option<u32> {
+        self.store_scores
+            .iter()
+            .find(|(w, _)| *w == worker)
+            .map(|&(_, s)| s)
+    }
+
+    /// How many blocks `worker`'s store holds; `None` for a worker that
+    /// published no store event.
+    pub fn store_size(&self, worker: Worker) -> Option<u64> {
+        self.store_sizes
             .iter()
             .find(|(w, _)| *w == worker)
             .map(|&(_, s)| s)
@@ -138,7 +167,8 @@ pub struct StoredBlock {
 pub struct ApplyReport {
     /// Events applied wholly.
     pub applied: usize,
-    /// Events skipped for another medium than the GPU's.
+    /// Events skipped for a medium indexed by neither tier (not `GPU`,
+    /// `CPU` or none).
     pub ignored: usize,
     /// Events refused, wholly or in part, with why.
     pub errors: Vec<ApplyError>,
@@ -155,7 +185,7 @@ pub struct IndexStats {
     pub held: u64,
     /// Events applied (wholly or in part).
     pub events: u64,
-    /// Events skipped for their medium.
+    /// Events skipped for their medium (neither `GPU`, `CPU` nor none).
     pub ignored: u64,
     /// Refusals per kind, in [`ApplyError::KINDS`] order.
     pub errors: [u64; 8],
@@ -284,6 +314,8 @@ impl KvIndex {
     pub fn find_matches_into(&self, keys: &[u64], early_exit: bool, out: &mut OverlapScores) {
         out.scores.clear();
         out.tree_sizes.clear();
+        out.store_scores.clear();
+        out.store_sizes.clear();
         let guard = &epoch::pin();
         // Acquire (both): pairs with the writer's Release publication of a
         // roster or table. The roster is loaded first: a table is
@@ -297,13 +329,16 @@ impl KvIndex {
         // lives while `guard` is pinned.
         let (roster, table) = unsafe { (roster.deref(), table.deref()) };
         let words = table.bit_words().min(roster.occupied.len());
-        out.tree_sizes.extend(
-            roster
-                .workers
-                .iter()
-                .enumerate()
-                .filter_map(|(s, w)| w.map(|w| (w, roster.size(s)))),
-        );
+        for (s, w) in roster.workers.iter().enumerate() {
+            if let Some(w) = *w {
+                let sizes = if roster.is_store(s) {
+                    &mut out.store_sizes
+                } else {
+                    &mut out.tree_sizes
+                };
+                sizes.push((w, roster.size(s)));
+            }
+        }
         let mut inline = [0u64; 4];
         let mut heap = Vec::new();
         let active: &mut [u64] = if words <= inline.len() {
@@ -330,9 +365,7 @@ impl KvIndex {
                     while gone != 0 {
                         let b = gone.trailing_zeros() as usize;
                         gone &= gone - 1;
-                        if let Some(Some(worker)) = roster.workers.get(w * 64 + b) {
-                            out.scores.push((*worker, matched));
-                        }
+                        credit(out, roster, w * 64 + b, matched);
                     }
                     *a &= bits;
                 }
@@ -352,15 +385,23 @@ impl KvIndex {
             while left != 0 {
                 let b = left.trailing_zeros() as usize;
                 left &= left - 1;
-                if let Some(Some(worker)) = roster.workers.get(w * 64 + b) {
-                    out.scores.push((*worker, matched));
-                }
+                credit(out, roster, w * 64 + b, matched);
             }
         }
     }
 
-    /// Known workers and their tree sizes.
+    /// Known workers and their (device) tree sizes.
     pub fn workers(&self) -> Vec<(Worker, u64)> {
+        self.tier_sizes(false)
+    }
+
+    /// Workers that published store events, and how many blocks each
+    /// one's store holds.
+    pub fn store_sizes(&self) -> Vec<(Worker, u64)> {
+        self.tier_sizes(true)
+    }
+
+    fn tier_sizes(&self, store: bool) -> Vec<(Worker, u64)> {
         let guard = &epoch::pin();
         // Acquire: pairs with the writer's Release publication.
         let roster = self.roster.load(Ordering::Acquire, guard);
@@ -371,6 +412,7 @@ impl KvIndex {
             .workers
             .iter()
             .enumerate()
+            .filter(|&(s, _)| roster.is_store(s) == store)
             .filter_map(|(s, w)| w.map(|w| (w, roster.size(s))))
             .collect()
     }
@@ -430,7 +472,12 @@ impl KvIndex {
     }
 
     /// Applies one event of `worker`: `Ok(false)` when it was skipped for
-    /// its medium (only the GPU tier is indexed, as Dynamo's device tier).
+    /// its medium. Medium `GPU` (or none) is the worker's device cache, as
+    /// Dynamo's device tier; medium `CPU` its store, a tier of its own (a
+    /// radixd node's node-wide store, a vLLM engine's CPU offload), scored
+    /// apart ([`OverlapScores::store_scores`]); any other is skipped.
+    /// `AllBlocksCleared` empties both tiers (a radixd daemon announces its
+    /// store again right after).
     pub fn apply_event(&self, worker: Worker, event: &KvEvent) -> Result<bool, ApplyError> {
         let medium = match event {
             KvEvent::BlockStored { medium, .. } | KvEvent::BlockRemoved { medium, .. } => {
@@ -438,26 +485,41 @@ impl KvIndex {
             }
             KvEvent::AllBlocksCleared => None,
         };
-        if medium.is_some_and(|m| !m.eq_ignore_ascii_case("GPU")) {
-            // Relaxed: a figure.
-            self.counters.ignored.fetch_add(1, Ordering::Relaxed);
-            return Ok(false);
-        }
+        let store = match medium {
+            None => false,
+            Some(m) if m.eq_ignore_ascii_case("GPU") => false,
+            Some(m) if m.eq_ignore_ascii_case("CPU") => true,
+            Some(_) => {
+                // Relaxed: a figure.
+                self.counters.ignored.fetch_add(1, Ordering::Relaxed);
+                return Ok(false);
+            }
+        };
         let result = match event {
+            // The store keeps no tokens: its blocks are named by their
+            // hashes, which are their keys (docs/kv-events.md).
+            KvEvent::BlockStored {
+                block_hashes,
+                token_ids,
+                ..
+            } if store && token_ids.is_empty() => self.store_named(worker, block_hashes),
             KvEvent::BlockStored {
                 block_hashes,
                 parent_block_hash,
                 token_ids,
                 block_size,
                 ..
-            } => self.store_tokens(
+            } => self.store_tokens_in(
                 worker,
+                store,
                 *parent_block_hash,
                 block_hashes,
                 token_ids,
                 *block_size,
             ),
-            KvEvent::BlockRemoved { block_hashes, .. } => self.remove(worker, block_hashes),
+            KvEvent::BlockRemoved { block_hashes, .. } => {
+                self.remove_in(worker, store, block_hashes)
+            }
             KvEvent::AllBlocksCleared => {
                 self.clear_or_add(worker);
                 Ok(())
@@ -485,6 +547,19 @@ impl Drop for KvIndex {
             drop(self.table.load(Ordering::Relaxed, guard).into_owned());
             drop(self.roster.load(Ordering::Relaxed, guard).into_owned());
         }
+    }
+}
+
+/// Credits roster slot `slot`'s worker with `matched` leading blocks, in
+/// the tier the slot stands for.
+fn credit(out: &mut OverlapScores, roster: &Roster, slot: usize, matched: u32) {
+    if let Some(Some(worker)) = roster.workers.get(slot) {
+        let scores = if roster.is_store(slot) {
+            &mut out.store_scores
+        } else {
+            &mut out.scores
+        };
+        scores.push((*worker, matched));
     }
 }
 

@@ -4,7 +4,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `{"op":"query","tokens":[u32...]}` (optional `"early_exit":bool`) | `{"ok":true,"scores":{WORKER:BLOCKS...},"tree_sizes":{WORKER:BLOCKS...}}` |
+//! | `{"op":"query","tokens":[u32...]}` (optional `"early_exit":bool`) | `{"ok":true,"scores":{WORKER:BLOCKS...},"tree_sizes":{WORKER:BLOCKS...},"store_scores":{...},"store_sizes":{...}}` |
 //! | `{"op":"query","hashes":[u64...]}` (chained hashes in the index's scheme) | the same |
 //! | `{"op":"stats"}` | `{"ok":true,"workers":N,"blocks":N,"held":N,"events":N,"queries":N,"query_p50_us":F,"query_p99_us":F,"feeds":[...],"errors":{KIND:N...}}` |
 //! | anything else | `{"ok":false,"error":KIND,"message":TEXT}` |
@@ -154,30 +154,26 @@ impl Request {
     }
 }
 
-/// The answer to a query: scores and tree sizes keyed by worker name.
+/// The answer to a query: scores and tree sizes keyed by worker name, and
+/// the same for the workers' stores (`store_scores`, `store_sizes`).
 pub fn scores_answer(scores: &OverlapScores, name: impl Fn(Worker) -> String) -> Value {
-    let mut s: Vec<_> = scores.scores.clone();
-    s.sort_unstable();
-    let mut t: Vec<_> = scores.tree_sizes.clone();
-    t.sort_unstable();
+    let by_name = |pairs: Vec<(Worker, u64)>| {
+        let mut pairs = pairs;
+        pairs.sort_unstable();
+        Value::Map(
+            pairs
+                .into_iter()
+                .map(|(w, n)| (Value::Str(name(w)), Value::UInt(n)))
+                .collect(),
+        )
+    };
+    let widen = |v: &[(Worker, u32)]| v.iter().map(|&(w, n)| (w, u64::from(n))).collect();
     Value::Map(vec![
         (text("ok"), Value::Bool(true)),
-        (
-            text("scores"),
-            Value::Map(
-                s.into_iter()
-                    .map(|(w, n)| (Value::Str(name(w)), Value::UInt(u64::from(n))))
-                    .collect(),
-            ),
-        ),
-        (
-            text("tree_sizes"),
-            Value::Map(
-                t.into_iter()
-                    .map(|(w, n)| (Value::Str(name(w)), Value::UInt(n)))
-                    .collect(),
-            ),
-        ),
+        (text("scores"), by_name(widen(&scores.scores))),
+        (text("tree_sizes"), by_name(scores.tree_sizes.clone())),
+        (text("store_scores"), by_name(widen(&scores.store_scores))),
+        (text("store_sizes"), by_name(scores.store_sizes.clone())),
     ])
 }
 

@@ -15,6 +15,9 @@ use super::Worker;
 pub(crate) struct Roster {
     /// The worker of each slot; `None`: free.
     pub(crate) workers: Vec<Option<Worker>>,
+    /// Whether each slot stands for its worker's store (medium `CPU`, the
+    /// node-wide store) rather than its device cache.
+    pub(crate) store: Vec<bool>,
     /// Blocks each slot's worker holds.
     pub(crate) sizes: Box<[AtomicU64]>,
     /// Bit `s` set: slot `s` has a worker (one word per 64 slots).
@@ -26,20 +29,25 @@ impl Roster {
     pub(crate) fn empty() -> Self {
         Self {
             workers: Vec::new(),
+            store: Vec::new(),
             sizes: Box::new([]),
             occupied: Vec::new(),
         }
     }
 
     /// Writer only: this roster with slot `slot` given to `worker`
-    /// (`None`: freed), tree sizes carried over (the writer is their only
-    /// writer, so none is lost between the copy and the publication).
-    pub(crate) fn with(&self, slot: usize, worker: Option<Worker>) -> Self {
+    /// (`None`: freed), standing for its store when `store`, tree sizes
+    /// carried over (the writer is their only writer, so none is lost
+    /// between the copy and the publication).
+    pub(crate) fn with(&self, slot: usize, worker: Option<Worker>, store: bool) -> Self {
         let mut workers = self.workers.clone();
+        let mut tiers = self.store.clone();
         if workers.len() <= slot {
             workers.resize(slot + 1, None);
         }
+        tiers.resize(workers.len(), false);
         workers[slot] = worker;
+        tiers[slot] = store && worker.is_some();
         let sizes = (0..workers.len())
             .map(|s| {
                 let carried = match (s == slot, self.sizes.get(s)) {
@@ -59,9 +67,15 @@ impl Roster {
         }
         Self {
             workers,
+            store: tiers,
             sizes,
             occupied,
         }
+    }
+
+    /// Whether `slot` stands for a worker's store.
+    pub(crate) fn is_store(&self, slot: usize) -> bool {
+        self.store.get(slot).copied().unwrap_or(false)
     }
 
     /// Tree size of `slot`.

@@ -66,7 +66,8 @@ struct Held {
 /// The writer's private state.
 #[derive(Default)]
 pub(crate) struct Writer {
-    slot_of: HashMap<Worker, usize, Fold>,
+    /// Each worker's roster slot per tier (`true`: its store).
+    slot_of: HashMap<(Worker, bool), usize, Fold>,
     /// By roster slot: the worker's blocks.
     held: Vec<Held>,
     quarantine: Quarantine,
@@ -133,11 +134,16 @@ impl KvIndex {
         unsafe { r.deref() }
     }
 
-    /// `worker`'s slot, registering it (and widening the table's bits
-    /// first when needed) if it is new.
-    fn slot_for(&self, w: &mut Writer, worker: Worker) -> usize {
-        if let Some(&s) = w.slot_of.get(&worker) {
+    /// The slot of `worker`'s device cache, or of its store when `store`,
+    /// registering it (and widening the table's bits first when needed) if
+    /// it is new. A worker first seen through its store is known (tree
+    /// size 0) as any event makes it known.
+    fn slot_for(&self, w: &mut Writer, worker: Worker, store: bool) -> usize {
+        if let Some(&s) = w.slot_of.get(&(worker, store)) {
             return s;
+        }
+        if store {
+            self.slot_for(w, worker, false);
         }
         let roster = self.roster_w();
         let slot = w.quarantine.take().unwrap_or(roster.workers.len());
@@ -148,11 +154,11 @@ impl KvIndex {
             let words = (slot / 64 + 1).next_power_of_two();
             self.publish_table(w, table.rebuilt(table.slots(), words));
         }
-        publish(&self.roster, roster.with(slot, Some(worker)));
+        publish(&self.roster, roster.with(slot, Some(worker), store));
         if w.held.len() <= slot {
             w.held.resize_with(slot + 1, Held::default);
         }
-        w.slot_of.insert(worker, slot);
+        w.slot_of.insert((worker, store), slot);
         slot
     }
 
@@ -221,7 +227,7 @@ impl KvIndex {
         blocks: &[StoredBlock],
     ) -> Result<(), ApplyError> {
         let mut w = self.lock();
-        let slot = self.slot_for(&mut w, worker);
+        let slot = self.slot_for(&mut w, worker, false);
         let result = self.store_locked(&mut w, slot, parent, blocks);
         self.count(&result);
         result
@@ -298,7 +304,29 @@ impl KvIndex {
         }
     }
 
-    /// A `BlockStored`: the keys are chained from the tokens.
+    /// A `BlockStored` of the store's tier without tokens (a radixd
+    /// node's store): each block's hash is its key, whatever its parent
+    /// (a store value's parent may have gone before it was announced).
+    pub(super) fn store_named(&self, worker: Worker, hashes: &[u64]) -> Result<(), ApplyError> {
+        let mut w = self.lock();
+        let slot = self.slot_for(&mut w, worker, true);
+        let result = if self_referencing(None, hashes) {
+            Err(ApplyError::InvalidBlockSequence)
+        } else {
+            self.reserve(&mut w, hashes.len());
+            for &h in hashes {
+                self.hold(&mut w, slot, h, h, None);
+            }
+            self.settle(&w, slot);
+            Ok(())
+        };
+        self.count(&result);
+        result
+    }
+
+    /// A `BlockStored` on the worker's device: the keys are chained from
+    /// the tokens.
+    #[cfg(test)]
     pub(super) fn store_tokens(
         &self,
         worker: Worker,
@@ -307,8 +335,21 @@ impl KvIndex {
         tokens: &[u32],
         block_size: u32,
     ) -> Result<(), ApplyError> {
+        self.store_tokens_in(worker, false, parent, hashes, tokens, block_size)
+    }
+
+    /// [`KvIndex::store_tokens`] in the worker's store when `store`.
+    pub(super) fn store_tokens_in(
+        &self,
+        worker: Worker,
+        store: bool,
+        parent: Option<u64>,
+        hashes: &[u64],
+        tokens: &[u32],
+        block_size: u32,
+    ) -> Result<(), ApplyError> {
         let mut w = self.lock();
-        let slot = self.slot_for(&mut w, worker);
+        let slot = self.slot_for(&mut w, worker, store);
         let result = self.store_tokens_locked(&mut w, slot, parent, hashes, tokens, block_size);
         self.count(&result);
         result
@@ -449,8 +490,18 @@ impl KvIndex {
     /// Removes `worker`'s blocks named `hashes`; unknown ones are skipped
     /// (the first such is the error), the others removed.
     pub fn remove(&self, worker: Worker, hashes: &[u64]) -> Result<(), ApplyError> {
+        self.remove_in(worker, false, hashes)
+    }
+
+    /// [`KvIndex::remove`] from `worker`'s store when `store`.
+    pub(super) fn remove_in(
+        &self,
+        worker: Worker,
+        store: bool,
+        hashes: &[u64],
+    ) -> Result<(), ApplyError> {
         let mut w = self.lock();
-        let slot = self.slot_for(&mut w, worker);
+        let slot = self.slot_for(&mut w, worker, store);
         let mut result = Ok(());
         for &h in hashes {
             let alias = w.held[slot].aliases.remove(&h);
@@ -491,13 +542,17 @@ impl KvIndex {
 
     /// Drops every block of `worker` (Dynamo's `clear_all_blocks` for one
     /// rank); the worker stays known, with tree size 0.
+    /// Its store's blocks go too.
     pub fn clear(&self, worker: Worker) -> Result<(), ApplyError> {
         let mut w = self.lock();
-        let Some(&slot) = w.slot_of.get(&worker) else {
+        let Some(&slot) = w.slot_of.get(&(worker, false)) else {
             self.count_error(&ApplyError::UnknownWorker);
             return Err(ApplyError::UnknownWorker);
         };
         self.clear_slot(&mut w, slot);
+        if let Some(&store) = w.slot_of.get(&(worker, true)) {
+            self.clear_slot(&mut w, store);
+        }
         Ok(())
     }
 
@@ -505,32 +560,35 @@ impl KvIndex {
     /// answers list it.
     pub fn add_worker(&self, worker: Worker) {
         let mut w = self.lock();
-        self.slot_for(&mut w, worker);
+        self.slot_for(&mut w, worker, false);
     }
 
     /// `AllBlocksCleared`: the worker known (as any event makes it, in
-    /// Dynamo) and empty.
+    /// Dynamo) and empty, its store too.
     pub(super) fn clear_or_add(&self, worker: Worker) {
         let mut w = self.lock();
-        let slot = self.slot_for(&mut w, worker);
+        let slot = self.slot_for(&mut w, worker, false);
         self.clear_slot(&mut w, slot);
+        if let Some(&store) = w.slot_of.get(&(worker, true)) {
+            self.clear_slot(&mut w, store);
+        }
     }
 
     /// Forgets every rank of worker `id` and its blocks (Dynamo's
     /// `remove_worker`); no-op for an unknown worker.
     pub fn remove_worker(&self, id: u64) {
         let mut w = self.lock();
-        let mut gone: Vec<(Worker, usize)> = w
+        let mut gone: Vec<((Worker, bool), usize)> = w
             .slot_of
             .iter()
-            .filter(|(k, _)| k.id == id)
+            .filter(|(k, _)| k.0.id == id)
             .map(|(k, s)| (*k, *s))
             .collect();
         gone.sort_unstable();
         for (worker, slot) in gone {
             self.clear_slot(&mut w, slot);
             w.slot_of.remove(&worker);
-            publish(&self.roster, self.roster_w().with(slot, None));
+            publish(&self.roster, self.roster_w().with(slot, None, false));
             let flag = Arc::new(AtomicU32::new(0));
             let raise = Arc::clone(&flag);
             // Runs once every reader pinned now has unpinned: none can

@@ -38,6 +38,9 @@ use super::view::StoreView;
 use super::{StoreNs, StoreSlot};
 use crate::engine::Grace;
 
+mod record;
+pub use record::StoreEvent;
+
 /// A namespace as the daemon keeps it.
 #[derive(Clone, Debug)]
 struct Ns {
@@ -118,6 +121,8 @@ pub struct StoreIndex {
     /// generation, see `owner`).
     reserved: HashMap<u64, u32>,
     figures: Figures,
+    /// What became readable or went, while KV events are on.
+    events: Option<Vec<StoreEvent>>,
 }
 
 // SAFETY: the view leads into a shared mapping (see `StoreView`); the
@@ -199,6 +204,7 @@ impl StoreIndex {
             limbo: VecDeque::new(),
             reserved: HashMap::new(),
             figures: Figures::default(),
+            events: None,
         }
     }
 
@@ -217,6 +223,31 @@ impl StoreIndex {
     /// The figures.
     pub fn figures(&self) -> Figures {
         self.figures
+    }
+
+    /// A new claim of client slot `client`: its hit and miss counters start
+    /// from zero, what the previous client of the slot counted moving into
+    /// the header's retired totals, so the store's totals
+    /// ([`StoreReader::stats`](super::StoreReader::stats)) keep every
+    /// client's gets while each client's own figures are its own. The
+    /// daemon calls it before the client sees its claim served, and the
+    /// previous client is gone by then.
+    pub fn reset_counters(&mut self, client: u32) {
+        let Some(c) = self.view.counters(client) else {
+            return;
+        };
+        // Relaxed, all: figures; nothing else is published with them.
+        let (hits, misses) = (
+            c.hits.swap(0, Ordering::Relaxed),
+            c.misses.swap(0, Ordering::Relaxed),
+        );
+        let h = self.view.header();
+        if hits > 0 {
+            h.retired_hits.fetch_add(hits, Ordering::Relaxed);
+        }
+        if misses > 0 {
+            h.retired_misses.fetch_add(misses, Ordering::Relaxed);
+        }
     }
 
     /// Entries and slots waiting for readers.
@@ -502,6 +533,7 @@ impl StoreIndex {
             if let Some(parent) = parent {
                 self.private[parent as usize].children += 1;
             }
+            self.record_stored(index, parent);
             self.unreserve(owner);
             self.figures.values += 1;
             self.figures.bytes += value_size;
@@ -538,6 +570,7 @@ impl StoreIndex {
             })
             .collect();
         for &i in &doomed {
+            self.record_removed(i);
             self.drop_entry(i);
         }
         let n = doomed.len() as u64;
@@ -802,6 +835,7 @@ impl StoreIndex {
                 .entry(index)
                 .and_then(|e| self.ns(e.ns.load(Ordering::Relaxed)).ok())
                 .map_or(0, |n| n.value_size);
+            self.record_removed(index);
             self.drop_entry(index);
             self.figures.values -= 1;
             self.figures.bytes -= value_size;
@@ -1050,6 +1084,8 @@ impl StoreIndex {
                 c.misses.store(0, Ordering::Relaxed);
             }
         }
+        h.retired_hits.store(0, Ordering::Relaxed);
+        h.retired_misses.store(0, Ordering::Relaxed);
         index.publish();
         Ok(index)
     }

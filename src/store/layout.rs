@@ -78,7 +78,11 @@ pub struct Header {
     pub evicted: AtomicU64,
     pub failed_reserves: AtomicU64,
     pub namespaces: AtomicU64,
-    pub _reserved: [AtomicU64; 51],
+    /// Hits and misses of the clients whose slots were claimed again
+    /// since (their counters restart from zero with each claim).
+    pub retired_hits: AtomicU64,
+    pub retired_misses: AtomicU64,
+    pub _reserved: [AtomicU64; 49],
 }
 
 #[cfg(not(loom))]

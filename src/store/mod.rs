@@ -29,7 +29,7 @@ pub mod view;
 pub use error::{AdoptError, StoreError};
 #[cfg(not(loom))]
 pub use file::{HeapStore, OpenStoreError, StoreFile, StoreMap};
-pub use index::{owner, Figures, StoreIndex};
+pub use index::{owner, Figures, StoreEvent, StoreIndex};
 pub use layout::{parse_size, StoreConfig, StoreLayout, MAX_KEY};
 pub use reader::StoreReader;
 #[cfg(loom)]
@@ -88,6 +88,10 @@ pub struct StoreStats {
     /// Gets that found their key, and that did not (every client's).
     pub hits: u64,
     pub misses: u64,
+    /// The calling client's own hits and misses, counted since its claim
+    /// of its slot (a client reusing a slot starts from zero).
+    pub client_hits: u64,
+    pub client_misses: u64,
     /// Values evicted.
     pub evicted: u64,
     /// Reserves refused for want of room.

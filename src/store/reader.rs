@@ -257,7 +257,7 @@ impl StoreReader {
         let h = self.view.header();
         // Relaxed, all: figures, a best-effort snapshot.
         let get = |x: &radixd_ipc::sync::AtomicU64| x.load(Ordering::Relaxed);
-        let (mut hits, mut misses) = (0u64, 0u64);
+        let (mut hits, mut misses) = (get(&h.retired_hits), get(&h.retired_misses));
         for i in 0..self.view.layout().config.clients {
             if let Some(c) = self.view.counters(i) {
                 hits = hits.wrapping_add(get(&c.hits));
@@ -265,7 +265,10 @@ impl StoreReader {
             }
         }
         let layout = self.view.layout();
+        let own = self.view.counters(self.client);
         super::StoreStats {
+            client_hits: own.map_or(0, |c| get(&c.hits)),
+            client_misses: own.map_or(0, |c| get(&c.misses)),
             values: get(&h.values),
             bytes: get(&h.bytes),
             capacity_bytes: layout.config.data_bytes,

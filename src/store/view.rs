@@ -232,6 +232,8 @@ impl LoomStore {
                 evicted: AtomicU64::new(0),
                 failed_reserves: AtomicU64::new(0),
                 namespaces: AtomicU64::new(0),
+                retired_hits: AtomicU64::new(0),
+                retired_misses: AtomicU64::new(0),
                 _reserved: std::array::from_fn(|_| AtomicU64::new(0)),
             },
             namespaces: n(NAMESPACES)

@@ -7,7 +7,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
-use common::{assert_mentions, radixd, stdout_ok, Daemon, Exec, Raw};
+use common::{radixd, stat_showing, Daemon, Exec, Raw};
 use proptest::prelude::*;
 use radixd::wire::WireRequest;
 use radixd::{Client, ClientError};
@@ -50,14 +50,9 @@ fn a_killed_client_s_locks_and_pages_come_back_and_others_keep_theirs() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let out = radixd()
-        .args(["stat", &daemon.name, "--interval", "0.01"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("clients     1 connected, 1 reaped after dying"),
-        "{text}"
+    stat_showing(
+        &daemon.name,
+        &["clients     1 connected, 1 reaped after dying"],
     );
     // The dead client's insert stays cached (evictable); ours stays locked.
     assert_eq!(other.match_prefix(&[1, 2, 3, 4], false).unwrap().len, 4);
@@ -214,13 +209,9 @@ fn stat_prints_live_figures() {
     let daemon = Daemon::start(&[]);
     let mut c = connect(&daemon);
     c.alloc(3).unwrap();
-    let out = radixd()
-        .args(["stat", &daemon.name, "--interval", "0.05"])
-        .output()
-        .unwrap();
-    let text = stdout_ok(&out);
-    assert_mentions(
-        &text,
+    // The figures go out after the answer, when the daemon catches up.
+    stat_showing(
+        &daemon.name,
         &[
             "clients     1 connected",
             "3 owned by clients",
@@ -230,22 +221,10 @@ fn stat_prints_live_figures() {
     );
     // A client that leaves stops counting, and its pages go back.
     drop(c);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let out = radixd()
-            .args(["stat", &daemon.name, "--interval", "0.01"])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        if text.contains("clients     0 connected") && text.contains("0 owned by clients") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the client still counts:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    stat_showing(
+        &daemon.name,
+        &["clients     0 connected", "0 owned by clients"],
+    );
 }
 
 fn field() -> impl Strategy<Value = u32> {
@@ -901,12 +880,8 @@ fn state_slots_through_the_daemon_and_a_dead_client_s_come_back() {
         std::thread::sleep(Duration::from_millis(5));
     }
     c.free_state(u64::from(taken)).unwrap();
-    let out = radixd()
-        .args(["stat", &daemon.name, "--interval", "0.01"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("mamba       3 of 3 states free"), "{text}");
+    // Published when the daemon catches up, after the answer.
+    stat_showing(&daemon.name, &["mamba       3 of 3 states free"]);
     c.validate().unwrap();
 }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{assert_mentions, Daemon, Exec, Rng};
+use common::{assert_mentions, stat, stat_showing, wait_for, Daemon, Exec, Rng, PUBLISH_DEADLINE};
 use radixd::engine::{Config, Engine};
 use radixd::op::{apply, ErrorKind, Reply, Request};
 use radixd::{Client, ClientError};
@@ -197,15 +197,10 @@ fn a_rank_out_of_step_gets_an_error_naming_the_step_and_both_operations() {
     r0.alloc(2).unwrap();
     r0.stats().unwrap();
     // `radixd stat` shows the group and the steps kept for rank 1.
-    let start = Instant::now();
-    loop {
-        let out = stat(&daemon.name);
-        if out.contains("groups      1 tensor-parallel group(s), 2 ranks connected, 2 steps kept") {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(5), "{out}");
-        thread::sleep(Duration::from_millis(20));
-    }
+    stat_showing(
+        &daemon.name,
+        &["groups      1 tensor-parallel group(s), 2 ranks connected, 2 steps kept"],
+    );
     assert_eq!(r1.alloc(2).unwrap().len(), 2);
     let err = rejected(r1.evict(8).unwrap_err());
     assert_eq!(err.kind, ErrorKind::Desync);
@@ -442,18 +437,11 @@ fn kv_events_are_published_once_per_step_not_once_per_rank() {
     assert_eq!(history(3), one);
 }
 
-/// What `radixd stat NAME` prints.
-fn stat(name: &str) -> String {
-    common::stdout_ok(
-        &common::radixd()
-            .args(["stat", name, "--interval", "0.01"])
-            .output()
-            .unwrap(),
-    )
-}
-
-/// The daemon's `requests` figure, once it stops moving.
-fn daemon_requests(name: &str) -> u64 {
+/// The daemon's `requests` figure once it has reached `at_least` and then
+/// stopped moving. The figure goes out when the daemon catches up, after
+/// its answers, so the count a test expects is waited for; "stopped
+/// moving" then shows any requests beyond it.
+fn daemon_requests(name: &str, at_least: u64) -> u64 {
     let read = || {
         let out = stat(name);
         let line = out
@@ -467,7 +455,10 @@ fn daemon_requests(name: &str) -> u64 {
             .parse::<u64>()
             .unwrap()
     };
-    let mut last = read();
+    let mut last = wait_for(PUBLISH_DEADLINE, || match read() {
+        n if n >= at_least => Ok(n),
+        n => Err(format!("{n} requests published, not yet {at_least}")),
+    });
     loop {
         thread::sleep(Duration::from_millis(60));
         let now = read();
@@ -483,7 +474,10 @@ fn ranks_take_the_steps_another_rank_led_off_the_board_without_asking_the_daemon
     let daemon = Daemon::start(&["--page-size", "4", "--capacity", "48"]);
     let mut r0 = rank(&daemon.name, "g", 0, 2);
     let mut r1 = rank(&daemon.name, "g", 1, 2);
-    let before = daemon_requests(&daemon.name);
+    // The group's figures go out with the request count: once they show
+    // rank 1, the count has both joins.
+    stat_showing(&daemon.name, &["2 ranks connected"]);
+    let before = daemon_requests(&daemon.name, 0);
     let led: Vec<_> = (0..30)
         .map(|i| (r0.alloc(1).unwrap(), r0.stats().unwrap(), i))
         .collect();
@@ -491,23 +485,18 @@ fn ranks_take_the_steps_another_rank_led_off_the_board_without_asking_the_daemon
         .map(|i| (r1.alloc(1).unwrap(), r1.stats().unwrap(), i))
         .collect();
     assert_eq!(took, led);
-    assert_eq!(
-        daemon_requests(&daemon.name) - before,
-        60,
-        "rank 1's 60 steps came off the board"
-    );
+    let after = daemon_requests(&daemon.name, before + 60);
+    assert_eq!(after - before, 60, "rank 1's 60 steps came off the board");
     // Past the board's 64 slots, the daemon answers the rank behind.
     for _ in 0..100 {
         r0.stats().unwrap();
     }
-    let before = daemon_requests(&daemon.name);
+    // Rank 0 leads each of them: the daemon answers all 100.
+    let before = daemon_requests(&daemon.name, after + 100);
     for _ in 0..100 {
         r1.stats().unwrap();
     }
-    let asked = daemon_requests(&daemon.name) - before;
-    assert_eq!(
-        asked,
-        100 - radixd_ipc::BOARD_SLOTS as u64,
-        "the last 64 off the board"
-    );
+    let behind = 100 - radixd_ipc::BOARD_SLOTS as u64;
+    let asked = daemon_requests(&daemon.name, before + behind) - before;
+    assert_eq!(asked, behind, "the last 64 off the board");
 }

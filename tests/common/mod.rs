@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -46,6 +47,52 @@ pub fn assert_mentions(text: &str, needles: &[&str]) {
     for needle in needles {
         assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
     }
+}
+
+/// How long a test waits for what a daemon publishes on its own schedule:
+/// `radixd stat`'s figures go out when the daemon catches up between
+/// rounds, not with each answer, so they lag the requests a test just made
+/// (on a loaded host, by as long as the daemon is not scheduled). Only a
+/// broken daemon reaches this bound; a slow host only waits longer.
+pub const PUBLISH_DEADLINE: Duration = Duration::from_secs(20);
+
+/// Calls `probe` every few milliseconds until it answers `Ok`, and returns
+/// that answer; past `deadline` it panics with the last `Err`, which says
+/// what was seen instead of what was awaited.
+pub fn wait_for<T>(deadline: Duration, mut probe: impl FnMut() -> Result<T, String>) -> T {
+    let start = Instant::now();
+    loop {
+        match probe() {
+            Ok(v) => return v,
+            Err(seen) if start.elapsed() >= deadline => {
+                panic!("not within {deadline:?}: {seen}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// What `radixd stat NAME` prints now (rates over 10 ms).
+pub fn stat(name: &str) -> String {
+    stdout_ok(
+        &radixd()
+            .args(["stat", name, "--interval", "0.01"])
+            .output()
+            .expect("run radixd stat"),
+    )
+}
+
+/// What `radixd stat NAME` prints once it mentions every one of
+/// `needles`: the figures a test expects after its requests, waited for
+/// (see [`PUBLISH_DEADLINE`]) rather than read once.
+pub fn stat_showing(name: &str, needles: &[&str]) -> String {
+    wait_for(PUBLISH_DEADLINE, || {
+        let text = stat(name);
+        match needles.iter().find(|n| !text.contains(*n)) {
+            None => Ok(text),
+            Some(n) => Err(format!("{n:?} missing from:\n{text}")),
+        }
+    })
 }
 
 /// A running `radixd exec`, driven one line at a time.
@@ -343,7 +390,6 @@ impl Raw {
         at: u64,
         payload: &[u8],
     ) -> radixd::wire::WireReply {
-        use std::time::{Duration, Instant};
         let c = self.client();
         let s = &self.segment;
         let scratch = s.scratch(c.scratch, c.scratch_len).unwrap();

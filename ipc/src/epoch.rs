@@ -96,8 +96,12 @@ impl EpochClock {
     /// memory, so a stray write to this shared word lasts only until the
     /// next publication).
     pub fn publish(&self, epoch: u64) {
-        // Release: as the store in `Collector::try_advance`.
-        self.global.store(epoch, Ordering::Release);
+        // Relaxed: a reader takes only the value (any recent epoch will do,
+        // see `pin`); what the writer did before is ordered for readers by
+        // the fences of the next advance, as for the store in
+        // `Collector::advance_or_report` (docs/modelcheck.md, "Orderings
+        // argued").
+        self.global.store(epoch, Ordering::Relaxed);
     }
 }
 
@@ -136,19 +140,20 @@ impl ReaderSlot {
     /// trusted, `false` when the writer expired the announcement meanwhile
     /// (the copy may hold reused records: throw it away and retry).
     pub fn unpin(&self) -> bool {
-        // AcqRel: Release orders the walk's reads before the writer's
-        // Acquire load of IDLE in `try_advance` (so nothing it writes after
-        // is seen by them); Acquire pairs with the writer's expiring
-        // compare-exchange, so an expiry is never missed.
+        // Release: orders the walk's reads before the writer's Acquire load
+        // of IDLE in `try_advance` (so nothing it writes after is seen by
+        // them). Nothing to acquire: the EXPIRED bit is all this reads, and
+        // a swap reads the word's latest value, the expiring
+        // compare-exchange's if that came first, whatever the ordering.
         //
         // Outside loom: a Relaxed swap here passes every model, yet is a
         // real bug on ARM and POWER (load buffering: the walk's loads may
         // be satisfied after the swap is visible, so the writer sees IDLE,
         // reuses a record, and a load of the walk reads the reuse). loom
         // runs each load when its thread reaches it and reads only stores
-        // already made, so it never shows load buffering; the Release half
-        // is chosen on the argument above, not on a model.
-        let prev = self.epoch.swap(IDLE, Ordering::AcqRel);
+        // already made, so it never shows load buffering; the Release is
+        // chosen on the argument above, not on a model.
+        let prev = self.epoch.swap(IDLE, Ordering::Release);
         prev & EXPIRED == 0
     }
 
@@ -164,8 +169,9 @@ impl ReaderSlot {
     /// Whether the writer has expired this reader's announcement (a long
     /// walk may give up early).
     pub fn expired(&self) -> bool {
-        // Acquire: pairs with the expiring compare-exchange.
-        self.epoch.load(Ordering::Acquire) & EXPIRED != 0
+        // Relaxed: a hint to give up early, nothing read on its strength
+        // (`unpin` decides whether the walk counts).
+        self.epoch.load(Ordering::Relaxed) & EXPIRED != 0
     }
 }
 
@@ -226,7 +232,7 @@ impl<'a> Collector<'a> {
         fence(Ordering::SeqCst);
         let mut first = None;
         for (slot, reader) in self.readers.iter().enumerate() {
-            // Acquire: pairs with the Release half of `unpin`'s swap, so a
+            // Acquire: pairs with the Release of `unpin`'s swap, so a
             // reader seen idle has finished every read of its walk.
             let e = reader.epoch.load(Ordering::Acquire);
             if e != IDLE && e & EXPIRED == 0 && e != g {
@@ -238,10 +244,15 @@ impl<'a> Collector<'a> {
         if let Some(blocked) = first {
             return Err(blocked);
         }
-        // Release: a reader that pins the new epoch and then reads what was
-        // written before this advance sees it (belt and braces: the fences
-        // carry the argument).
-        self.clock.global.store(g + 1, Ordering::Release);
+        // Relaxed: the SeqCst fence above is a release fence too, and a
+        // reader that reads `g + 1` in `pin` synchronizes with it through
+        // its own SeqCst fence, so all the writer did before the scan
+        // happens-before its walk without a Release here. The scan's loads
+        // need not stay before this store: one that read what only this
+        // store brought about (a pin at `g + 1`) blocks the advance, and an
+        // `unpin` of such a pin cannot be read (coherence). The argument in
+        // full: docs/modelcheck.md, "Orderings argued".
+        self.clock.global.store(g + 1, Ordering::Relaxed);
         Ok(g + 1)
     }
 
@@ -252,15 +263,19 @@ impl<'a> Collector<'a> {
         let Some(reader) = self.readers.get(blocked.slot) else {
             return false;
         };
-        // AcqRel: Acquire orders the reader's reads made before a racing
-        // `unpin` (when this fails it saw IDLE or a new pin); Release pairs
-        // with the Acquire half of `unpin`'s swap.
+        // Relaxed: an expiry publishes nothing and acquires nothing. The
+        // expired reader throws its copy away, and learns of the expiry in
+        // `unpin` whatever the ordering (its swap and this compare-exchange
+        // are read-modify-writes of one word: the later reads the earlier);
+        // a reader that left first makes this fail, and the next scan's
+        // Acquire load of IDLE orders its walk (docs/modelcheck.md,
+        // "Orderings argued").
         reader
             .epoch
             .compare_exchange(
                 blocked.epoch,
                 blocked.epoch | EXPIRED,
-                Ordering::AcqRel,
+                Ordering::Relaxed,
                 Ordering::Relaxed,
             )
             .is_ok()

@@ -1665,10 +1665,15 @@ impl Client {
     }
 
     /// Binds this connection to the KV buffer `pool`: the first binder
-    /// binds the daemon's pool, a client of the same buffer joins the
-    /// binding, one of another is refused (`pool_mismatch`, nothing
-    /// changes). The binding is held until this client disconnects or
-    /// dies; returns how many clients hold it now.
+    /// binds the daemon's pool (the tree emptied first, every client's
+    /// locks included: nothing cached before is matched under it), a
+    /// client of the same buffer joins the binding, one of another is
+    /// refused (`pool_mismatch`, naming every key that differs first,
+    /// whole; nothing changes). The binding is held until this client
+    /// disconnects or dies, when the last holder leaving empties the tree
+    /// again; returns how many clients hold it now. While the pool is
+    /// bound, a client that has not bound it may read, lock, give back and
+    /// evict, not fill it (`not_permitted`: see `crate::binding`).
     pub fn bind(&mut self, pool: &PoolIdentity) -> Result<u64, ClientError> {
         match self.send(Call::Bind(pool.as_str()))? {
             Reply::Bound { holders } => Ok(holders),

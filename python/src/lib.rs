@@ -798,9 +798,11 @@ macro_rules! cache_methods {
 /// one answer in seconds (`None`: no limit; a dead daemon is noticed
 /// regardless), `pool` the KV buffer this client's pages index (a
 /// `key=value;...` string or a mapping, see `radixd::binding`): the first
-/// client that names one binds the daemon's pool, a client of another is
-/// refused with `radixd.PoolMismatchError`; `group` a `(key, rank, size)`
-/// to join at once (see `join`).
+/// client that names one binds the daemon's pool (starting from an empty
+/// tree), a client of another is refused with `radixd.PoolMismatchError`
+/// (naming every key that differs); a client that names none may read and
+/// lock a bound pool, not fill it (`alloc`, `insert`: `NotPermittedError`);
+/// `group` a `(key, rank, size)` to join at once (see `join`).
 #[pyclass(module = "radixd")]
 pub struct Client {
     inner: Mutex<Option<RustClient>>,

@@ -793,3 +793,31 @@ fn replay_figures_are_what_replay_prints() {
         assert_eq!(row[1], printed[0].2, "docs/replay.md, hybrid: {flags}");
     }
 }
+
+/// Issue 37: docs/hybrid.md's table of hit rates under both recency rules
+/// (which one answers as SGLang is the point of that section) is what
+/// `radixd replay` prints, row by row.
+#[test]
+fn hybrid_recency_figures_are_what_replay_prints() {
+    let page = read(&root().join("docs/hybrid.md"));
+    let rows = table_after(&page, "Hit rates under both rules");
+    assert_eq!(rows.len(), 8, "{rows:?}");
+    for row in &rows {
+        let [trace, components, capacity, exact, sglang] = &row[..] else {
+            panic!("docs/hybrid.md, recency: a row of five cells: {row:?}");
+        };
+        let flags = components.split('`').nth(1).expect("`flags`");
+        let capacity = capacity_of(capacity).to_string();
+        for (rule, cell) in [("exact", exact), ("sglang", sglang)] {
+            let mut args = vec!["--policy", "radix", "--capacity", &capacity];
+            args.extend(["--recency", rule, "--components"]);
+            args.extend(flags.split_whitespace());
+            let printed = replay_rates(trace, &args);
+            assert_eq!(printed.len(), 1);
+            assert_eq!(
+                cell, &printed[0].2,
+                "docs/hybrid.md, recency {rule}: {trace} {flags} at {capacity}"
+            );
+        }
+    }
+}

@@ -35,6 +35,17 @@ What SGLang hands a backend, and what this one does with it:
   (SGLang's ``StorageMetrics`` when ``--enable-cache-report`` asks), and
   :meth:`RadixdStorage.store_stats` (the store's own figures).
 
+The host pool comes first: every call that reads, writes or asks about
+pages (``batch_exists``/``exists``, ``batch_get_v1``/``batch_set_v1``,
+``get``/``batch_get``/``set``/``batch_set``) raises
+:class:`RadixdStorageError` until ``register_mem_pool_host`` gave the
+backend its host pool, as SGLang's ``HiCacheController`` always does before
+any page moves. The pool names the namespace (its layout and dtype decide
+the bytes of a page), so every call of a backend uses the namespace its pool
+gives, and two servers with the same pool geometry always meet; a page
+written under a guessed name would be invisible to, or misread by, a
+server that has its pool.
+
 Namespaces follow SGLang's own key rules (``HiCacheFile``'s suffixes): model
 (with the host pool's ``storage_format_tag``, which SGLang folds into the
 model name), TP rank and size (not for MLA, whose KV every TP rank holds
@@ -220,7 +231,13 @@ class RadixdStorage(HiCacheStorage):
 
     Built by SGLang's ``StorageBackendFactory.create_backend("dynamic", ...)``
     as ``RadixdStorage(storage_config, kwargs)``; the host pool arrives
-    through ``register_mem_pool_host`` before any page moves.
+    through ``register_mem_pool_host`` before any page moves. One rule for
+    every page call (``batch_exists``, ``exists``, ``batch_get_v1``,
+    ``batch_set_v1``, ``get``, ``batch_get``, ``set``, ``batch_set``): before
+    ``register_mem_pool_host`` it raises :class:`RadixdStorageError` and
+    touches nothing; after it, it uses the namespace the pool names
+    (:func:`namespace_name` of the pool's layout and dtype). ``clear``,
+    ``get_stats``, ``store_stats`` and ``close`` need no pool.
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
@@ -437,12 +454,22 @@ class RadixdStorage(HiCacheStorage):
 
     # ---- zero-copy path (interface_v1) -------------------------------------
 
-    def _pool_id(self) -> int:
+    def _require_pool(self, call: str) -> Tuple[str, int]:
+        """The host pool's namespace; before ``register_mem_pool_host``,
+        :class:`RadixdStorageError` naming ``call`` and the fix (every page
+        call alike: see the class's rule)."""
         if self._pool_ns is None:
-            raise RuntimeError(
-                "radixd HiCache storage: register_mem_pool_host was not called"
+            raise RadixdStorageError(
+                f"radixd HiCache storage: {call} before register_mem_pool_host. Every call "
+                "that reads, writes or asks about pages needs the host pool, which names "
+                "their namespace (layout, dtype, page size); SGLang's HiCacheController "
+                "registers it before any page moves, so call "
+                "register_mem_pool_host(host_pool) first."
             )
-        return self._namespace(*self._pool_ns)
+        return self._pool_ns
+
+    def _pool_id(self, call: str) -> int:
+        return self._namespace(*self._require_pool(call))
 
     def _pieces(self, keys: List[str], host_indices) -> List[List[Tuple[int, int]]]:
         n, k = len(keys), self._pieces_per_page
@@ -483,13 +510,15 @@ class RadixdStorage(HiCacheStorage):
         host_indices: torch.Tensor,
         extra_info: Optional[HiCacheStorageExtraInfo] = None,
     ) -> List[bool]:
+        self._require_pool("batch_get_v1")
         if not keys:
             return []
         client = self._client_now()
         if client is None:
             return [False] * len(keys)
         start = time.perf_counter()
-        return self._read(client, "batch_get_v1", self._pool_id(), keys, self._pieces(keys, host_indices), start)
+        ns = self._pool_id("batch_get_v1")
+        return self._read(client, "batch_get_v1", ns, keys, self._pieces(keys, host_indices), start)
 
     def batch_set_v1(
         self,
@@ -497,6 +526,7 @@ class RadixdStorage(HiCacheStorage):
         host_indices: torch.Tensor,
         extra_info: Optional[HiCacheStorageExtraInfo] = None,
     ) -> List[bool]:
+        self._require_pool("batch_set_v1")
         if not keys:
             return []
         if not self.is_writer:
@@ -508,18 +538,20 @@ class RadixdStorage(HiCacheStorage):
             return [False] * len(keys)
         start = time.perf_counter()
         parents = chain_parents(keys, extra_info)
-        return self._write(client, "batch_set_v1", self._pool_id(), keys, parents, self._pieces(keys, host_indices), start)
+        ns = self._pool_id("batch_set_v1")
+        return self._write(client, "batch_set_v1", ns, keys, parents, self._pieces(keys, host_indices), start)
 
     # ---- existence -------------------------------------------------------
 
     def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+        self._require_pool("batch_exists")
         if not keys:
             return 0
         client = self._client_now()
         if client is None:
             return 0
         try:
-            return client.store_exists(self._pool_id(), keys)
+            return client.store_exists(self._pool_id("batch_exists"), keys)
         except radixd.DaemonGoneError as e:
             self._gone(client, e)
             return 0
@@ -528,20 +560,22 @@ class RadixdStorage(HiCacheStorage):
             return 0
 
     def exists(self, key: str) -> bool:
+        self._require_pool("exists")
         return self.batch_exists([key]) == 1
 
     # ---- generic path (without interface_v1) -------------------------------
 
-    def _flat_id(self, dtype, nbytes: int) -> int:
+    def _flat_id(self, call: str, nbytes: int) -> int:
         """The namespace of SGLang's flat pages (``get_data_page``) of
-        ``nbytes`` bytes: the pool's when one is registered, else one named by
-        the tensor's dtype and size."""
-        if self._pool_ns is not None and not self.interface_v1 and self._pool_ns[1] == nbytes:
-            return self._namespace(*self._pool_ns)
+        ``nbytes`` bytes: the pool's (without ``interface_v1``, pages of its
+        size), else the flat one its layout and dtype name for that size."""
+        pool_ns = self._require_pool(call)
+        if not self.interface_v1 and pool_ns[1] == nbytes:
+            return self._namespace(*pool_ns)
         name = namespace_name(
             self.storage_config,
             layout=self._layout,
-            dtype=self._dtype if self._dtype is not None else dtype,
+            dtype=self._dtype,
             io="flat",
             value_size=nbytes,
             base=self.namespace_base,
@@ -563,9 +597,10 @@ class RadixdStorage(HiCacheStorage):
             return [(int(p), int(s)) for p, s in zip(location, sizes)]
         return [(int(location), int(sizes))]
 
-    def _get_many(self, keys: List[str], targets: List[Any], sizes: Optional[List[Any]]) -> List[bool]:
+    def _get_many(self, call: str, keys: List[str], targets: List[Any], sizes: Optional[List[Any]]) -> List[bool]:
         """Copies each key's value into its target (a tensor, or a raw address
         with ``sizes``); per key whether it was found."""
+        self._require_pool(call)
         if not keys:
             return []
         client = self._client_now()
@@ -573,16 +608,15 @@ class RadixdStorage(HiCacheStorage):
             return [False] * len(keys)
         if sizes is None:
             pieces = [[self._tensor_piece(t)] for t in targets]
-            dtype = targets[0].dtype
         else:
             pieces = [self._raw_pieces(t, s) for t, s in zip(targets, sizes)]
-            dtype = torch.uint8
         nbytes = sum(s for _, s in pieces[0])
         if any(sum(s for _, s in p) != nbytes for p in pieces):
             raise ValueError("radixd HiCache storage: targets of one batch differ in size")
-        return self._read(client, "get", self._flat_id(dtype, nbytes), keys, pieces, time.perf_counter())
+        return self._read(client, call, self._flat_id(call, nbytes), keys, pieces, time.perf_counter())
 
-    def _set_many(self, keys: List[str], values: List[Any], sizes: Optional[List[Any]]) -> List[bool]:
+    def _set_many(self, call: str, keys: List[str], values: List[Any], sizes: Optional[List[Any]]) -> List[bool]:
+        self._require_pool(call)
         if not keys:
             return []
         if not self.is_writer:
@@ -593,15 +627,13 @@ class RadixdStorage(HiCacheStorage):
         if sizes is None:
             values = [v.contiguous() if isinstance(v, torch.Tensor) else v for v in values]
             pieces = [[self._tensor_piece(v)] for v in values]
-            dtype = values[0].dtype
         else:
             pieces = [self._raw_pieces(v, s) for v, s in zip(values, sizes)]
-            dtype = torch.uint8
         nbytes = sum(s for _, s in pieces[0])
         if any(sum(s for _, s in p) != nbytes for p in pieces):
             raise ValueError("radixd HiCache storage: values of one batch differ in size")
-        ns = self._flat_id(dtype, nbytes)
-        return self._write(client, "set", ns, keys, chain_parents(keys, None), pieces, time.perf_counter())
+        ns = self._flat_id(call, nbytes)
+        return self._write(client, call, ns, keys, chain_parents(keys, None), pieces, time.perf_counter())
 
     def _read(self, client, what: str, ns: int, keys: List[str], pieces, start: float) -> List[bool]:
         """``store_get_many_raw`` under the backend's rules: a daemon gone or a
@@ -633,9 +665,7 @@ class RadixdStorage(HiCacheStorage):
         # Stored now or stored before (by anyone): either way it is there.
         return [True] * len(keys)
 
-    def _dummy_page(self) -> Optional[torch.Tensor]:
-        if self.mem_pool_host is None:
-            return None
+    def _dummy_page(self) -> torch.Tensor:
         return self.mem_pool_host.get_dummy_flat_data_page()
 
     def get(
@@ -648,12 +678,11 @@ class RadixdStorage(HiCacheStorage):
         tensor, or a fresh one shaped as the pool's flat page): that tensor,
         or ``None`` on a miss. With ``target_sizes`` (Mooncake's raw form:
         address(es) and size(s)) the answer is ``True``/``False``."""
+        self._require_pool("get")
         if target_sizes is not None:
-            return self._get_many([key], [target_location], [target_sizes])[0]
+            return self._get_many("get", [key], [target_location], [target_sizes])[0]
         target = target_location if target_location is not None else self._dummy_page()
-        if target is None:
-            return None
-        return target if self._get_many([key], [target], None)[0] else None
+        return target if self._get_many("get", [key], [target], None)[0] else None
 
     def batch_get(
         self,
@@ -664,16 +693,15 @@ class RadixdStorage(HiCacheStorage):
         """Per key its tensor or ``None`` (``HiCacheFile``'s answer); with
         ``target_sizes`` (raw addresses), the number of leading keys found
         (Mooncake's answer)."""
+        self._require_pool("batch_get")
         if target_sizes is not None:
-            found = self._get_many(keys, list(target_locations), list(target_sizes))
+            found = self._get_many("batch_get", keys, list(target_locations), list(target_sizes))
             return found.index(False) if False in found else len(found)
         if target_locations is None:
             targets = [self._dummy_page() for _ in keys]
-            if any(t is None for t in targets):
-                return [None] * len(keys)
         else:
             targets = list(target_locations)
-        found = self._get_many(keys, targets, None)
+        found = self._get_many("batch_get", keys, targets, None)
         return [t if ok else None for t, ok in zip(targets, found)]
 
     def set(
@@ -683,11 +711,12 @@ class RadixdStorage(HiCacheStorage):
         target_location: Optional[Any] = None,
         target_sizes: Optional[Any] = None,
     ) -> bool:
+        self._require_pool("set")
         if value is not None:
-            return self._set_many([key], [value], None)[0]
+            return self._set_many("set", [key], [value], None)[0]
         if target_location is None or target_sizes is None:
             return False
-        return self._set_many([key], [target_location], [target_sizes])[0]
+        return self._set_many("set", [key], [target_location], [target_sizes])[0]
 
     def batch_set(
         self,
@@ -696,13 +725,14 @@ class RadixdStorage(HiCacheStorage):
         target_locations: Optional[Any] = None,
         target_sizes: Optional[Any] = None,
     ) -> bool:
+        self._require_pool("batch_set")
         if not keys:
             return False
         if values is not None:
-            return all(self._set_many(keys, list(values), None))
+            return all(self._set_many("batch_set", keys, list(values), None))
         if target_locations is None or target_sizes is None:
             return False
-        return all(self._set_many(keys, list(target_locations), list(target_sizes)))
+        return all(self._set_many("batch_set", keys, list(target_locations), list(target_sizes)))
 
     # ---- the rest of the surface -------------------------------------------
 

@@ -10,6 +10,15 @@ The factory connects to the daemon named by ``RADIXD_NAME`` (default
 another is refused at start-up), installs radixd's pool into SGLang's
 token-to-KV allocator and returns a :class:`RadixdPrefixCache`.
 
+Recency: radixd answers as SGLang's trees under SGLang's rule, ``radixd
+serve --recency sglang`` (a match that splits a node counts as a use of its
+lower half too, as SGLang's ``_split_node`` touches it), which every
+``radixd serve`` line this backend prints includes. Under the daemon's
+default, ``exact``, the lower half keeps its last use: every answer is
+still a correct cache's, but a partial eviction can take another leaf than
+SGLang's, so later matches can differ. The backend logs the daemon's rule
+at start-up and warns when it is not SGLang's (:func:`check_recency`).
+
 Every method follows SGLang 0.5.23's ``RadixCache``
 (``python/sglang/srt/mem_cache/radix_cache.py``) and ``BasePrefixCache``
 (``base_prefix_cache.py``); where radixd has nothing to do, the method keeps
@@ -271,7 +280,7 @@ def install_allocator(allocator: BaseTokenToKVPoolAllocator, backend: Any) -> Ba
         raise ValueError(
             f"--radix-cache-backend radixd: the daemon has {backend.capacity} pages, SGLang's KV pool "
             f"{num_pages} pages of {allocator.page_size} tokens; start it with "
-            f"`radixd serve --page-size {allocator.page_size} --capacity {num_pages}` "
+            f"`radixd serve --page-size {allocator.page_size} --capacity {num_pages} {RECENCY_FLAG}` "
             f"(or give SGLang --max-total-tokens {backend.capacity * allocator.page_size})"
         )
     # The class is swapped in place (every holder of the allocator sees it),
@@ -575,6 +584,37 @@ def _refuse(option: str, why: str) -> None:
     raise ValueError(f"--radix-cache-backend radixd does not support {option}: {why}")
 
 
+#: The recency rule under which radixd's trees answer as SGLang 0.5.23's
+#: (``RadixCache`` and ``UnifiedRadixCache``): a split touches the node's
+#: lower half, as SGLang's ``_split_node`` does.
+SGLANG_RECENCY = "sglang"
+
+#: The flag every ``radixd serve`` line this backend prints carries.
+RECENCY_FLAG = f"--recency {SGLANG_RECENCY}"
+
+
+def check_recency(client: Any, name: str) -> bool:
+    """Whether the daemon ``name`` (``client``'s) runs SGLang's recency rule;
+    a warning says what differs and the flag to add when it does not.
+
+    A warning, not a refusal: under ``exact`` every answer is still a
+    correct cache's (the prefix a match names is cached, its KV is its
+    own); only the victims of partial evictions differ from SGLang's, and
+    so the hit rate (docs/hybrid.md, "Recency").
+    """
+    recency = client.recency
+    if recency == SGLANG_RECENCY:
+        return True
+    logger.warning(
+        "radixd: daemon %r runs --recency %s, not SGLang's rule: a match that splits a node leaves "
+        "the part below it at its last use, so a partial eviction can take another leaf than "
+        "SGLang's tree would and later matches can differ (docs/hybrid.md, \"Recency\"). For "
+        "SGLang's answers restart it with %s",
+        name, recency, RECENCY_FLAG,
+    )
+    return False
+
+
 def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
     """SGLang's ``RadixCacheFactory`` for ``--radix-cache-backend radixd``:
     refuses what radixd does not support, connects to the daemon named by
@@ -627,7 +667,7 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
         num_pages = params.token_to_kv_pool_allocator.size // params.page_size
         raise RuntimeError(
             f"--radix-cache-backend radixd: no radixd daemon named {name!r} ({e}). Start one first: "
-            f"`radixd serve --name {name} --page-size {params.page_size} --capacity {num_pages}`, "
+            f"`radixd serve --name {name} --page-size {params.page_size} --capacity {num_pages} {RECENCY_FLAG}`, "
             "or set RADIXD_NAME to the name of the running one"
         ) from e
     if client.components != "full":
@@ -637,10 +677,11 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
             "this model is full-attention only: its matches must not be cut back by a second component",
         )
     logger.info(
-        "radixd: connected to %r (page size %d, %d pages), its pool bound to %s%s",
-        name, client.page_size, client.capacity, client.pool,
+        "radixd: connected to %r (page size %d, %d pages, recency %s), its pool bound to %s%s",
+        name, client.page_size, client.capacity, client.recency, client.pool,
         "" if group is None else f", rank {group.rank} of {group.size} of group {group.key}",
     )
+    check_recency(client, name)
     try:
         return RadixdPrefixCache(params, client)
     except BaseException:
@@ -816,5 +857,7 @@ __all__ = [
     "tp_group",
     "TpGroup",
     "radixd_cache_factory",
+    "check_recency",
+    "SGLANG_RECENCY",
     "register",
 ]

@@ -5,7 +5,10 @@ SGLang builds a ``UnifiedRadixCache`` with components FULL+SWA or FULL+MAMBA
 for these models; ``--radix-cache-backend radixd`` builds a
 :class:`RadixdHybridCache` instead, over a daemon started with the same
 components (``radixd serve --components full,swa --swa-window W`` or
-``--components full,mamba --mamba-capacity N``). The tree, its rules
+``--components full,mamba --mamba-capacity N``) and SGLang's recency rule
+(``--recency sglang``, under which it answers as ``UnifiedRadixCache``;
+``exact``, the daemon's default, picks other victims for partial evictions,
+and the factory warns: ``radixd.sglang.check_recency``). The tree, its rules
 (matches cut back to where the window holds or a state was checkpointed,
 tombstones, per-component LRU and eviction) and every pool live in radixd:
 
@@ -56,7 +59,7 @@ from sglang.srt.utils import get_num_new_pages
 
 import radixd
 
-from .sglang import _token_ids, install_allocator
+from .sglang import RECENCY_FLAG, _token_ids, check_recency, install_allocator
 
 
 def _ns(key: Any) -> Optional[str]:
@@ -778,16 +781,21 @@ def _refuse(option: str, why: str) -> None:
 
 
 def _serve_line(name: str, params: Any, is_swa: bool) -> str:
-    """The ``radixd serve`` line this model's pools need."""
+    """The ``radixd serve`` line this model's pools need, with SGLang's
+    recency rule (under which radixd answers as ``UnifiedRadixCache``)."""
     alloc = params.token_to_kv_pool_allocator
     ps = params.page_size
     if is_swa:
         return (
             f"radixd serve --name {name} --page-size {ps} --capacity {alloc.size_full // ps} "
-            f"--components full,swa --swa-window {params.swa_retain_window} --swa-capacity {alloc.size_swa // ps}"
+            f"--components full,swa --swa-window {params.swa_retain_window} --swa-capacity {alloc.size_swa // ps} "
+            f"{RECENCY_FLAG}"
         )
     slots = params.req_to_token_pool.mamba_allocator.size
-    return f"radixd serve --name {name} --page-size {ps} --capacity {alloc.size // ps} --components full,mamba --mamba-capacity {slots}"
+    return (
+        f"radixd serve --name {name} --page-size {ps} --capacity {alloc.size // ps} "
+        f"--components full,mamba --mamba-capacity {slots} {RECENCY_FLAG}"
+    )
 
 
 def check_hybrid_model(ctx: Any) -> None:
@@ -877,7 +885,11 @@ def hybrid_cache_factory(ctx: Any, name: str, pool: Optional[dict] = None, group
     except ValueError:
         client.close()
         raise
-    logger.info("radixd: connected to %r (%s, page size %d)", name, client.components, client.page_size)
+    logger.info(
+        "radixd: connected to %r (%s, page size %d, recency %s)",
+        name, client.components, client.page_size, client.recency,
+    )
+    check_recency(client, name)
     return RadixdHybridCache(params, client)
 
 

@@ -327,3 +327,64 @@ fn a_desync_names_the_first_token_where_the_keys_differ() {
     let at = err.message.find("token 9").unwrap();
     assert!(at < err.message.find("it sent").unwrap(), "{err}");
 }
+
+/// Item 1 with the hybrid components on: an unbound client's lock holds a
+/// node's SWA pages or its MAMBA state too; the binding's end frees them
+/// all the same, and the lock's handle (with SWA, the lock's own receipt)
+/// is stale.
+#[test]
+fn a_hybrid_prefix_never_outlives_its_pool_either() {
+    for (args, free) in [
+        (
+            ["--components", "full,swa", "--swa-window", "4"],
+            "swa         window 4 tokens; 16 of 16 pages free; 0 tokens evictable, 0 locked",
+        ),
+        (
+            ["--components", "full,mamba", "--mamba-capacity", "4"],
+            "mamba       4 of 4 states free; 0 evictable, 0 locked",
+        ),
+    ] {
+        let mamba = args[1] == "full,mamba";
+        let mut all = vec!["--page-size", "4", "--capacity", "16"];
+        all.extend(args);
+        let daemon = Daemon::start(&all);
+        let watcher = Client::connect(&daemon.name).unwrap();
+        let tokens: Vec<u32> = (1..=8).collect();
+
+        let mut a = Exec::start(&["--connect", &daemon.name]);
+        let bound = a.call(json!({"op":"bind","pool":"device=cuda:0;server=h:1"}));
+        assert_eq!(bound["ok"], true, "{bound}");
+        let pages = a.call(json!({"op":"alloc","n":2}))["pages"].clone();
+        let mut insert = json!({"op":"insert","tokens":tokens,"pages":pages});
+        if mamba {
+            let state = a.call(json!({"op":"alloc_state"}))["state"].clone();
+            insert["mamba_state"] = state;
+        }
+        let r = a.call(insert);
+        assert_eq!(r["ok"], true, "{r}");
+
+        let mut u = Exec::start(&["--connect", &daemon.name]);
+        let m = u.call(json!({"op":"match","tokens":tokens,"lock":true}));
+        assert_eq!(m["len"].as_u64(), Some(8), "{m}");
+        let handle = m["handle"].as_u64().expect("a locked handle");
+
+        drop(a);
+        wait_for_binding(&watcher, None);
+        wait_for_stat(
+            &daemon.name,
+            &[
+                "tokens      0 cached, 0 locked",
+                "pages       16 free",
+                free,
+            ],
+        );
+        let mut b = Exec::start(&["--connect", &daemon.name]);
+        let bound = b.call(json!({"op":"bind","pool":"device=cuda:1;server=h:2"}));
+        assert_eq!(bound["ok"], true, "{bound}");
+        let m = b.call(json!({"op":"match","tokens":tokens,"lock":false}));
+        assert_eq!(m["len"].as_u64(), Some(0), "{args:?}: {m}");
+        let answer = u.call(json!({"op":"unlock","handle":handle}));
+        assert_eq!(error(&answer).0, "stale_handle", "{args:?}: {answer}");
+        assert_eq!(b.call(json!({"op":"validate"}))["ok"], true);
+    }
+}

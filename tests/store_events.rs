@@ -59,10 +59,10 @@ fn endpoints() -> (String, String) {
 }
 
 /// A daemon (on segment `name` when given) with a 1 MiB store publishing
-/// events, and its endpoints.
-fn start(name: Option<&str>) -> (Daemon, String, String) {
+/// events (`extra` flags added), and its endpoints.
+fn start_with(name: Option<&str>, extra: &[&str]) -> (Daemon, String, String) {
     let (ep, rep) = endpoints();
-    let args = [
+    let mut args = vec![
         "--page-size",
         "4",
         "--capacity",
@@ -79,11 +79,16 @@ fn start(name: Option<&str>) -> (Daemon, String, String) {
         "--kv-events-hash-seed",
         "0",
     ];
+    args.extend_from_slice(extra);
     let d = match name {
         Some(n) => Daemon::start_named(n, &args),
         None => Daemon::start(&args),
     };
     (d, ep, rep)
+}
+
+fn start(name: Option<&str>) -> (Daemon, String, String) {
+    start_with(name, &[])
 }
 
 /// vLLM's `OffloadKey` in hex whose block hash ends in the 8 bytes of
@@ -615,6 +620,69 @@ fn vllm_msgspec_structs_decode_the_store_events() {
         "the msgspec check failed"
     );
     let v: serde_json::Value = serde_json::from_str(&line).expect("summary");
+    assert_eq!(v["stored"].as_u64(), Some(all.len() as u64), "{v}");
+    assert_eq!(v["removed"].as_u64(), Some((all.len() - want.len()) as u64));
+    let h = store_block(&chains[3][0]).hash;
+    assert_eq!(v["groups"][h.to_string()].as_u64(), Some(1), "{v}");
+}
+
+/// vLLM 0.33.0's own `KVEventBatch` (imported from vLLM) decodes every
+/// message of `--kv-events-layout vllm`; store events are `CPU`, tokenless,
+/// one block each, a vLLM key's group in `group_idx`.
+const VLLM_CHECK: &str = r#"
+import sys, json
+import msgspec, zmq
+from vllm.distributed.kv_events import KVEventBatch, BlockStored, BlockRemoved
+dec = msgspec.msgpack.Decoder(type=KVEventBatch)
+ctx = zmq.Context()
+dealer = ctx.socket(zmq.DEALER)
+dealer.connect(sys.argv[1])
+dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+stored, removed, groups = 0, 0, {}
+while True:
+    assert dealer.poll(10000)
+    _, seq, payload = dealer.recv_multipart()
+    if payload == b"":
+        break
+    for e in dec.decode(payload).events:
+        if isinstance(e, BlockStored) and e.medium == "CPU":
+            assert e.token_ids == [] and len(e.block_hashes) == 1, e
+            stored += 1
+            if e.group_idx is not None:
+                groups[str(e.block_hashes[0])] = e.group_idx
+        elif isinstance(e, BlockRemoved) and e.medium == "CPU":
+            removed += len(e.block_hashes)
+print(json.dumps({"stored": stored, "removed": removed, "groups": groups}), flush=True)
+"#;
+
+/// With vLLM 0.33.0 itself, when `RADIXD_VLLM_PYTHON` names an interpreter
+/// that has it (scripts/test-vllm's venv); skipped with a notice otherwise.
+#[test]
+fn vllm_s_own_kv_event_batch_decodes_the_vllm_layout() {
+    let Some(py) = std::env::var("RADIXD_VLLM_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())
+    else {
+        eprintln!("notice: RADIXD_VLLM_PYTHON unset, skipping the check with vLLM itself");
+        return;
+    };
+    let (d, ep, rep) = start_with(None, &["--kv-events-layout", "vllm"]);
+    let _file = StoreFileGuard(radixd::store::file::store_path(&d.name));
+    let mut c = Client::connect(&d.name).expect("connect");
+    let ns = c.store_namespace("model-a", VALUE).expect("namespace");
+    let chains = workload(&mut c, ns);
+    let all: Vec<Vec<u8>> = chains.iter().flatten().cloned().collect();
+    let want = held(&mut c, ns, &all);
+    replay_until(&ep, &rep, &want);
+    let out = Command::new(&py)
+        .args(["-c", VLLM_CHECK, &rep])
+        .stderr(Stdio::null())
+        .output()
+        .expect("python");
+    assert!(out.status.success(), "vLLM's decoder failed");
+    let line = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value =
+        serde_json::from_str(line.lines().last().unwrap_or("")).expect("summary");
     assert_eq!(v["stored"].as_u64(), Some(all.len() as u64), "{v}");
     assert_eq!(v["removed"].as_u64(), Some((all.len() - want.len()) as u64));
     let h = store_block(&chains[3][0]).hash;

@@ -14,8 +14,10 @@
 //! decodes ([`BatchLayout::Array`], the default). Recent vLLM main dropped
 //! `array_like` (events become maps tagged by `"type"`, the batch a map
 //! `{"ts", "events", "data_parallel_rank"}`); [`BatchLayout::Map`]
-//! (`--kv-events-layout map`) writes that form, and [`decode_batch`] reads
-//! both.
+//! (`--kv-events-layout map`) writes that form. vLLM 0.33.0 itself keeps
+//! the batch `array_like` and makes only the events maps:
+//! [`BatchLayout::Vllm`] (`--kv-events-layout vllm`) is the one its own
+//! `KVEventBatch` decodes. [`decode_batch`] reads all three.
 //!
 //! Fields with defaults that are at their default (`extra_keys`,
 //! `group_idx`, the `kv_cache_spec_*` fields) are omitted, as msgspec omits
@@ -78,6 +80,18 @@ pub enum BatchLayout {
     Array,
     /// Maps keyed by field name, the event's tag under `"type"`.
     Map,
+    /// vLLM 0.33.0's own (`vllm/distributed/kv_events.py`): the batch
+    /// `array_like` (`[ts, [event, ...], data_parallel_rank]`), each event
+    /// a map tagged `"type"` (its `KVCacheEvent` is not `array_like`). The
+    /// only one of the three that vLLM 0.33.0's `KVEventBatch` decodes.
+    Vllm,
+}
+
+impl BatchLayout {
+    /// Whether events are maps keyed by field name.
+    fn map_events(self) -> bool {
+        self != Self::Array
+    }
 }
 
 /// A `--kv-events-layout` value that names no layout.
@@ -86,7 +100,11 @@ pub struct UnknownBatchLayout(pub String);
 
 impl std::fmt::Display for UnknownBatchLayout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "unknown layout {:?} (expected array or map)", self.0)
+        write!(
+            f,
+            "unknown layout {:?} (expected array, map or vllm)",
+            self.0
+        )
     }
 }
 
@@ -99,6 +117,7 @@ impl std::str::FromStr for BatchLayout {
         match s {
             "array" => Ok(Self::Array),
             "map" => Ok(Self::Map),
+            "vllm" => Ok(Self::Vllm),
             other => Err(UnknownBatchLayout(other.into())),
         }
     }
@@ -128,19 +147,18 @@ impl BatchWriter {
 
     /// Opens a struct of `n` fields (the tag counted) tagged `tag`.
     fn open(&mut self, n: usize, tag: &str) {
-        match self.layout {
-            BatchLayout::Array => msgpack::array(&mut self.body, n),
-            BatchLayout::Map => {
-                msgpack::map(&mut self.body, n);
-                msgpack::str(&mut self.body, "type");
-            }
+        if self.layout.map_events() {
+            msgpack::map(&mut self.body, n);
+            msgpack::str(&mut self.body, "type");
+        } else {
+            msgpack::array(&mut self.body, n);
         }
         msgpack::str(&mut self.body, tag);
     }
 
-    /// The field name, in the map layout.
+    /// The field name, when events are maps.
     fn key(&mut self, name: &str) {
-        if self.layout == BatchLayout::Map {
+        if self.layout.map_events() {
             msgpack::str(&mut self.body, name);
         }
     }
@@ -195,7 +213,7 @@ impl BatchWriter {
         let fields = match (group_idx, self.layout) {
             (None, _) => 8,
             (Some(_), BatchLayout::Array) => 10,
-            (Some(_), BatchLayout::Map) => 9,
+            (Some(_), BatchLayout::Map | BatchLayout::Vllm) => 9,
         };
         self.open(fields, "BlockStored");
         self.block_hashes(block_hashes);
@@ -414,7 +432,7 @@ mod tests {
 
     #[test]
     fn both_layouts_round_trip() {
-        for layout in [BatchLayout::Array, BatchLayout::Map] {
+        for layout in [BatchLayout::Array, BatchLayout::Map, BatchLayout::Vllm] {
             let mut w = BatchWriter::with_layout(layout);
             w.stored(&[7, 8], Some(6), &[1, 2], 1, MEDIUM_GPU, None);
             w.removed(&[7], MEDIUM_GPU);
@@ -428,6 +446,31 @@ mod tests {
                     medium: Some("GPU".into()),
                 },
                 "{layout:?}"
+            );
+        }
+    }
+
+    /// vLLM 0.33.0's form: an array batch of map events.
+    #[test]
+    fn the_vllm_layout_is_an_array_of_maps() {
+        let mut w = BatchWriter::with_layout(BatchLayout::Vllm);
+        w.stored_in_group(&[9], None, &[], 16, "CPU", None, Some(1));
+        w.removed(&[9], "CPU");
+        let Value::Array(top) = msgpack::decode(&w.finish(2.0, 0)).unwrap() else {
+            panic!("an array batch")
+        };
+        assert_eq!(top.len(), 3);
+        let Value::Array(events) = &top[1] else {
+            panic!("events")
+        };
+        for (e, (tag, n)) in events.iter().zip([("BlockStored", 9), ("BlockRemoved", 3)]) {
+            let Value::Map(pairs) = e else {
+                panic!("a map event: {e:?}")
+            };
+            assert_eq!(pairs.len(), n);
+            assert_eq!(
+                pairs[0],
+                (Value::Str("type".into()), Value::Str(tag.into()))
             );
         }
     }

@@ -38,9 +38,10 @@ pub struct ServeEventsArgs {
     /// The `medium` of every event.
     #[arg(long, default_value = "GPU")]
     pub kv_events_medium: String,
-    /// msgspec layout: `array` (array_like=True, as vLLM's example decodes)
-    /// or `map` (recent vLLM main).
-    #[arg(long, default_value = "array", value_parser = ["array", "map"])]
+    /// msgspec layout: `array` (array_like=True, as vLLM's example decodes),
+    /// `map` (batch and events maps) or `vllm` (vLLM 0.33.0's own: an
+    /// array batch of map events).
+    #[arg(long, default_value = "array", value_parser = ["array", "map", "vllm"])]
     pub kv_events_layout: String,
 }
 

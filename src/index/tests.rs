@@ -213,7 +213,8 @@ fn other_media_are_ignored_and_bad_ranks_refused() {
         token_ids: vec![1, 2],
         block_size: 2,
         lora_id: None,
-        medium: Some("CPU".into()),
+        // `CPU` is the store's tier (tests/store_events.rs); others go.
+        medium: Some("DISK".into()),
     };
     assert_eq!(i.apply_event(A, &e), Ok(false));
     let batch = Batch {

@@ -391,7 +391,7 @@ impl<'b> Binding<'b> {
         let Some(bound) = &self.identity else {
             return Ok(());
         };
-        if self.holders.contains(&client) || !fills_pool(request) {
+        if !fills_pool(request) || self.holders.contains(&client) {
             return Ok(());
         }
         let mut shown = bound.as_str().to_owned();

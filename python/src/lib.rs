@@ -817,6 +817,9 @@ pub struct Client {
     pool: Option<String>,
     /// The store namespaces this client registered (`store_namespace`).
     store: store::Namespaces,
+    /// The store mapped for reads that never wait for the connection
+    /// (`store_probe`); `None` without a store.
+    probe: Option<store::Probe>,
 }
 
 impl Client {
@@ -887,7 +890,21 @@ cache_methods! {
                 py.allow_threads(|| client.join(key, *rank, *size))
                     .map_err(|e| rejected(py, client_error(e)))?;
             }
+            let probe = if client.has_store() {
+                let data_bytes = client
+                    .store_stats()
+                    .map_err(|e| rejected(py, client_error(e)))?
+                    .capacity_bytes;
+                let slot = client.slot();
+                Some(
+                    py.allow_threads(|| store::Probe::open(&owned, data_bytes, slot))
+                        .map_err(|r| rejected(py, r))?,
+                )
+            } else {
+                None
+            };
             Ok(Self {
+                probe,
                 page_size: client.page_size(),
                 capacity: client.capacity(),
                 components: client.components(),
@@ -1088,6 +1105,33 @@ cache_methods! {
             self.store_run(py, ns, keys)
         }
 
+        /// `store_exists` that never waits for another thread's call on this
+        /// client (a copy holding the connection): the leading run of `keys`
+        /// stored in `ns`, read lock-free from a mapping of the store's
+        /// index, without the reader announcement (an existence test needs
+        /// none; a key changing meanwhile reads as a miss).
+        fn store_probe(
+            &self,
+            py: Python<'_>,
+            ns: &Bound<'_, PyAny>,
+            keys: &Bound<'_, PyAny>,
+        ) -> PyResult<usize> {
+            self.store_probe_run(py, ns, keys)
+        }
+
+        /// The id of store namespace `name` if any client registered it, or
+        /// `None`; lock-free, never waits for the connection.
+        fn store_find_namespace(&self, py: Python<'_>, name: &str) -> PyResult<Option<u32>> {
+            self.store_find(py, name)
+        }
+
+        /// The largest value the store holds (bytes): one extent of its
+        /// data region (`min(16 MiB, SIZE / 8)` for `--store SIZE`).
+        #[getter]
+        fn store_value_max(&self, py: Python<'_>) -> PyResult<u64> {
+            self.store_value_limit(py)
+        }
+
         /// Copies `key`'s value into `out` (a writable C-contiguous buffer or
         /// CPU tensor of the value size), the GIL released: `False` is a miss.
         fn store_get(
@@ -1148,6 +1192,44 @@ cache_methods! {
             pieces: &Bound<'_, PyAny>,
         ) -> PyResult<Vec<bool>> {
             self.store_put_pieces(py, ns, keys, parents, pieces)
+        }
+
+        /// Reserves a slot for each key no one stored or reserved yet (a
+        /// writer copying itself): per key `(index, generation, offset)` or
+        /// `None`. The slots are this client's until `store_commit` or
+        /// `store_abort`; the daemon gives them back if it disconnects
+        /// first. `StoreFullError` when the store has no room for every
+        /// key (nothing reserved then).
+        fn store_reserve(
+            &self,
+            py: Python<'_>,
+            ns: &Bound<'_, PyAny>,
+            keys: &Bound<'_, PyAny>,
+            parents: &Bound<'_, PyAny>,
+        ) -> PyResult<Vec<Option<(u32, u32, u64)>>> {
+            self.store_take(py, ns, keys, parents)
+        }
+
+        /// Publishes slots from `store_reserve` (whatever their bytes hold);
+        /// returns how many. A slot this client did not reserve fails the
+        /// whole call (`NotReservedError`), committing nothing.
+        fn store_commit(
+            &self,
+            py: Python<'_>,
+            ns: &Bound<'_, PyAny>,
+            slots: Vec<(u32, u32, u64)>,
+        ) -> PyResult<usize> {
+            self.store_finish(py, ns, slots, true)
+        }
+
+        /// Gives back slots from `store_reserve` unpublished; returns how many.
+        fn store_abort(
+            &self,
+            py: Python<'_>,
+            ns: &Bound<'_, PyAny>,
+            slots: Vec<(u32, u32, u64)>,
+        ) -> PyResult<usize> {
+            self.store_finish(py, ns, slots, false)
         }
 
         /// Drops every value of namespace `ns` (and no other's), through the

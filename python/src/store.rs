@@ -27,8 +27,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use radixd::op::{ErrorKind, Rejection};
-use radixd::store::{StoreNs, StoreStats};
+use radixd::op::{check_key, ErrorKind, Rejection};
+use radixd::store::{StoreMap, StoreNs, StoreReader, StoreSlot, StoreStats};
 use radixd::ClientError;
 
 use crate::{client_error, closed, guard, input, rejected, Client};
@@ -61,6 +61,55 @@ impl Namespaces {
             .lock()
             .map_err(|_| PyValueError::new_err("an earlier call panicked"))?;
         Ok(map.get(&id).copied())
+    }
+}
+
+/// The store mapped a second time, for the reads that must never wait for
+/// the connection (`store_probe`, `store_find_namespace`,
+/// `store_value_max`): a thread copying through the client holds its mutex
+/// for a whole reserve-copy-commit, and a scheduler's lookup must not wait
+/// behind it (vLLM asks its tiers under its manager lock).
+///
+/// These reads use no reader announcement: the client's one announcement
+/// slot belongs to whichever thread holds the connection, and an
+/// existence test needs none. Entries lie in a fixed array of the mapping
+/// and each is trusted only under a stable version (`StoreReader::find`),
+/// so a walk racing the daemon's reuse of an entry restarts or misses; a
+/// hit is a key that was committed at that moment. Nothing is copied out
+/// of the data region here, which is what the announcement protects.
+pub struct Probe {
+    map: StoreMap,
+    slot: u32,
+}
+
+impl Probe {
+    /// Maps the store of daemon `name` whose data region is `data_bytes`
+    /// (what the connected client's own mapping says).
+    pub fn open(name: &str, data_bytes: u64, slot: u32) -> Result<Self, Rejection> {
+        let map = StoreMap::open(name).map_err(|e| {
+            Rejection::new(
+                ErrorKind::NoStore,
+                format!("cannot map the daemon's store: {e}"),
+            )
+        })?;
+        let got = map.view().layout().config.data_bytes;
+        if got != data_bytes {
+            // The daemon was replaced between the two mappings.
+            return Err(Rejection::new(
+                ErrorKind::DaemonGone,
+                format!("the store changed while connecting ({got} bytes, not {data_bytes})"),
+            ));
+        }
+        Ok(Self { map, slot })
+    }
+
+    fn reader(&self) -> StoreReader {
+        StoreReader::new(self.map.view(), self.slot)
+    }
+
+    /// The largest value the store holds: one extent.
+    pub fn value_max(&self) -> u64 {
+        self.map.view().layout().config.extent_bytes
     }
 }
 
@@ -494,6 +543,62 @@ impl Client {
         Ok(ns)
     }
 
+    fn probe(&self, py: Python<'_>) -> PyResult<&Probe> {
+        self.probe.as_ref().ok_or_else(|| {
+            rejected(
+                py,
+                Rejection::new(ErrorKind::NoStore, "the daemon runs without a store"),
+            )
+        })
+    }
+
+    /// `store_probe`: the leading run of `keys` stored in `ns`, read
+    /// without the connection's lock (see [`Probe`]).
+    pub(crate) fn store_probe_run(
+        &self,
+        py: Python<'_>,
+        ns: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let probe = self.probe(py)?;
+        let reader = probe.reader();
+        let id = namespace_id(ns)?;
+        let ns = match self.store.known(id)? {
+            Some(ns) => ns,
+            None => reader.namespace_by_id(id).ok_or_else(|| {
+                rejected(
+                    py,
+                    Rejection::new(
+                        ErrorKind::UnknownNamespace,
+                        format!("no namespace has id {id} (ids come from store_namespace)"),
+                    ),
+                )
+            })?,
+        };
+        let keys = Keys::read(keys, "keys")?;
+        // SAFETY: `keys` holds every key object (immutable str/bytes) until
+        // this call returns.
+        let slices = unsafe { slices(&keys.spans) };
+        for k in &slices {
+            check_key(k).map_err(|e| rejected(py, Rejection::from(e)))?;
+        }
+        Ok(reader.run(ns, &slices))
+    }
+
+    /// `store_find_namespace`: the id of namespace `name` if anyone
+    /// registered it, without the connection's lock.
+    pub(crate) fn store_find(&self, py: Python<'_>, name: &str) -> PyResult<Option<u32>> {
+        let found = self.probe(py)?.reader().namespace(name.as_bytes());
+        Ok(found.map(|ns| {
+            self.store.add(ns);
+            ns.id
+        }))
+    }
+
+    pub(crate) fn store_value_limit(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.probe(py)?.value_max())
+    }
+
     pub(crate) fn store_has(&self) -> PyResult<bool> {
         Ok(guard(&self.inner)?.as_ref().ok_or_else(closed)?.has_store())
     }
@@ -666,6 +771,65 @@ impl Client {
         same_len(keys.spans.len(), pieces.len(), "piece lists")?;
         checked_pieces(py, ns, &pieces, "a value's pieces")?;
         self.store_gather(py, ns, &keys, parents, &pieces)
+    }
+
+    /// `store_reserve`: per key a reserved slot `(index, generation,
+    /// offset)`, or `None` where anyone stored or reserved the key already.
+    pub(crate) fn store_take(
+        &self,
+        py: Python<'_>,
+        ns: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+        parents: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<Option<(u32, u32, u64)>>> {
+        let ns = self.namespace(py, ns)?;
+        let keys = Keys::read(keys, "keys")?;
+        let (parent_keys, which) = Keys::parents(parents, keys.spans.len())?;
+        let (spans, parent_spans) = (&keys.spans, &parent_keys.spans);
+        let which = &which;
+        let slots = self
+            .with(py, |c| {
+                // SAFETY: the key and parent objects are held by `keys` and
+                // `parent_keys` for this call.
+                let keys = unsafe { slices(spans) };
+                // SAFETY: as above, for the parents.
+                let parent_slices = unsafe { slices(parent_spans) };
+                let parents: Vec<Option<&[u8]>> =
+                    which.iter().map(|w| w.map(|i| parent_slices[i])).collect();
+                c.store_reserve(ns, &keys, &parents)
+            })?
+            .map_err(failed(py))?;
+        Ok(slots
+            .into_iter()
+            .map(|s| s.map(|s| (s.index, s.generation, s.offset)))
+            .collect())
+    }
+
+    /// `store_commit` (`commit`) or `store_abort` of reserved slots.
+    pub(crate) fn store_finish(
+        &self,
+        py: Python<'_>,
+        ns: &Bound<'_, PyAny>,
+        slots: Vec<(u32, u32, u64)>,
+        commit: bool,
+    ) -> PyResult<usize> {
+        let ns = self.namespace(py, ns)?;
+        let slots: Vec<StoreSlot> = slots
+            .into_iter()
+            .map(|(index, generation, offset)| StoreSlot {
+                index,
+                generation,
+                offset,
+            })
+            .collect();
+        self.with(py, |c| {
+            if commit {
+                c.store_commit(ns, &slots)
+            } else {
+                c.store_abort(ns, &slots)
+            }
+        })?
+        .map_err(failed(py))
     }
 
     pub(crate) fn store_drop(&self, py: Python<'_>, ns: &Bound<'_, PyAny>) -> PyResult<u64> {

@@ -1205,6 +1205,24 @@ fn decode_op<P: Payload + ?Sized>(
     if lock && !lockable {
         return Err(malformed("only insert and match take a lock flag"));
     }
+    // `arg` only on the ops that take it (see `WireRequest::arg`): a value
+    // the op would ignore is refused, never answered as if it were not there.
+    let takes_arg = matches!(
+        request,
+        Request::Alloc { .. }
+            | Request::Lock { .. }
+            | Request::Unlock { .. }
+            | Request::Evict { .. }
+            | Request::MatchAt { .. }
+            | Request::InsertAt { .. }
+            | Request::InsertWith { .. }
+            | Request::EvictComponents { .. }
+            | Request::FreeState { .. }
+            | Request::Join(_)
+    );
+    if r.arg != 0 && !takes_arg {
+        return Err(malformed("arg set on an op that takes none"));
+    }
     Ok(request)
 }
 

@@ -115,6 +115,31 @@ fn a_live_name_is_refused_and_sigterm_removes_the_segment() {
     assert!(std::fs::metadata(&path).is_err(), "segment left behind");
 }
 
+/// The test helper's check that tests leave nothing in /dev/shm: a test
+/// whose daemon leaves files behind (here a SIGKILLed daemon's segment and
+/// store) fails when its last `Daemon` goes, naming them, and they are gone.
+#[test]
+fn a_test_that_leaves_its_daemon_s_files_fails_and_they_are_removed() {
+    let mut name = String::new();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut daemon = Daemon::start(&["--capacity", "8", "--store", "1MiB"]);
+        name = daemon.name.clone();
+        daemon.kill(libc::SIGKILL);
+        assert!(std::path::Path::new(&format!("/dev/shm/{name}")).exists());
+    }));
+    let message = caught.expect_err("the test that left files failed");
+    let message = message
+        .downcast_ref::<String>()
+        .expect("a formatted message");
+    assert!(
+        message.contains(&format!("{name:?}")) && message.contains(&format!("\"{name}.store\"")),
+        "{message}"
+    );
+    for path in [format!("/dev/shm/{name}"), format!("/dev/shm/{name}.store")] {
+        assert!(!std::path::Path::new(&path).exists(), "{path} left");
+    }
+}
+
 #[test]
 fn mode_widens_the_segment_to_a_group() {
     let daemon = Daemon::start(&["--mode", "0660"]);

@@ -253,10 +253,33 @@ fn check_hybrid(component: Hybrid, request: &Value, answer: &serde_json::Map<Str
 }
 
 /// A `radixd serve` child on a segment name of its own, stopped (SIGTERM)
-/// when dropped.
+/// when dropped. When the last `Daemon` of a name goes, nothing of that
+/// name may be left in /dev/shm (see [`Daemon::drop`]).
 pub struct Daemon {
     pub name: String,
     child: Child,
+}
+
+/// The names of the `Daemon`s alive in this process, once per `Daemon`: a
+/// test that kills a daemon and starts another on its segment holds two.
+static LIVE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Removes every file of segment `name` from /dev/shm (the segment, its
+/// `.store`, a half-made `.NAME.*`) and returns their names.
+fn remove_files_of(name: &str) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return Vec::new();
+    };
+    let (with_suffix, half_made) = (format!("{name}."), format!(".{name}."));
+    let mut left = Vec::new();
+    for entry in dir.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if file == name || file.starts_with(&with_suffix) || file.starts_with(&half_made) {
+            let _ = std::fs::remove_file(entry.path());
+            left.push(file);
+        }
+    }
+    left
 }
 
 impl Daemon {
@@ -286,6 +309,9 @@ impl Daemon {
             name: name.to_owned(),
             child,
         };
+        LIVE.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(name.to_owned());
         if let Err(e) = radixd::Client::connect_waiting(name, std::time::Duration::from_secs(10)) {
             panic!("daemon {name} did not come up: {e}");
         }
@@ -306,9 +332,33 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// Stops the daemon (it removes its segment on SIGTERM). When this is
+    /// the last `Daemon` of its name, whatever of the name is still in
+    /// /dev/shm (a killed daemon's segment, a `--store` file the test did
+    /// not remove) is removed, and a test that would have left it fails,
+    /// naming it: tests leave nothing in /dev/shm.
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             self.kill(libc::SIGTERM);
+        }
+        let last = {
+            let mut live = LIVE
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(at) = live.iter().position(|n| *n == self.name) {
+                live.swap_remove(at);
+            }
+            !live.contains(&self.name)
+        };
+        if !last {
+            return;
+        }
+        let left = remove_files_of(&self.name);
+        if !left.is_empty() && !std::thread::panicking() {
+            panic!(
+                "the test left {left:?} in /dev/shm (removed now): remove what its daemons \
+                 leave (a killed daemon's segment, a --store file) before it ends"
+            );
         }
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `{"op":"query","tokens":[u32...]}` (optional `"early_exit":bool`) | `{"ok":true,"scores":{WORKER:BLOCKS...},"tree_sizes":{WORKER:BLOCKS...},"store_scores":{...},"store_sizes":{...}}` |
+//! | `{"op":"query","tokens":[u32...]}` (optional `"early_exit":bool`) | `{"ok":true,"scores":{WORKER:BLOCKS...},"tree_sizes":{WORKER:BLOCKS...}}` (and `"store_scores"`, `"store_sizes"` once a worker has a store) |
 //! | `{"op":"query","hashes":[u64...]}` (chained hashes in the index's scheme) | the same |
 //! | `{"op":"stats"}` | `{"ok":true,"workers":N,"blocks":N,"held":N,"events":N,"queries":N,"query_p50_us":F,"query_p99_us":F,"feeds":[...],"errors":{KIND:N...}}` |
 //! | anything else | `{"ok":false,"error":KIND,"message":TEXT}` |
@@ -154,8 +154,10 @@ impl Request {
     }
 }
 
-/// The answer to a query: scores and tree sizes keyed by worker name, and
-/// the same for the workers' stores (`store_scores`, `store_sizes`).
+/// The answer to a query: scores and tree sizes keyed by worker name, and,
+/// once some worker published store events, the same for the workers'
+/// stores (`store_scores`, `store_sizes`; a fleet without stores gets the
+/// answer it always got).
 pub fn scores_answer(scores: &OverlapScores, name: impl Fn(Worker) -> String) -> Value {
     let by_name = |pairs: Vec<(Worker, u64)>| {
         let mut pairs = pairs;
@@ -168,13 +170,16 @@ pub fn scores_answer(scores: &OverlapScores, name: impl Fn(Worker) -> String) ->
         )
     };
     let widen = |v: &[(Worker, u32)]| v.iter().map(|&(w, n)| (w, u64::from(n))).collect();
-    Value::Map(vec![
+    let mut answer = vec![
         (text("ok"), Value::Bool(true)),
         (text("scores"), by_name(widen(&scores.scores))),
         (text("tree_sizes"), by_name(scores.tree_sizes.clone())),
-        (text("store_scores"), by_name(widen(&scores.store_scores))),
-        (text("store_sizes"), by_name(scores.store_sizes.clone())),
-    ])
+    ];
+    if !scores.store_sizes.is_empty() {
+        answer.push((text("store_scores"), by_name(widen(&scores.store_scores))));
+        answer.push((text("store_sizes"), by_name(scores.store_sizes.clone())));
+    }
+    Value::Map(answer)
 }
 
 /// An error answer.
@@ -196,6 +201,51 @@ pub fn to_bytes(v: &Value) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fleet without stores gets the answer it always got; once a worker
+    /// has a store, its store scores and sizes come along.
+    #[test]
+    fn store_scores_come_with_stores_only() {
+        let w = Worker::new(3);
+        let mut s = OverlapScores {
+            scores: vec![(w, 2)],
+            tree_sizes: vec![(w, 5)],
+            ..OverlapScores::default()
+        };
+        let keys = |v: Value| match v {
+            Value::Map(pairs) => pairs
+                .into_iter()
+                .map(|(k, v)| match k {
+                    Value::Str(k) => (k, v),
+                    other => panic!("key {other:?}"),
+                })
+                .collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        let plain = keys(scores_answer(&s, |w| w.to_string()));
+        let names: Vec<&str> = plain.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["ok", "scores", "tree_sizes"]);
+        s.store_scores = vec![(w, 4)];
+        s.store_sizes = vec![(w, 9)];
+        let tiered = keys(scores_answer(&s, |w| w.to_string()));
+        let names: Vec<&str> = tiered.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            ["ok", "scores", "tree_sizes", "store_scores", "store_sizes"]
+        );
+        let one = |v: &Value| match v {
+            Value::Map(p) => p.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            one(&tiered[3].1),
+            vec![(Value::Str("3".into()), Value::UInt(4))]
+        );
+        assert_eq!(
+            one(&tiered[4].1),
+            vec![(Value::Str("3".into()), Value::UInt(9))]
+        );
+    }
 
     #[test]
     fn requests_round_trip() {

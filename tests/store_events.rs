@@ -688,3 +688,72 @@ fn vllm_s_own_kv_event_batch_decodes_the_vllm_layout() {
     let h = store_block(&chains[3][0]).hash;
     assert_eq!(v["groups"][h.to_string()].as_u64(), Some(1), "{v}");
 }
+
+/// Kills a child process when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `radixd index serve` following a daemon with a store answers
+/// `radixd index query` with the node's store scores beside its device's.
+#[cfg(all(feature = "cli", feature = "index"))]
+#[test]
+fn index_serve_answers_store_scores() {
+    let (d, ep, rep) = start(None);
+    let _file = StoreFileGuard(radixd::store::file::store_path(&d.name));
+    let listen = format!("ipc:///tmp/radixd-store-ix-{}.q", std::process::id());
+    let _index = Killed(
+        Command::new(env!("CARGO_BIN_EXE_radixd"))
+            .args(["index", "serve", "--listen", &listen, "--block-size", "4"])
+            .args(["--subscribe", &format!("n0={ep}@{rep}")])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("radixd index serve"),
+    );
+    let mut c = Client::connect(&d.name).expect("connect");
+    let tokens: Vec<u32> = (1..=16).collect();
+    let pages = c.alloc(1).expect("alloc");
+    c.insert(&tokens[..4], &pages, false).expect("insert");
+    let ns = c.store_namespace("model-a", VALUE).expect("namespace");
+    let keys: Vec<Vec<u8>> = Scheme::Xxh3
+        .prompt(&tokens, P)
+        .into_iter()
+        .map(|h| offload_key(h, 0))
+        .collect();
+    assert!(put_chain(&mut c, ns, &keys).iter().all(|&b| b));
+    let want = serde_json::json!({
+        "ok": true,
+        "scores": {"n0": 1},
+        "tree_sizes": {"n0": 1},
+        "store_scores": {"n0": 4},
+        "store_sizes": {"n0": 4},
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_radixd"))
+            .args([
+                "index",
+                "query",
+                "--connect",
+                &listen,
+                "--timeout-ms",
+                "2000",
+            ])
+            .args(["--tokens", &serde_json::to_string(&tokens).expect("json")])
+            .output()
+            .expect("radixd index query");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let got: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_default();
+        if got == want {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the index answered {text}");
+        thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -50,6 +50,23 @@ impl Drop for StoreFileGuard {
     }
 }
 
+/// Removes the socket files of ipc:// endpoints when the test ends.
+struct SocketFiles(Vec<String>);
+
+impl Drop for SocketFiles {
+    fn drop(&mut self) {
+        for ep in &self.0 {
+            if let Some(path) = ep.strip_prefix("ipc://") {
+                drop(std::fs::remove_file(path));
+            }
+        }
+    }
+}
+
+fn sockets(endpoints: &[&str]) -> SocketFiles {
+    SocketFiles(endpoints.iter().map(|e| e.to_string()).collect())
+}
+
 /// Fresh ipc:// endpoints (events, replay) under /tmp.
 fn endpoints() -> (String, String) {
     static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -301,6 +318,7 @@ fn raw_store_events(rep: &str) -> Vec<Vec<Value>> {
 #[test]
 fn store_commits_and_evictions_are_published_as_cpu_blocks() {
     let (d, ep, rep) = start(None);
+    let _sockets = sockets(&[&ep, &rep]);
     let _file = StoreFileGuard(radixd::store::file::store_path(&d.name));
     let mut c = Client::connect(&d.name).expect("connect");
     let ns = c.store_namespace("model-a", VALUE).expect("namespace");
@@ -347,6 +365,7 @@ fn store_commits_and_evictions_are_published_as_cpu_blocks() {
 #[test]
 fn a_reset_and_an_adopting_daemon_announce_the_store_again() {
     let (mut d, ep, rep) = start(None);
+    let _sockets = sockets(&[&ep, &rep]);
     let name = d.name.clone();
     let _file = StoreFileGuard(radixd::store::file::store_path(&name));
     let want = {
@@ -395,6 +414,7 @@ fn a_reset_and_an_adopting_daemon_announce_the_store_again() {
     d.kill(libc::SIGKILL);
     // The next daemon of the name adopts the store and announces it first.
     let (_d2, ep2, rep2) = start(Some(&name));
+    let _sockets = sockets(&[&ep2, &rep2]);
     let node = replay_until(&ep2, &rep2, &want);
     assert_eq!(node.store.len(), 15);
     assert!(
@@ -407,6 +427,7 @@ fn a_reset_and_an_adopting_daemon_announce_the_store_again() {
 #[test]
 fn clearing_a_namespace_publishes_its_removals() {
     let (d, ep, rep) = start(None);
+    let _sockets = sockets(&[&ep, &rep]);
     let _file = StoreFileGuard(radixd::store::file::store_path(&d.name));
     let mut c = Client::connect(&d.name).expect("connect");
     let a = c.store_namespace("a", VALUE).expect("namespace");
@@ -425,6 +446,7 @@ fn clearing_a_namespace_publishes_its_removals() {
 #[test]
 fn the_index_scores_a_nodes_store_hits_apart() {
     let (d, ep, rep) = start(None);
+    let _sockets = sockets(&[&ep, &rep]);
     let _file = StoreFileGuard(radixd::store::file::store_path(&d.name));
     let mut c = Client::connect(&d.name).expect("connect");
     // A prompt of 4 pages: its first 2 cached on the device, all 4 in the
@@ -599,6 +621,7 @@ fn vllm_msgspec_structs_decode_the_store_events() {
         }
     };
     let (d, ep, rep) = start(None);
+    let _sockets = sockets(&[&ep, &rep]);
     let _file = StoreFileGuard(radixd::store::file::store_path(&d.name));
     let mut c = Client::connect(&d.name).expect("connect");
     let ns = c.store_namespace("model-a", VALUE).expect("namespace");
@@ -667,6 +690,7 @@ fn vllm_s_own_kv_event_batch_decodes_the_vllm_layout() {
         return;
     };
     let (d, ep, rep) = start_with(None, &["--kv-events-layout", "vllm"]);
+    let _sockets = sockets(&[&ep, &rep]);
     let _file = StoreFileGuard(radixd::store::file::store_path(&d.name));
     let mut c = Client::connect(&d.name).expect("connect");
     let ns = c.store_namespace("model-a", VALUE).expect("namespace");
@@ -705,8 +729,10 @@ impl Drop for Killed {
 #[test]
 fn index_serve_answers_store_scores() {
     let (d, ep, rep) = start(None);
+    let _sockets = sockets(&[&ep, &rep]);
     let _file = StoreFileGuard(radixd::store::file::store_path(&d.name));
     let listen = format!("ipc:///tmp/radixd-store-ix-{}.q", std::process::id());
+    let _listen = sockets(&[&listen]);
     let _index = Killed(
         Command::new(env!("CARGO_BIN_EXE_radixd"))
             .args(["index", "serve", "--listen", &listen, "--block-size", "4"])

@@ -73,3 +73,55 @@ fn an_arg_on_an_op_that_takes_none_is_malformed() {
         );
     }
 }
+
+/// `store_adopt`: a store file whose committed entries name each other as
+/// parents (a cycle only a forged or garbled file has) was adopted with
+/// both values inner nodes of the eviction order: never a leaf, never
+/// evicted, their room lost until `--store-reset`. Adoption now cuts the
+/// link that closes a cycle, so every adopted value can be evicted.
+#[test]
+fn an_adopted_parent_cycle_is_cut_and_every_value_evicts() {
+    use radixd::store::{HeapStore, StoreConfig, StoreIndex, StoreItem};
+    use radixd_ipc::sync::Ordering;
+
+    let config = StoreConfig::for_size(1 << 20, 1).unwrap();
+    let mut store = HeapStore::new(config).unwrap();
+    let ns = store.index.namespace(b"kv", 64).unwrap();
+    let items = [
+        StoreItem {
+            key: b"a",
+            parent: None,
+            value: &[1; 64],
+        },
+        StoreItem {
+            key: b"b",
+            parent: Some(b"a"),
+            value: &[2; 64],
+        },
+    ];
+    assert_eq!(store.put(ns, &items).unwrap(), [true, true]);
+    let view = *store.index.view();
+    let (a, b) = (
+        store.reader.find(ns, b"a").unwrap().index,
+        store.reader.find(ns, b"b").unwrap().index,
+    );
+    let entry = |i| view.entry(i).unwrap();
+    assert_eq!(entry(b).parent.load(Ordering::Relaxed), a);
+    // The forgery: `a`'s parent is `b`, at `b`'s generation.
+    let generation = entry(b).generation.load(Ordering::Relaxed);
+    entry(a).parent.store(b, Ordering::Relaxed);
+    entry(a)
+        .parent_generation
+        .store(generation, Ordering::Relaxed);
+
+    let mut adopted = StoreIndex::adopt(view).expect("a file with sound records");
+    adopted.validate().unwrap();
+    assert_eq!(adopted.figures().values, 2);
+    let mut evicted = 0;
+    while adopted.evict_one() {
+        evicted += 1;
+        assert!(evicted <= 2);
+    }
+    assert_eq!(evicted, 2, "values the cycle kept from every eviction");
+    adopted.validate().unwrap();
+}

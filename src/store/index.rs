@@ -1056,6 +1056,35 @@ impl StoreIndex {
                 p.parent = NIL;
             }
         }
+        // A parent cycle (only a forged or garbled file has one) holds
+        // values that are never a leaf, so no eviction reaches them: the
+        // link that closes each cycle goes (found by fuzz/store_adopt).
+        let mut mark = vec![0u8; entries as usize]; // 1: on this walk, 2: done
+        for &start in &committed {
+            let mut at = start;
+            while mark[at as usize] == 0 {
+                mark[at as usize] = 1;
+                let parent = index.private[at as usize].parent;
+                if parent == NIL {
+                    break;
+                }
+                if mark[parent as usize] == 1 {
+                    index.private[at as usize].parent = NIL;
+                    index.private[parent as usize].children -= 1;
+                    break;
+                }
+                at = parent;
+            }
+            // The walk again, marking it done.
+            let mut at = start;
+            while mark[at as usize] == 1 {
+                mark[at as usize] = 2;
+                match index.private[at as usize].parent {
+                    NIL => break,
+                    parent => at = parent,
+                }
+            }
+        }
         for &i in &committed {
             let ns = view.entry(i).map_or(0, |e| e.ns.load(Ordering::Relaxed));
             let value_size = index.ns(ns).map_or(0, |n| n.value_size);

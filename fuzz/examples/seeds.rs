@@ -257,7 +257,12 @@ fn store_seeds() {
             0,
             patch(entry(1, 24), &(1u64 << 19).to_le_bytes()),
         ),
-        ("parent_cycle", 0, patch(entry(0, 40), &1u32.to_le_bytes())),
+        // Entry 0's parent: entry 1 (its child), at entry 1's generation.
+        (
+            "parent_cycle",
+            0,
+            patch(entry(0, 40), &[1, 0, 0, 0, 1, 0, 0, 0]),
+        ),
         (
             "namespace_state",
             0,

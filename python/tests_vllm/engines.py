@@ -149,7 +149,8 @@ class Engine:
         sampled = []
         for rid in req_ids:
             req = self.scheduler.requests[rid]
-            sampled.append([7] if req.num_computed_tokens + out.num_scheduled_tokens[rid] >= req.num_tokens else [])
+            # (`schedule()` already counted this step's tokens as computed.)
+            sampled.append([7] if req.num_computed_tokens >= req.num_tokens else [])
         mro = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={r: i for i, r in enumerate(req_ids)},

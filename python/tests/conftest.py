@@ -73,6 +73,28 @@ class Daemon:
                 pass
 
 
+def files_of_this_run() -> list[str]:
+    """The files in /dev/shm of the daemons this pytest process started."""
+    mine = (f"radixd-py-{os.getpid()}-", f".radixd-py-{os.getpid()}-")
+    return sorted(f for f in os.listdir("/dev/shm") if f.startswith(mine))
+
+
+@pytest.fixture(autouse=True)
+def leaves_nothing_in_shm():
+    """Tests leave nothing in /dev/shm: once a test and its fixtures are
+    done (autouse, so torn down after the daemons), no file of this run's
+    daemons may remain; one that does is removed and fails the test."""
+    yield
+    left = files_of_this_run()
+    for f in left:
+        try:
+            os.unlink(os.path.join("/dev/shm", f))
+        except FileNotFoundError:
+            pass
+    if left:
+        pytest.fail(f"the test left {left} in /dev/shm (removed now)")
+
+
 @pytest.fixture
 def daemon():
     d = Daemon("--max-clients", "8")

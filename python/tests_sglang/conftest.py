@@ -19,6 +19,8 @@ _spec = importlib.util.spec_from_file_location(
 _base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_base)
 Daemon = _base.Daemon
+# Tests leave nothing in /dev/shm (checked after each test).
+leaves_nothing_in_shm = _base.leaves_nothing_in_shm
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -117,6 +117,7 @@ fn the_table_shows_ratios_and_a_trace_workload_runs() {
     );
     let svg = std::fs::read_to_string(dir.join("p.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("shm p50") && svg.contains("uds p99"));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `--baseline`: the ping-pong and 4 KiB copy limits, measured in the same

@@ -428,6 +428,20 @@ mod end_to_end {
         (format!("ipc://{base}.pub"), format!("ipc://{base}.replay"))
     }
 
+    /// Removes the socket files of `ipc://` endpoints when dropped: they
+    /// outlive the sockets bound to them.
+    struct IpcFiles(Vec<String>);
+
+    impl Drop for IpcFiles {
+        fn drop(&mut self) {
+            for e in &self.0 {
+                if let Some(path) = e.strip_prefix("ipc://") {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
+    }
+
     struct Killed(Child);
 
     impl Drop for Killed {
@@ -533,6 +547,7 @@ mod end_to_end {
             cmd.args(["--subscribe", s]);
         }
         let _index = Killed(cmd.spawn().expect("radixd index serve"));
+        let _files = IpcFiles(vec![listen.clone(), c_ep.clone(), c_rep.clone()]);
 
         // Garbage from `c`: wrong frame counts, bad sequence frames, bad
         // msgpack, a sequence jump (a replay that never comes).

@@ -258,6 +258,9 @@ fn check_hybrid(component: Hybrid, request: &Value, answer: &serde_json::Map<Str
 pub struct Daemon {
     pub name: String,
     child: Child,
+    /// The files of the `ipc://` endpoints in its arguments (KV events),
+    /// removed when it goes: their sockets' files outlive the daemon.
+    ipc_files: Vec<std::path::PathBuf>,
 }
 
 /// The names of the `Daemon`s alive in this process, once per `Daemon`: a
@@ -308,6 +311,10 @@ impl Daemon {
         let daemon = Self {
             name: name.to_owned(),
             child,
+            ipc_files: args
+                .iter()
+                .filter_map(|a| a.find("ipc://").map(|at| a[at + "ipc://".len()..].into()))
+                .collect(),
         };
         LIVE.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -332,14 +339,18 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
-    /// Stops the daemon (it removes its segment on SIGTERM). When this is
-    /// the last `Daemon` of its name, whatever of the name is still in
-    /// /dev/shm (a killed daemon's segment, a `--store` file the test did
-    /// not remove) is removed, and a test that would have left it fails,
-    /// naming it: tests leave nothing in /dev/shm.
+    /// Stops the daemon (it removes its segment on SIGTERM) and removes
+    /// its `ipc://` endpoints' files. When this is the last `Daemon` of
+    /// its name, whatever of the name is still in /dev/shm (a killed
+    /// daemon's segment, a `--store` file the test did not remove) is
+    /// removed, and a test that would have left it fails, naming it:
+    /// tests leave nothing in /dev/shm.
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             self.kill(libc::SIGTERM);
+        }
+        for file in &self.ipc_files {
+            let _ = std::fs::remove_file(file);
         }
         let last = {
             let mut live = LIVE

@@ -81,6 +81,9 @@ ANSWER_TIMEOUT = 5.0
 #: Ownership of this tier's KV events.
 OWNERSHIP = "radixd"
 
+#: Chunks one lookup probes ahead of the one vLLM asks for.
+LOOKAHEAD = 256
+
 #: The `radixd serve` line a start-up error suggests.
 SERVE_SIZE = "64GiB"
 
@@ -317,6 +320,11 @@ class RadixdTier(SecondaryTierManager):
         self._ns_id: int | None = None
         self._off = False
         self._resolving = False
+        # Per request: (key count, key -> index in chunk order, hex keys);
+        # per request, this step: (first index, run, end, key -> index) of
+        # its last probe.
+        self._requests: dict[str, tuple] = {}
+        self._runs: dict[str, tuple] = {}
 
         hash_algo = configured_hash()
         if hash_algo is not None and hash_algo.startswith("xxhash") and os.environ.get("PYTHONHASHSEED") is None:
@@ -459,6 +467,15 @@ class RadixdTier(SecondaryTierManager):
         copy thread. Never raises, never waits: a daemon gone (or not yet
         reconnected), an unknown namespace or any error is a MISS."""
         try:
+            # The step's run of this request answers most calls: no read.
+            run = self._runs.get(req_context.req_id)
+            if run is not None:
+                i = run[3].get(key)
+                if i is not None:
+                    if run[0] <= i < run[0] + run[1]:
+                        return LookupResult.HIT
+                    if i == run[0] + run[1] < run[2]:
+                        return LookupResult.MISS
             client = self._client
             if client is None:
                 return LookupResult.MISS
@@ -470,10 +487,42 @@ class RadixdTier(SecondaryTierManager):
                     self._resolving = True
                     self._queue.put(_RESOLVE)
                 return LookupResult.MISS
-            return LookupResult.HIT if client.store_probe(ns, [bytes(key).hex()]) == 1 else LookupResult.MISS
+            return self._probe(client, ns, key, req_context)
         except Exception as e:  # noqa: BLE001 - a lookup answers, whatever happens
             logger.debug("radixd vLLM tier: lookup failed: %s", e)
             return LookupResult.MISS
+
+    def _probe(self, client: radixd.Client, ns: int, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """vLLM asks one chunk at a time, from a request's first chunk on;
+        the store answers a whole run in one probe. So the first lookup of a
+        request in a scheduler step probes its chunks from this one on (in
+        chunk order, up to ``LOOKAHEAD``), and the step's later lookups of
+        that request are answered from the run: a key inside it was stored
+        when probed (a value evicted before vLLM loads it fails that key),
+        the key just past it was not. ``on_schedule_end`` forgets the runs."""
+        req = self._requests.get(req_context.req_id)
+        table = getattr(req_context, "_offload_key_positions", None)
+        if not isinstance(table, dict):
+            return LookupResult.HIT if client.store_probe(ns, [bytes(key).hex()]) == 1 else LookupResult.MISS
+        if req is None or req[0] != len(table):
+            order = sorted(table, key=lambda k: (bytes(k[-4:]), table[k]))
+            req = (len(table), {k: i for i, k in enumerate(order)}, [bytes(k).hex() for k in order])
+            self._requests[req_context.req_id] = req
+        i = req[1].get(key)
+        if i is None:
+            return LookupResult.HIT if client.store_probe(ns, [bytes(key).hex()]) == 1 else LookupResult.MISS
+        batch = req[2][i : i + LOOKAHEAD]
+        n = client.store_probe(ns, batch)
+        self._runs[req_context.req_id] = (i, n, i + len(batch), req[1])
+        return LookupResult.HIT if n > 0 else LookupResult.MISS
+
+    def on_schedule_end(self, context: Any) -> None:
+        """A new step: runs probed in this one may be stale by the next."""
+        self._runs.clear()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._requests.pop(req_context.req_id, None)
+        self._runs.pop(req_context.req_id, None)
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         self._submit(_Job(job_metadata, load=False))

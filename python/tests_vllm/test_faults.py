@@ -291,3 +291,27 @@ def test_shutdown_fails_queued_jobs_and_releases_the_view(store, engine):
     tier.submit_store(job(0, keys_of("s", 1), [0], False))
     assert not results(tier, 1)[0].success
     assert tier.lookup(keys_of("s", 1)[0], ReqContext("q")) is LookupResult.MISS
+
+
+def test_lookups_of_a_step_answer_from_one_probe(store, engine):
+    tier, rows = standalone(store.name, engine)
+    try:
+        fill(rows[:6], 13)
+        ks = keys_of("p", 6)
+        store_job = job(0, ks[:3], range(3), False)
+        tier.submit_store(store_job)
+        assert results(tier, 1)[0].success
+        ctx = job(1, ks, range(6), True).req_context  # the request's 6 chunks, in order
+        assert [tier.lookup(k, ctx) for k in ks[:4]] == [LookupResult.HIT] * 3 + [LookupResult.MISS]
+        # Stored meanwhile: this step's answers stand, the next step sees it.
+        tier.submit_store(job(2, ks[3:5], range(3, 5), False))
+        assert results(tier, 1)[2].success
+        assert tier.lookup(ks[3], ctx) is LookupResult.MISS
+        tier.on_schedule_end(None)
+        assert [tier.lookup(k, ctx) for k in ks] == [LookupResult.HIT] * 5 + [LookupResult.MISS]
+        # A key the request does not know is probed alone.
+        assert tier.lookup(keys_of("p", 6)[0], ReqContext("other")) is LookupResult.HIT
+        tier.on_request_finished(ctx)
+        assert ctx.req_id not in tier._requests
+    finally:
+        tier.shutdown()

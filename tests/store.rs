@@ -450,8 +450,11 @@ fn a_stopped_reader_is_expired_and_misses_while_the_daemon_keeps_serving() {
         let keys: Vec<Vec<u8>> = (next..next + 4).map(|i| key(i % 400)).collect();
         next += 4;
         put_chain(&mut c, ns, &keys);
+        // A hang detector, not a speed check (debug build, a loaded CI
+        // machine): a reader that stays in the way is expired after
+        // --reader-expiry, far below this.
         assert!(
-            start.elapsed() < Duration::from_secs(2),
+            start.elapsed() < Duration::from_secs(30),
             "a stopped reader held the daemon up"
         );
         signal(&reader, libc::SIGCONT);

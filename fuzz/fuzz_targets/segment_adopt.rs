@@ -28,7 +28,7 @@ use radixd_ipc::{CreateError, OpenError, Segment};
 
 const NAME: &str = "s";
 /// The layout hash this "build" expects.
-const HASH: u64 = 0x5eed_0f_a11_c0de;
+const HASH: u64 = 0x5eed_0fa1_1c0d_e000;
 /// The size a new daemon's segment has.
 const SIZE: u64 = 8192;
 

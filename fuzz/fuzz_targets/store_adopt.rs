@@ -32,10 +32,13 @@ struct Seed {
     /// The file's records (everything before the data region).
     records: Vec<u8>,
     /// What was stored: namespace name, value size, keys.
-    stored: Vec<(&'static [u8], u64, Vec<Vec<u8>>)>,
+    stored: Vec<Stored>,
     /// The file each run patches and adopts.
     target: File,
 }
+
+/// A namespace of the seed: its name, value size and keys.
+type Stored = (&'static [u8], u64, Vec<Vec<u8>>);
 
 const NAME: &str = "t";
 

@@ -127,11 +127,18 @@ impl ReaderSlot {
         // Relaxed: any recent epoch will do; the fence below orders what
         // matters.
         let e = clock.global.load(Ordering::Relaxed).max(1) & !EXPIRED;
-        // Relaxed store, then the SeqCst fence: the announcement is ordered
+        // The store, then the SeqCst fence: the announcement is ordered
         // before every read of the walk; pairs with the SeqCst fence in
         // `Collector::try_advance` (either the writer's scan sees `e`, or
         // this walk sees every unlink made before that scan).
-        self.epoch.store(e, Ordering::Relaxed);
+        //
+        // Release: the scan may read this announcement instead of the IDLE
+        // of the previous walk's `unpin`, and a plain store does not
+        // continue that swap's release sequence; so this store carries the
+        // previous walk's reads itself, ordered before the scan's Acquire
+        // load of `e` (and so before any reuse that load allows). Free on
+        // x86, where every store is a release.
+        self.epoch.store(e, Ordering::Release);
         fence(Ordering::SeqCst);
         e
     }

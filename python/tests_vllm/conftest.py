@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -63,26 +64,18 @@ def store(start_daemon):
     return start_daemon("--store", "64MiB", "--max-clients", "16")
 
 
-@pytest.fixture(autouse=True)
-def no_leaked_regions():
-    """Every engine's primary region (/dev/shm/vllm_offload_*) is gone when
-    its test ends: the tier lets go of the view before vLLM releases it."""
-    before = set(os.listdir("/dev/shm"))
-    yield
-    left = {f for f in set(os.listdir("/dev/shm")) - before if f.startswith("vllm_offload_")}
-    for f in left:
-        os.unlink(os.path.join("/dev/shm", f))
-    assert not left, f"leaked primary regions: {left}"
-
-
 @pytest.fixture
 def engines():
     """Builds engines (`engines.make_engine`), shut down at the end."""
     from engines import make_engine
 
     made = []
+    ids = []
 
     def make(*args, **kw):
+        # Unique on the node: an engine id names its /dev/shm region.
+        kw["engine_id"] = f"radixd-test-{os.getpid()}-{uuid.uuid4().hex[:6]}-{kw.get('engine_id', 'E')}"
+        ids.append(kw["engine_id"])
         e = make_engine(*args, **kw)
         made.append(e)
         return e
@@ -93,3 +86,10 @@ def engines():
             e.close()
         except Exception:  # noqa: BLE001 - teardown of a test that failed
             pass
+    # Every engine's primary region is gone, those of engines whose tier
+    # refused to start included: the tier lets go of the view before vLLM
+    # releases it.
+    left = [f"/dev/shm/vllm_offload_{i}.mmap" for i in ids if os.path.exists(f"/dev/shm/vllm_offload_{i}.mmap")]
+    for path in left:
+        os.unlink(path)
+    assert not left, f"leaked primary regions: {left}"

@@ -52,7 +52,10 @@ def test_dynamo_rules_and_bad_input():
     ix = radixd.KvIndex(block_size=2)
     report = ix.apply(0, batch([stored([5], 99, [1, 2], 2), stored([6], None, [1, 2], 4)]))
     assert report["errors"] == ["parent_not_found", "block_size"]
-    assert ix.apply(0, batch([stored([7], None, [1, 2], 2, medium="CPU")]))["ignored"] == 1
+    # Media other than GPU and CPU are ignored; CPU (a node store's, or a
+    # vLLM engine's offloaded blocks) is its own tier, never a device score.
+    assert ix.apply(0, batch([stored([8], None, [1, 2], 2, medium="DISK")]))["ignored"] == 1
+    assert ix.apply(0, batch([stored([7], None, [1, 2], 2, medium="CPU")]))["ignored"] == 0
     with pytest.raises(ValueError):
         ix.apply(0, b"\xc1garbage")
     with pytest.raises(ValueError):

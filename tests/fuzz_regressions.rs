@@ -125,3 +125,28 @@ fn an_adopted_parent_cycle_is_cut_and_every_value_evicts() {
     assert_eq!(evicted, 2, "values the cycle kept from every eviction");
     adopted.validate().unwrap();
 }
+
+/// `store_adopt`: a namespace's value size near `u64::MAX` (a forged store
+/// file, or a client's request) overflowed the stride computation: a
+/// panic in a debug build, a stride wrapped to a small one in release.
+/// Refused now, from a client and in an adopted file alike.
+#[test]
+fn a_value_size_near_u64_max_is_refused() {
+    use radixd::store::{HeapStore, StoreConfig, StoreIndex};
+    use radixd_ipc::sync::Ordering;
+
+    let config = StoreConfig::for_size(1 << 20, 1).unwrap();
+    let mut store = HeapStore::new(config).unwrap();
+    for size in [u64::MAX, u64::MAX - 10, u64::MAX - 4096] {
+        assert!(store.index.namespace(b"huge", size).is_err(), "{size}");
+    }
+    store.index.namespace(b"kv", 64).unwrap();
+    store.index.validate().unwrap();
+    let view = *store.index.view();
+    let forged = (0..)
+        .map_while(|i| view.namespace(i))
+        .find(|n| n.state.load(Ordering::Relaxed) == 1)
+        .expect("the registered namespace");
+    forged.value_size.store(u64::MAX - 10, Ordering::Relaxed);
+    assert!(StoreIndex::adopt(view).is_err());
+}

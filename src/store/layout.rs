@@ -247,8 +247,11 @@ pub struct StoreLayout {
     pub hash: u64,
 }
 
+/// `x` rounded up to a multiple of `to`, saturating: a value size read
+/// from a client or an adopted file near `u64::MAX` must come out too
+/// large for any extent, never wrap to a small stride.
 fn align(x: u64, to: u64) -> u64 {
-    x.div_ceil(to) * to
+    x.div_ceil(to).saturating_mul(to)
 }
 
 impl StoreLayout {
@@ -426,6 +429,10 @@ mod tests {
         assert_eq!(stride(100), 128);
         assert_eq!(stride(65536), 65536);
         assert_eq!(stride(5000), 8192);
+        // Found by the store_adopt fuzz target: a value size near u64::MAX
+        // once overflowed (a panic in debug, a wrapped stride in release).
+        assert_eq!(stride(u64::MAX - 10), u64::MAX);
+        assert_eq!(stride(u64::MAX), u64::MAX);
         let w = key_words(b"abcdefghi");
         assert_eq!(w[0], u64::from_le_bytes(*b"abcdefgh"));
         assert_eq!(w[1], u64::from(b'i'));

@@ -152,7 +152,14 @@ fn put(index: &mut StoreIndex, ns: StoreNs, keys: &[Vec<u8>], salt: u8) -> Vec<O
 
 /// Reads `key` of `ns` with a reader; the value if it was there.
 fn get(reader: &StoreReader, ns: StoreNs, key: &[u8]) -> Option<Vec<u8>> {
-    let mut out = vec![0u8; usize::try_from(ns.value_size).ok()?];
+    // A garbled file's namespace may claim any size (a client sizes its
+    // buffers from its own configuration, and the reader checks them
+    // against the namespace): sizes past the file's own still probe the
+    // reader's bounds checks, and stay allocatable.
+    let size = usize::try_from(ns.value_size)
+        .ok()
+        .filter(|&s| s <= 1 << 26)?;
+    let mut out = vec![0u8; size];
     // SAFETY: `out` is a live, private buffer of the value's size.
     let hit = unsafe { reader.get_raw(ns, key, &[(out.as_mut_ptr(), out.len())], 1) };
     hit.then_some(out)

@@ -22,6 +22,8 @@ _spec = importlib.util.spec_from_file_location(
 _base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_base)
 Daemon = _base.Daemon
+# Daemons started by a test, stopped when it ends.
+start_daemon = _base.start_daemon
 
 import radixd  # noqa: E402
 
@@ -42,20 +44,6 @@ def restart(d) -> None:
             if d.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"daemon {d.name} did not come back")
             time.sleep(0.02)
-
-
-@pytest.fixture
-def start_daemon():
-    started = []
-
-    def start(*args: str, **kw) -> Daemon:
-        d = Daemon(*args, **kw)
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        d.stop()
 
 
 @pytest.fixture

@@ -59,7 +59,7 @@ from sglang.srt.utils import get_num_new_pages
 
 import radixd
 
-from .sglang import RECENCY_FLAG, _token_ids, check_recency, install_allocator
+from .sglang_base import RECENCY_FLAG, _token_ids, check_recency, install_allocator
 
 
 def _ns(key: Any) -> Optional[str]:

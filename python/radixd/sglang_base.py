@@ -1,0 +1,239 @@
+"""What both SGLang backends build on (:mod:`radixd.sglang` for
+full-attention models, :mod:`radixd.sglang_hybrid` for SWA and Mamba ones):
+the tokens of SGLang's keys, the token-to-KV allocator that takes its slots
+from radixd's pool, and the recency check every factory makes. Both import
+it; it imports neither, so the two backends stand in one direction
+(``sglang`` may dispatch to ``sglang_hybrid``, never the other way back).
+
+KV slots: SGLang's pools keep slot page 0 as padding, so radixd page ``p`` is
+SGLang page ``p + 1``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+from sglang.srt.mem_cache.allocator import BaseTokenToKVPoolAllocator
+from sglang.srt.mem_cache.allocator.paged import alloc_decode_naive, alloc_extend_naive
+from sglang.srt.utils import get_num_new_pages
+
+import radixd
+
+logger = logging.getLogger(__name__)
+
+
+def _token_ids(key: Any) -> Any:
+    """The tokens of a ``RadixKey`` (honouring its ``limit``), or ``key``
+    itself when it is a plain sequence or buffer."""
+    tokens = getattr(key, "token_ids", None)
+    if tokens is None:
+        return key
+    limit = key.limit
+    if limit is not None and limit < len(tokens):
+        return tokens[:limit]
+    return tokens
+
+
+def _pages_tensor(pages: Any) -> torch.Tensor:
+    """radixd pages (``array('I')``) as SGLang page ids (``p + 1``), int64."""
+    if len(pages) == 0:
+        return torch.empty((0,), dtype=torch.int64)
+    return torch.frombuffer(pages, dtype=torch.int32).to(torch.int64) + 1
+
+
+class RadixdAllocatorMixin:
+    """The methods :func:`install_allocator` gives SGLang's token-to-KV
+    allocator: KV slots come from radixd's pool, a page at
+    a time, through the daemon, so every scheduler sharing the daemon
+    allocates from one pool. ``available_size`` is radixd's free pages (the
+    scheduler adds ``tree_cache.evictable_size()``, radixd's evictable
+    tokens, itself: SGLang's ``PrefillBudget``); an allocation that needs
+    more evicts in the daemon."""
+
+    def _radixd_pages(self, n: int) -> Optional[torch.Tensor]:
+        """``n`` fresh SGLang page ids, or ``None`` when radixd has not that
+        many free or evictable (as SGLang's allocators answer)."""
+        if n <= 0:
+            return torch.empty((0,), dtype=torch.int64, device=self.device)
+        try:
+            pages = self.radixd_backend.alloc(n)
+        except radixd.InsufficientPagesError:
+            return None
+        return _pages_tensor(pages).to(self.device)
+
+    def _radixd_free(self, sglang_pages: torch.Tensor) -> None:
+        if sglang_pages.numel():
+            self.radixd_backend.free((sglang_pages.to("cpu", torch.int64) - 1).numpy())
+
+    # ----- BaseTokenToKVPoolAllocator -----
+
+    def available_size(self) -> int:
+        return self.radixd_backend.stats()["free_pages"] * self.page_size
+
+    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+        ps = self.page_size
+        pages = self._radixd_pages(-(-need_size // ps))
+        if pages is None:
+            return None
+        if ps == 1:
+            return pages
+        out = (pages[:, None] * ps + torch.arange(ps, device=self.device)).reshape(-1)
+        return out[:need_size]
+
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        num_new_pages: Optional[int] = None,
+        **_: Any,
+    ) -> Optional[torch.Tensor]:
+        """As ``PagedTokenToKVPoolAllocator.alloc_extend``, with the new pages
+        taken from radixd (SGLang's own ``alloc_extend_naive`` lays them out)."""
+        if num_new_pages is None:
+            num_new_pages = get_num_new_pages(
+                seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
+            )
+        pages = self._radixd_pages(int(num_new_pages))
+        if pages is None:
+            return None
+        out = torch.empty((extend_num_tokens,), dtype=torch.int64, device=self.device)
+        alloc_extend_naive(prefix_lens, seq_lens, last_loc, pages, out, self.page_size, self.device)
+        return out
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor, **_: Any
+    ) -> Optional[torch.Tensor]:
+        """As ``PagedTokenToKVPoolAllocator.alloc_decode``, pages from radixd."""
+        num_new_pages = get_num_new_pages(seq_lens=seq_lens_cpu, page_size=self.page_size, decode=True)
+        pages = self._radixd_pages(int(num_new_pages))
+        if pages is None:
+            return None
+        out = torch.empty((len(seq_lens),), dtype=torch.int64, device=self.device)
+        alloc_decode_naive(seq_lens, last_loc, pages, out, self.page_size, int(num_new_pages))
+        return out
+
+    def free(self, free_index: torch.Tensor) -> None:
+        if free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(free_index.clone())
+            return
+        self._radixd_free(torch.unique(free_index // self.page_size))
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        # As PagedTokenToKVPoolAllocator.free_segment: a page-aligned start
+        # makes free_index[::P] hit each page once.
+        if free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(free_index.clone())
+            return
+        ps = self.page_size
+        assert start_pos % ps == 0, f"segment start {start_pos} is not page-aligned"
+        self._radixd_free(free_index[::ps] // ps)
+
+    def free_page_ids(self, page_ids: torch.Tensor) -> None:
+        if self.free_group is not None:
+            self.free_group.append((page_ids * self.page_size).clone())
+            return
+        self._radixd_free(page_ids)
+
+    def free_group_end(self) -> None:
+        pending, self.free_group = self.free_group, None
+        if pending:
+            self.free(torch.cat(pending))
+
+    def merge_and_sort_free(self) -> None:
+        """Nothing to merge: free pages live in the daemon."""
+
+    def get_all_free_pages(self) -> None:
+        # Debug census of the local free list (BaseTokenToKVPoolAllocator):
+        # there is none, the daemon has them (`radixd stat`).
+        return None
+
+    def clear(self) -> None:
+        """SGLang clears its pool on a cache flush, when no request runs; the
+        pages this client held went back to radixd with each free, and the
+        daemon owns the rest, so there is nothing local to clear."""
+        self.free_pages = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self.release_pages = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self.staged_pages = []
+        self.num_staged_pages = 0
+        self.free_group = None
+        self.free_page_ids_group = []
+
+
+def install_allocator(allocator: BaseTokenToKVPoolAllocator, backend: Any) -> BaseTokenToKVPoolAllocator:
+    """Makes ``allocator`` (SGLang's ``TokenToKVPoolAllocator`` or
+    ``PagedTokenToKVPoolAllocator``, already held by the scheduler, its
+    batches and the KV pool) allocate from radixd, in place: its class
+    becomes a subclass with :class:`RadixdAllocatorMixin`'s methods, and its
+    own free list is emptied, so no slot is handed out twice."""
+    if getattr(allocator, "radixd_backend", None) is not None:
+        allocator.radixd_backend = backend
+        return allocator
+    cls = type(allocator)
+    num_pages = allocator.size // allocator.page_size
+    if backend.capacity != num_pages:
+        raise ValueError(
+            f"--radix-cache-backend radixd: the daemon has {backend.capacity} pages, SGLang's KV pool "
+            f"{num_pages} pages of {allocator.page_size} tokens; start it with "
+            f"`radixd serve --page-size {allocator.page_size} --capacity {num_pages} {RECENCY_FLAG}` "
+            f"(or give SGLang --max-total-tokens {backend.capacity * allocator.page_size})"
+        )
+    # The class is swapped in place (every holder of the allocator sees it),
+    # so the new class must add no base of another layout: the mixin's
+    # methods are copied into a direct subclass of the allocator's class.
+    methods = {
+        k: v for k, v in vars(RadixdAllocatorMixin).items() if k not in ("__dict__", "__weakref__", "__module__")
+    }
+    allocator.__class__ = type(f"Radixd{cls.__name__}", (cls,), methods)
+    allocator.radixd_backend = backend
+    allocator.clear()
+    return allocator
+
+
+#: The recency rule under which radixd's trees answer as SGLang 0.5.23's
+#: (``RadixCache`` and ``UnifiedRadixCache``): a split touches the node's
+#: lower half, as SGLang's ``_split_node`` does.
+SGLANG_RECENCY = "sglang"
+
+#: The flag every ``radixd serve`` line this backend prints carries.
+RECENCY_FLAG = f"--recency {SGLANG_RECENCY}"
+
+
+def check_recency(client: Any, name: str) -> bool:
+    """Whether the daemon ``name`` (``client``'s) runs SGLang's recency rule;
+    a warning says what differs and the flag to add when it does not.
+
+    A warning, not a refusal: under ``exact`` every answer is still a
+    correct cache's (the prefix a match names is cached, its KV is its
+    own); only the victims of partial evictions differ from SGLang's, and
+    so the hit rate (docs/hybrid.md, "Recency").
+    """
+    recency = client.recency
+    if recency == SGLANG_RECENCY:
+        return True
+    logger.warning(
+        "radixd: daemon %r runs --recency %s, not SGLang's rule: a match that splits a node leaves "
+        "the part below it at its last use, so a partial eviction can take another leaf than "
+        "SGLang's tree would and later matches can differ (docs/hybrid.md, \"Recency\"). For "
+        "SGLang's answers restart it with %s",
+        name, recency, RECENCY_FLAG,
+    )
+    return False
+
+
+__all__ = [
+    "RadixdAllocatorMixin",
+    "install_allocator",
+    "check_recency",
+    "SGLANG_RECENCY",
+    "RECENCY_FLAG",
+]

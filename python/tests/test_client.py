@@ -138,7 +138,7 @@ def test_stalled_daemon_times_out_and_the_gil_is_free_meanwhile(start_daemon):
         d.signal(signal.SIGCONT)
     # A fresh client is served again once the daemon resumes. (The timed-out
     # client itself may meet the late answer to its abandoned request as a
-    # `protocol` error: that is the Rust client's behaviour, src/client.rs.)
+    # `protocol` error: that is the Rust client's behaviour, src/client/port.rs.)
     assert set(d.client().stats()) == STATS_KEYS
 
 

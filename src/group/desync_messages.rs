@@ -1,0 +1,124 @@
+//! Unit tests of the out-of-step messages (`desync`): what differs is
+//! named, and a message fits a reply window whatever the names.
+
+use super::*;
+use crate::engine::{Config, Engine};
+use crate::op::apply;
+
+fn m(tokens: Vec<u32>) -> Request {
+    Request::Match {
+        tokens,
+        lock: false,
+    }
+}
+
+#[test]
+fn the_first_difference_is_named() {
+    let led: Vec<u32> = (0..16).collect();
+    let mut ours = led.clone();
+    ours[9] = 900;
+    let said = |a: &Request, b: &Request| first_difference(a, b, 0);
+    assert_eq!(
+        said(&m(ours), &m(led.clone())),
+        "the keys first differ at token 9 (from 0): 900 here, 9 at rank 0"
+    );
+    assert_eq!(
+        said(&m(led[..12].to_vec()), &m(led.clone())),
+        "the keys agree on their first 12 tokens, then one ends: 12 tokens here, 16 at rank 0"
+    );
+    let insert = |pages: Vec<u32>, lock| Request::Insert {
+        tokens: led.clone(),
+        pages,
+        lock,
+    };
+    assert_eq!(
+        said(
+            &insert(vec![1, 2, 3, 4], false),
+            &insert(vec![1, 2, 7, 4], false)
+        ),
+        "the pages first differ at page 2 (from 0): 3 here, 7 at rank 0"
+    );
+    assert_eq!(
+        said(&insert(vec![1], true), &insert(vec![1], false)),
+        "the same key, but this call locks and rank 0's does not lock"
+    );
+    let ns = |name: &str, r: Request| Request::Namespaced {
+        ns: name.to_owned(),
+        request: Box::new(r),
+    };
+    assert_eq!(
+        said(&ns("a", m(vec![1])), &m(vec![1])),
+        "the namespaces differ: \"a\" here, none at rank 0"
+    );
+    assert_eq!(
+        said(&ns("a", m(vec![1, 5])), &ns("a", m(vec![1, 6]))),
+        "the keys first differ at token 1 (from 0): 5 here, 6 at rank 0"
+    );
+    assert_eq!(
+        said(&Request::Stats, &Request::Alloc { n: 1 }),
+        "another op: stats here, alloc at rank 0"
+    );
+    let with = Request::MatchWith {
+        tokens: vec![1],
+        lock: false,
+    };
+    assert_eq!(
+        said(&with, &m(vec![1])),
+        "another form of match than rank 0's"
+    );
+    assert_eq!(
+        said(&Request::Evict { tokens: 8 }, &Request::Evict { tokens: 4 }),
+        "the same op as rank 0's, other arguments"
+    );
+}
+
+/// The longest names there are (group key, session id, namespace) and
+/// the largest numbers: the message still fits a reply window, what
+/// differs whole.
+#[test]
+fn a_desync_fits_a_reply_window_whatever_the_names() {
+    let mut e = Engine::new(Config {
+        page_size: 4,
+        capacity: 64,
+    })
+    .unwrap();
+    let mut g = Groups::new();
+    let key = "k".repeat(MAX_GROUP_KEY);
+    for rank in [0, 1] {
+        let join = Join {
+            group: key.clone(),
+            rank,
+            size: 2,
+            page_size: 4,
+        };
+        g.join(rank, false, &join, 4).unwrap();
+    }
+    let commit = |last: u32| Request::Namespaced {
+        ns: "n".repeat(256),
+        request: Box::new(Request::SessionCommit {
+            session: "s".repeat(crate::op::MAX_SESSION_ID),
+            tokens: vec![u32::MAX - 1, u32::MAX, u32::MAX, u32::MAX, last],
+            pages: vec![u32::MAX; 1],
+        }),
+    };
+    let mut run = |rank, r| {
+        g.step(rank, r, |c, r| apply(&mut e, c, r))
+            .expect("a member")
+    };
+    let _ = run(0, commit(7));
+    let err = run(1, commit(u32::MAX)).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Desync);
+    assert!(
+        err.message.len() <= crate::wire::MIN_REPLY_WINDOW,
+        "{}",
+        err.message.len()
+    );
+    assert!(
+        err.message.contains(&format!(
+            "the keys first differ at token 4 (from 0): {} here, 7 at rank 0",
+            u32::MAX
+        )),
+        "{err}"
+    );
+    assert!(err.message.ends_with("..."), "{err}");
+}

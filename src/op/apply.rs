@@ -1,0 +1,297 @@
+//! Carrying a request out on an engine: [`apply`] and [`apply_with`], the
+//! one dispatch from each [`Request`] to the engine call it makes and the
+//! [`Reply`] it gives, and the [`Spare`] lists a server reuses between
+//! requests. Apart from the vocabulary (`op`) and its errors (`error`):
+//! this changes when what an op does changes.
+
+use crate::engine::{ClientId, Engine, InsertExtra, Inserted, InsertedExtra, Region};
+
+use super::{check_session_id, ErrorKind, Rejection, Reply, Request};
+
+/// Buffers a server hands from one request to the next: the token and
+/// page lists of decoded requests and of answers come from here and go
+/// back after each answer, so a warm server serves without allocating.
+#[derive(Debug, Default)]
+pub struct Spare {
+    lists: Vec<Vec<u32>>,
+}
+
+impl Spare {
+    /// Lists kept at most (a request holds two, its answer one).
+    const KEEP: usize = 8;
+    /// Longest list kept, in words: a rare huge request does not pin its
+    /// memory for the daemon's lifetime.
+    const KEEP_WORDS: usize = 1 << 16;
+
+    /// An empty list, with room if one was given back.
+    pub fn list(&mut self) -> Vec<u32> {
+        self.lists.pop().unwrap_or_default()
+    }
+
+    /// Gives `list` back for a later [`Spare::list`].
+    pub fn keep(&mut self, mut list: Vec<u32>) {
+        if self.lists.len() < Self::KEEP && (1..=Self::KEEP_WORDS).contains(&list.capacity()) {
+            list.clear();
+            self.lists.push(list);
+        }
+    }
+
+    /// Gives back the lists of an answer once it has been sent.
+    pub fn keep_reply(&mut self, reply: Result<Reply, Rejection>) {
+        if let Ok(
+            Reply::Pages(pages) | Reply::Matched { pages, .. } | Reply::MatchedWith { pages, .. },
+        ) = reply
+        {
+            self.keep(pages);
+        }
+    }
+}
+
+/// Carries out `request` for `client` on `engine`.
+pub fn apply<R: Region>(
+    engine: &mut Engine<R>,
+    client: ClientId,
+    request: Request,
+) -> Result<Reply, Rejection> {
+    apply_with(engine, client, request, &mut Spare::default())
+}
+
+/// [`apply`], taking the answer's lists from `spare` and giving the
+/// request's back to it.
+pub fn apply_with<R: Region>(
+    engine: &mut Engine<R>,
+    client: ClientId,
+    request: Request,
+    spare: &mut Spare,
+) -> Result<Reply, Rejection> {
+    if let Some(session) = request.session() {
+        check_session_id(session.as_bytes())?;
+    }
+    Ok(match request {
+        // An engine alone has no store: the daemon routes store requests
+        // to its own (`apply_store`) before they reach here.
+        Request::Store(_) => return Err(crate::store::StoreError::NoStore.into()),
+        Request::Alloc { n } => {
+            let mut pages = spare.list();
+            engine.alloc_into(client, n, &mut pages)?;
+            Reply::Pages(pages)
+        }
+        Request::Free { pages } => {
+            let freed = engine.free(client, &pages);
+            spare.keep(pages);
+            freed?;
+            Reply::Done
+        }
+        Request::Insert {
+            tokens,
+            pages,
+            lock,
+        } => {
+            let r = engine.insert(client, &tokens, &pages, lock);
+            spare.keep(tokens);
+            spare.keep(pages);
+            inserted(r?, lock)
+        }
+        Request::Match { tokens, lock } => {
+            let mut pages = spare.list();
+            let r = engine.match_prefix(client, &tokens, lock, &mut pages);
+            spare.keep(tokens);
+            Reply::Matched {
+                len: r.len as u64,
+                pages,
+                handle: r.handle.map(|h| h.to_raw()),
+            }
+        }
+        Request::Lock { handle } => {
+            let lock = engine.lock(client, handle)?;
+            if lock.is_lock() {
+                Reply::Locked(lock.to_raw())
+            } else {
+                Reply::Done
+            }
+        }
+        Request::Unlock { handle } => {
+            engine.unlock(client, handle)?;
+            Reply::Done
+        }
+        Request::Evict { tokens } => Reply::Evicted(engine.evict(tokens)),
+        Request::SessionCommit {
+            session,
+            tokens,
+            pages,
+        } => {
+            let r = engine.session_commit(client, &session, &tokens, &pages)?;
+            // A session's lock is its own, never handed to the caller.
+            inserted(Inserted { handle: None, ..r }, false)
+        }
+        Request::SessionRelease { session } => {
+            engine.session_release(client, &session)?;
+            Reply::Done
+        }
+        Request::SessionStatus { session } => {
+            let s = engine.session_status(&session)?;
+            Reply::Session {
+                resident_tokens: s.resident_tokens,
+                idle_ms: s.idle_ms,
+            }
+        }
+        Request::Stats => Reply::Stats {
+            stats: engine.stats(),
+            sessions: engine.sessions() as u64,
+        },
+        Request::Reset => {
+            engine.reset();
+            Reply::Done
+        }
+        Request::Validate => {
+            engine
+                .validate()
+                .map_err(|e| Rejection::new(ErrorKind::Invariant, e.to_string()))?;
+            Reply::Done
+        }
+        Request::MatchAt {
+            anchor,
+            matched_pages,
+            next_hash,
+            lock,
+        } => {
+            let m = matched_pages as usize;
+            let r = engine.match_at(client, &anchor, m, next_hash, lock, None)?;
+            Reply::Matched {
+                len: r.len as u64,
+                pages: Vec::new(),
+                handle: r.handle.map(|h| h.to_raw()),
+            }
+        }
+        Request::InsertAt {
+            anchor,
+            matched_pages,
+            tokens,
+            pages,
+            lock,
+        } => {
+            let m = matched_pages as usize;
+            let r = engine.insert_at(client, &anchor, m, &tokens, &pages, lock);
+            spare.keep(tokens);
+            spare.keep(pages);
+            inserted(r?, lock)
+        }
+        Request::MatchWith { tokens, lock } => {
+            let mut pages = spare.list();
+            let (r, extra) = engine.match_with(client, &tokens, lock, &mut pages);
+            spare.keep(tokens);
+            Reply::MatchedWith {
+                len: r.len as u64,
+                pages,
+                handle: r.handle.map(|h| h.to_raw()),
+                full_len: extra.full_len as u64,
+                mamba_state: extra.mamba_state,
+            }
+        }
+        Request::InsertWith {
+            tokens,
+            pages,
+            lock,
+            mamba_state,
+            swa_evicted,
+        } => {
+            let extra = InsertExtra {
+                mamba_state,
+                swa_evicted,
+            };
+            let r = engine.insert_with(client, &tokens, &pages, lock, extra);
+            spare.keep(tokens);
+            spare.keep(pages);
+            let (r, ie) = r?;
+            inserted_with(r, lock, ie)
+        }
+        Request::EvictComponents {
+            tokens,
+            swa_tokens,
+            mamba_states,
+        } => {
+            let e = engine.evict_components(tokens, swa_tokens, mamba_states)?;
+            Reply::EvictedComponents {
+                tokens: e.tokens,
+                swa_tokens: e.swa_tokens,
+                mamba_states: e.mamba_states,
+            }
+        }
+        Request::AllocState => Reply::State {
+            state: engine.alloc_state(client)?,
+        },
+        Request::FreeState { state } => {
+            engine.free_state(client, state)?;
+            Reply::Done
+        }
+        Request::FreeSwa { pages } => {
+            let freed = engine.free_swa(client, &pages);
+            spare.keep(pages);
+            Reply::SwaFreed { n: freed? }
+        }
+        Request::SwaPages { pages } => {
+            let paired = engine.swa_pages(&pages);
+            spare.keep(pages);
+            Reply::SwaPages(paired?)
+        }
+        Request::StatsWith => Reply::StatsWith {
+            stats: engine.stats(),
+            sessions: engine.sessions() as u64,
+            components: engine.component_stats(),
+        },
+        Request::Bind { .. } => return Err(Rejection::new(
+            ErrorKind::NotPermitted,
+            "pool bindings are a daemon's: an in-process engine has one client, whose buffer it is",
+        )),
+        Request::Namespaced { ns, request } => {
+            if !request.takes_namespace() {
+                return Err(Rejection::new(
+                    ErrorKind::Malformed,
+                    "only match, insert and session_commit take a namespace",
+                ));
+            }
+            let id = engine.namespace(&ns)?;
+            engine.with_namespace(id, |e| apply_with(e, client, *request, spare))?
+        }
+        Request::Namespace { name } => Reply::Namespace {
+            id: engine.namespace(&name)?,
+        },
+        Request::Walk { tokens } => {
+            let mut pages = spare.list();
+            let len = engine.peek(&tokens, &mut pages);
+            spare.keep(tokens);
+            Reply::Matched {
+                len: len as u64,
+                pages,
+                handle: None,
+            }
+        }
+        Request::Join(_) => {
+            return Err(Rejection::new(
+                ErrorKind::NotPermitted,
+                "groups are a daemon's: an in-process engine has one client, which is every rank",
+            ))
+        }
+    })
+}
+
+/// The answer to an `InsertWith` that did `r` and `extra`.
+fn inserted_with(r: Inserted, locked: bool, extra: InsertedExtra) -> Reply {
+    Reply::InsertedWith {
+        cached: r.cached as u64,
+        len: r.len as u64,
+        handle: r.handle.map(|h| h.to_raw()),
+        locked,
+        mamba_exist: extra.mamba_exist,
+    }
+}
+
+/// The answer to an insert that did `r` (and locked when `locked`).
+fn inserted(r: Inserted, locked: bool) -> Reply {
+    Reply::Inserted {
+        cached: r.cached as u64,
+        len: r.len as u64,
+        handle: r.handle.map(|h| h.to_raw()),
+        locked,
+    }
+}

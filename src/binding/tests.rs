@@ -1,3 +1,5 @@
+//! Unit tests of the binding: identities, `admits`, the board.
+
 use super::*;
 
 fn id(text: &str) -> PoolIdentity {

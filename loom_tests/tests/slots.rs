@@ -131,9 +131,9 @@ impl SlotLocks for Party {
 
 const DAEMON: u32 = 100;
 
-/// The daemon's side of one slot, as `src/daemon.rs` runs it: settle the
-/// tenancy against the word (adopting a claim: forget, reset the rings,
-/// activate), then the sweep's reclaim of a dead owner.
+/// The daemon's side of one slot, as `src/daemon/peer.rs` runs it: settle
+/// the tenancy against the word (adopting a claim: forget, reset the
+/// rings, activate), then the sweep's reclaim of a dead owner.
 struct Daemon {
     table: SlotTable<'static, Party>,
     tenancy: Tenancy,
@@ -401,8 +401,9 @@ fn handover_with_a_request_queued() {
             unsafe { r.producer() }.push([claim.generation, 2]).unwrap();
             claim.generation
         });
-        // The daemon drains as `src/daemon.rs` does: settle, pop, re-read
-        // the word, admit or drop.
+        // The daemon drains as `src/daemon/` does (`adopt` in `peer.rs`,
+        // then `drain` in `service.rs`): settle, pop, re-read the word,
+        // admit or drop.
         let r = ring.clone();
         let daemon = loom::thread::spawn(move || {
             // SAFETY: the daemon is the ring's only consumer.

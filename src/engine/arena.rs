@@ -2,16 +2,16 @@
 
 use std::mem::size_of;
 
-use super::error::ConfigError;
+use super::config::ConfigError;
+use super::event::CacheEvent;
 use super::grace::Retirement;
 use super::hybrid::Hybrid;
 use super::layout::{
     Bucket, EngineLayout, Header, Node, Page, ENGINE_VERSION, NIL, NODE_FREE, NODE_LIVE, PAGE_FREE,
-    ROOT,
+    REGION_ALIGN, ROOT,
 };
 use super::lru::Lru;
-use super::record::CacheEvent;
-use super::region::{Region, REGION_ALIGN};
+use super::region::Region;
 use radixd_ipc::Version;
 
 /// Stops at a broken invariant of the region's shared data, which only a

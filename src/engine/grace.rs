@@ -23,11 +23,7 @@
 
 use std::collections::VecDeque;
 
-use radixd_ipc::sync::spin_loop;
-
-use super::arena::{corrupt, Arena};
-use super::layout::{NIL, PAGE_RETIRED};
-use super::region::Region;
+use super::layout::NIL;
 
 /// When records retired at an epoch may be reused.
 pub trait Grace {
@@ -42,21 +38,21 @@ pub trait Grace {
 /// Records of one kind retired at one epoch, linked through themselves,
 /// oldest first.
 #[derive(Clone, Copy, Debug)]
-struct Chain {
-    first: u32,
-    last: u32,
-    len: u32,
+pub(super) struct Chain {
+    pub first: u32,
+    pub last: u32,
+    pub len: u32,
 }
 
 impl Chain {
-    const EMPTY: Self = Self {
+    pub const EMPTY: Self = Self {
         first: NIL,
         last: NIL,
         len: 0,
     };
 
     /// Appends `x`; returns the record to link to it (`NIL`: none).
-    fn append(&mut self, x: u32) -> u32 {
+    pub fn append(&mut self, x: u32) -> u32 {
         let last = self.last;
         if self.len == 0 {
             self.first = x;
@@ -69,21 +65,21 @@ impl Chain {
 
 /// What was retired at one epoch.
 #[derive(Clone, Copy, Debug)]
-struct Batch {
-    tag: u64,
-    pages: Chain,
-    nodes: Chain,
+pub(super) struct Batch {
+    pub tag: u64,
+    pub pages: Chain,
+    pub nodes: Chain,
 }
 
 /// The grace period and what waits for it: the writer's private memory.
 pub(crate) struct Retirement {
     pub grace: Box<dyn Grace + Send>,
     /// Oldest first; tags strictly increase.
-    batches: VecDeque<Batch>,
+    pub(super) batches: VecDeque<Batch>,
     /// Pages waiting, in all batches.
-    pages: u32,
+    pub(super) pages: u32,
     /// Nodes waiting, in all batches.
-    nodes: u32,
+    pub(super) nodes: u32,
 }
 
 impl Retirement {
@@ -97,7 +93,7 @@ impl Retirement {
     }
 
     /// The batch of the current epoch (made if there is none yet).
-    fn current(&mut self) -> &mut Batch {
+    pub(super) fn current(&mut self) -> &mut Batch {
         let tag = self.grace.epoch();
         if self.batches.back().is_none_or(|b| b.tag != tag) {
             self.batches.push_back(Batch {
@@ -108,171 +104,5 @@ impl Retirement {
         }
         let last = self.batches.len() - 1;
         &mut self.batches[last]
-    }
-}
-
-/// Rounds of advance-and-reclaim an `alloc` waits for readers to move on,
-/// about a microsecond each, before it gives up.
-pub(crate) const WAIT_ROUNDS: u32 = 16;
-/// Spin hints per round.
-const SPINS_PER_ROUND: u32 = 64;
-
-impl<R: Region> Arena<R> {
-    /// An evicted page (already unlinked, inside its node's version) goes
-    /// back to the free ring, or to limbo when a grace is set.
-    pub(crate) fn release_evicted_page(&mut self, page: u32) {
-        let Some(r) = self.retire.as_mut() else {
-            return self.pool_put(page);
-        };
-        r.pages += 1;
-        let last = r.current().pages.append(page);
-        if last != NIL {
-            self.pages_mut()[last as usize].next = page;
-        }
-        let p = &mut self.pages_mut()[page as usize];
-        p.state = PAGE_RETIRED;
-        p.next = NIL;
-        p.prev = NIL;
-    }
-
-    /// Retires the unlinked `node` to limbo when a grace is set; `false`
-    /// when it should be freed at once.
-    pub(crate) fn retire_node(&mut self, node: u32) -> bool {
-        let Some(r) = self.retire.as_mut() else {
-            return false;
-        };
-        r.nodes += 1;
-        let last = r.current().nodes.append(node);
-        if last != NIL {
-            self.nodes_mut()[last as usize].link = node;
-        }
-        self.nodes_mut()[node as usize].link = NIL;
-        true
-    }
-
-    /// Advances the grace period as far as readers allow (at most the two
-    /// steps that make what was just retired reusable) and returns every
-    /// reusable record to its free list, oldest first (pages keep FIFO
-    /// order). Returns how many records came back.
-    pub(crate) fn reclaim(&mut self) -> usize {
-        let Some(mut r) = self.retire.take() else {
-            return 0;
-        };
-        for _ in 0..2 {
-            if !r.grace.try_advance() {
-                break;
-            }
-        }
-        let mut back = 0;
-        while let Some(b) = r.batches.front().copied() {
-            if !r.grace.reusable(b.tag) {
-                break;
-            }
-            r.batches.pop_front();
-            self.walk_chain(b.pages, |a, page| {
-                let next = a.pages()[page as usize].next;
-                a.pool_put(page);
-                next
-            });
-            self.walk_chain(b.nodes, |a, node| {
-                let next = a.nodes()[node as usize].link;
-                a.node_push_free(node);
-                next
-            });
-            r.pages -= b.pages.len;
-            r.nodes -= b.nodes.len;
-            back += (b.pages.len + b.nodes.len) as usize;
-        }
-        self.retire = Some(r);
-        back
-    }
-
-    /// Hands each record of `chain` to `free`, which returns the link to
-    /// the next (read before it frees). Exactly `chain.len` steps: a link
-    /// that ends early or leads out of range is damage to the region.
-    fn walk_chain(&mut self, chain: Chain, mut free: impl FnMut(&mut Self, u32) -> u32) {
-        let mut at = chain.first;
-        for _ in 0..chain.len {
-            if at == NIL {
-                corrupt("a limbo batch is shorter than its count");
-            }
-            at = free(self, at);
-        }
-    }
-
-    /// [`Self::reclaim`] until at least `free` pages are free or a bounded
-    /// wait (about [`WAIT_ROUNDS`] microseconds) is over.
-    pub(crate) fn reclaim_until_free(&mut self, free: u32) {
-        for round in 0..WAIT_ROUNDS {
-            self.reclaim();
-            if self.hdr().free_len >= free || self.in_limbo().0 == 0 {
-                return;
-            }
-            if round + 1 < WAIT_ROUNDS {
-                for _ in 0..SPINS_PER_ROUND {
-                    spin_loop();
-                }
-            }
-        }
-    }
-
-    /// Sets a new grace period; what waits under the old one waits on as
-    /// one batch at the new one's current epoch.
-    pub(crate) fn set_grace(&mut self, grace: Box<dyn Grace + Send>) {
-        let mut next = Retirement::new(grace);
-        let Some(old) = self.retire.take() else {
-            self.retire = Some(next);
-            return;
-        };
-        let (pages, nodes) = (old.pages, old.nodes);
-        let mut merged = Batch {
-            tag: next.grace.epoch(),
-            pages: Chain::EMPTY,
-            nodes: Chain::EMPTY,
-        };
-        for b in old.batches {
-            merged.pages = self.join(merged.pages, b.pages, |a, last, first| {
-                a.pages_mut()[last as usize].next = first;
-            });
-            merged.nodes = self.join(merged.nodes, b.nodes, |a, last, first| {
-                a.nodes_mut()[last as usize].link = first;
-            });
-        }
-        if pages + nodes > 0 {
-            next.batches.push_back(merged);
-        }
-        next.pages = pages;
-        next.nodes = nodes;
-        self.retire = Some(next);
-    }
-
-    /// `a` followed by `b`, linked with `link(last of a, first of b)`.
-    fn join(&mut self, a: Chain, b: Chain, link: impl FnOnce(&mut Self, u32, u32)) -> Chain {
-        match (a.len, b.len) {
-            (_, 0) => a,
-            (0, _) => b,
-            _ => {
-                link(self, a.last, b.first);
-                Chain {
-                    first: a.first,
-                    last: b.last,
-                    len: a.len + b.len,
-                }
-            }
-        }
-    }
-
-    /// Pages and nodes waiting in limbo.
-    pub(crate) fn in_limbo(&self) -> (u32, u32) {
-        self.retire.as_ref().map_or((0, 0), |r| (r.pages, r.nodes))
-    }
-
-    /// Forgets limbo (`format` just freed everything).
-    pub(crate) fn forget_limbo(&mut self) {
-        if let Some(r) = self.retire.as_mut() {
-            r.batches.clear();
-            r.pages = 0;
-            r.nodes = 0;
-        }
     }
 }

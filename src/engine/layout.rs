@@ -19,8 +19,7 @@
 
 use std::mem::{align_of, size_of};
 
-use super::error::ConfigError;
-use super::region::REGION_ALIGN;
+use super::config::ConfigError;
 
 /// "No node / no page / end of list".
 pub(crate) const NIL: u32 = u32::MAX;
@@ -35,6 +34,9 @@ pub const MAX_CAPACITY: u32 = 1 << 30;
 
 /// Identifies this layout; bumped whenever a record changes shape.
 pub const ENGINE_VERSION: u32 = 7;
+
+/// Alignment every region must have: one cache line.
+pub const REGION_ALIGN: usize = 64;
 
 /// Engine-wide scalars at the start of the region.
 #[repr(C)]

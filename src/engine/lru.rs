@@ -36,9 +36,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::arena::Arena;
-use super::layout::{NIL, NODE_LIVE, ROOT};
-use super::region::Region;
+use super::layout::NIL;
 
 /// What a split counts as a use of.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -326,34 +324,5 @@ impl Lru {
             at = child;
         }
         self.place(at, e);
-    }
-}
-
-impl<R: Region> Arena<R> {
-    /// Marks the path from the root to `node` as just used, `node` first,
-    /// so the root side is newest.
-    pub fn touch(&mut self, mut node: u32) {
-        let mut hops = 0;
-        while node != ROOT {
-            hops = self.hop(hops);
-            self.lru.stamp(node);
-            node = self.nodes()[node as usize].parent;
-        }
-    }
-
-    /// Whether eviction may take `node` now: a live unlocked leaf.
-    pub fn evictable(&self, node: u32) -> bool {
-        let n = &self.nodes()[node as usize];
-        node != ROOT && n.state == NODE_LIVE && n.children == 0 && n.lock_ref == 0
-    }
-
-    /// Puts `node` in the heap or takes it out, as [`Self::evictable`]
-    /// says, after its children or locks changed.
-    pub fn refile(&mut self, node: u32) {
-        match (self.evictable(node), self.lru.contains(node)) {
-            (true, false) => self.lru.insert(node),
-            (false, true) => self.lru.remove(node),
-            _ => {}
-        }
     }
 }

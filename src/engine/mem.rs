@@ -12,8 +12,8 @@
 //! which loom does not see: a reader reading them plainly would see every
 //! store at once, in order (sequential consistency), and a model would pass
 //! with any fence removed. So under loom the engine runs on a
-//! [`MirroredRegion`]: its versions are loom atomics kept in the
-//! [`Mirror`], and every time the writer touches a version
+//! [`MirroredRegion`](super::MirroredRegion): its versions are loom atomics
+//! kept in the [`Mirror`], and every time the writer touches a version
 //! (`Arena::version`, `Arena::table_version`, which every `begin` and `end`
 //! goes through) the mirror first stores, `Relaxed`, every word of the
 //! region the reader can read (nodes, pages, buckets, tokens) that changed
@@ -214,7 +214,7 @@ unsafe fn same_sse2(tokens: *const u32, key: &[u32]) -> bool {
 }
 
 #[cfg(loom)]
-pub use mirror::{Mirror, MirroredRegion};
+pub use mirror::Mirror;
 
 #[cfg(loom)]
 mod mirror {
@@ -227,7 +227,6 @@ mod mirror {
 
     use super::TreeMem;
     use crate::engine::layout::EngineLayout;
-    use crate::engine::region::{HeapRegion, Region};
 
     /// The loom-visible side of an engine region (see the module doc): the
     /// versions, and a loom atomic per word that readers read.
@@ -266,17 +265,21 @@ mod mirror {
             ]
         }
 
-        /// Stores, `Relaxed`, every readable word of `region` (the
-        /// writer's plain memory, `layout.size()` bytes) that changed since
-        /// the last flush.
-        pub(crate) fn flush(&self, region: &HeapRegion) {
-            let base = region.as_ptr().cast::<u32>();
+        /// Stores, `Relaxed`, every readable word of the region at `base`
+        /// (the writer's plain memory, `layout.size()` bytes) that changed
+        /// since the last flush.
+        ///
+        /// # Safety
+        ///
+        /// `base` is aligned for `u32` and valid for reads of
+        /// `layout.size()` bytes, which nothing writes during the call.
+        pub(crate) unsafe fn flush(&self, base: *const u32) {
             let mut flushed = self.flushed.lock().unwrap_or_else(|e| e.into_inner());
             for range in self.read_ranges() {
                 for i in range.start / 4..range.end / 4 {
-                    // SAFETY: `i * 4 < layout.size() <= region.len()`, aligned;
-                    // only this thread (the writer) writes the region, and
-                    // not during this call (`&` borrow of the engine).
+                    // SAFETY: `i * 4 < layout.size()`, aligned, inside the
+                    // region, which nothing writes meanwhile (the caller's
+                    // contract).
                     let w = unsafe { base.add(i).read() };
                     if w != flushed[i] {
                         // Relaxed: a plain store of the writer, as loom
@@ -329,44 +332,6 @@ mod mirror {
                 diff |= self.words[at / 4 + i].load(Ordering::Relaxed) ^ k;
             }
             diff == 0
-        }
-    }
-
-    /// A heap region whose reader-visible side is a [`Mirror`]: what an
-    /// engine runs on under loom.
-    pub struct MirroredRegion {
-        heap: HeapRegion,
-        mirror: Arc<Mirror>,
-    }
-
-    impl MirroredRegion {
-        /// A zeroed region of `layout` and its mirror (`None` when the
-        /// allocation fails).
-        pub fn new(layout: EngineLayout) -> Option<(Self, Arc<Mirror>)> {
-            let heap = HeapRegion::zeroed(layout.size())?;
-            let mirror = Mirror::new(layout);
-            Some((
-                Self {
-                    heap,
-                    mirror: mirror.clone(),
-                },
-                mirror,
-            ))
-        }
-    }
-
-    // SAFETY: the heap region's promises, unchanged; the mirror lies
-    // outside it.
-    unsafe impl Region for MirroredRegion {
-        fn as_ptr(&self) -> *mut u8 {
-            self.heap.as_ptr()
-        }
-        fn len(&self) -> usize {
-            self.heap.len()
-        }
-        fn mirror(&self) -> Option<&Mirror> {
-            self.mirror.flush(&self.heap);
-            Some(&self.mirror)
         }
     }
 }

@@ -21,10 +21,13 @@
 
 mod arena;
 pub use arena::CORRUPT;
+mod config;
 mod error;
+mod event;
 mod grace;
 mod hybrid;
 pub mod layout;
+mod limbo;
 mod lru;
 mod mem;
 mod namespace;
@@ -39,24 +42,27 @@ mod validate;
 
 use std::collections::HashMap;
 
-pub use error::{AnchorError, ConfigError, HandleError, InvariantError, PageError};
+pub use config::{Config, ConfigError};
+pub use error::{AnchorError, HandleError, InvariantError, PageError};
+pub use event::CacheEvent;
 pub use grace::Grace;
 pub use hybrid::{
     Component, ComponentError, ComponentStats, Components, ComponentsError, Evicted, InsertExtra,
     InsertedExtra, MambaConfig, MatchExtra, SwaConfig, MAX_STATES,
 };
-pub use layout::EngineLayout;
+pub use layout::{EngineLayout, REGION_ALIGN};
 pub use lru::{Recency, RecencyError};
-pub use mem::{Mapped, TreeMem};
 #[cfg(loom)]
-pub use mem::{Mirror, MirroredRegion};
+pub use mem::Mirror;
+pub use mem::{Mapped, TreeMem};
 pub use namespace::{
     check_namespace, check_namespace_len, NamespaceError, NamespaceSize, MAX_NAMESPACES,
     MAX_NAMESPACE_LEN,
 };
 pub use reader::{Anchor, Peeked, TreeReader, Usable};
-pub use record::CacheEvent;
-pub use region::{HeapRegion, Region, REGION_ALIGN};
+#[cfg(loom)]
+pub use region::MirroredRegion;
+pub use region::{HeapRegion, Region};
 pub use session::{SessionError, SessionStatus};
 
 use arena::Arena;
@@ -72,15 +78,6 @@ pub const SPARE_BUFFER_LEN: usize = 16 * 1024;
 
 /// Identifies the client that owns pages and locks.
 pub type ClientId = u32;
-
-/// What an engine is built with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Config {
-    /// Tokens per page, `1..=1024`.
-    pub page_size: u32,
-    /// Pages in the KV pool, `1..=2^30`.
-    pub capacity: u32,
-}
 
 /// Names a tree node: its index and the generation it had when named, so a
 /// handle to a node that has since been evicted is detected, never followed.

@@ -8,8 +8,9 @@
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 
-/// Alignment every region must have: one cache line.
-pub const REGION_ALIGN: usize = 64;
+use super::layout::REGION_ALIGN;
+#[cfg(loom)]
+use super::mem::Mirror;
 
 /// A block of memory the engine may treat as its own.
 ///
@@ -35,7 +36,7 @@ pub unsafe trait Region {
     /// (see [`super::mem`]); `None` for a region without one, on which an
     /// engine cannot run under loom.
     #[cfg(loom)]
-    fn mirror(&self) -> Option<&super::mem::Mirror> {
+    fn mirror(&self) -> Option<&Mirror> {
         None
     }
 }
@@ -81,3 +82,57 @@ unsafe impl Region for HeapRegion {
 // SAFETY: the region is plain bytes owned by this value; moving it to another
 // thread moves the only handle to it.
 unsafe impl Send for HeapRegion {}
+
+#[cfg(loom)]
+pub use mirrored::MirroredRegion;
+
+/// The region an engine runs on under loom (see [`super::mem`]).
+#[cfg(loom)]
+mod mirrored {
+    use std::sync::Arc;
+
+    use super::{HeapRegion, Region};
+    use crate::engine::layout::EngineLayout;
+    use crate::engine::mem::Mirror;
+
+    /// A heap region whose reader-visible side is a [`Mirror`]: what an
+    /// engine runs on under loom.
+    pub struct MirroredRegion {
+        heap: HeapRegion,
+        mirror: Arc<Mirror>,
+    }
+
+    impl MirroredRegion {
+        /// A zeroed region of `layout` and its mirror (`None` when the
+        /// allocation fails).
+        pub fn new(layout: EngineLayout) -> Option<(Self, Arc<Mirror>)> {
+            let heap = HeapRegion::zeroed(layout.size())?;
+            let mirror = Mirror::new(layout);
+            Some((
+                Self {
+                    heap,
+                    mirror: mirror.clone(),
+                },
+                mirror,
+            ))
+        }
+    }
+
+    // SAFETY: the heap region's promises, unchanged; the mirror lies
+    // outside it.
+    unsafe impl Region for MirroredRegion {
+        fn as_ptr(&self) -> *mut u8 {
+            self.heap.as_ptr()
+        }
+        fn len(&self) -> usize {
+            self.heap.len()
+        }
+        fn mirror(&self) -> Option<&Mirror> {
+            // SAFETY: the heap region is `layout.size()` bytes (`new`),
+            // REGION_ALIGN-aligned; only this thread (the writer) writes
+            // it, and not during this call (`&` borrow of the engine).
+            unsafe { self.mirror.flush(self.heap.as_ptr().cast::<u32>()) };
+            Some(&self.mirror)
+        }
+    }
+}

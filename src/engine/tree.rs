@@ -4,9 +4,9 @@
 //! calls any of them, so nothing here has to undo anything.
 
 use super::arena::Arena;
+use super::event::CacheEvent;
 use super::layout::{Node, NIL, NODE_FREE, NODE_LIVE, PAGE_CACHED, ROOT};
 use super::lru::Recency;
-use super::record::CacheEvent;
 use super::region::Region;
 use super::table::child_hash;
 
@@ -487,5 +487,34 @@ impl<R: Region> Arena<R> {
         let head = self.hdr().node_free;
         self.nodes_mut()[node as usize].link = head;
         self.hdr_mut().node_free = node;
+    }
+}
+
+impl<R: Region> Arena<R> {
+    /// Marks the path from the root to `node` as just used, `node` first,
+    /// so the root side is newest.
+    pub fn touch(&mut self, mut node: u32) {
+        let mut hops = 0;
+        while node != ROOT {
+            hops = self.hop(hops);
+            self.lru.stamp(node);
+            node = self.nodes()[node as usize].parent;
+        }
+    }
+
+    /// Whether eviction may take `node` now: a live unlocked leaf.
+    pub fn evictable(&self, node: u32) -> bool {
+        let n = &self.nodes()[node as usize];
+        node != ROOT && n.state == NODE_LIVE && n.children == 0 && n.lock_ref == 0
+    }
+
+    /// Puts `node` in the heap or takes it out, as [`Self::evictable`]
+    /// says, after its children or locks changed.
+    pub fn refile(&mut self, node: u32) {
+        match (self.evictable(node), self.lru.contains(node)) {
+            (true, false) => self.lru.insert(node),
+            (false, true) => self.lru.remove(node),
+            _ => {}
+        }
     }
 }

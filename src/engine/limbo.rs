@@ -6,6 +6,7 @@
 use radixd_ipc::sync::spin_loop;
 
 use super::arena::{corrupt, Arena};
+use super::cache::Engine;
 use super::grace::{Batch, Chain, Grace, Retirement};
 use super::layout::{NIL, PAGE_RETIRED};
 use super::region::Region;
@@ -173,5 +174,28 @@ impl<R: Region> Arena<R> {
             r.pages = 0;
             r.nodes = 0;
         }
+    }
+}
+
+impl<R: Region> Engine<R> {
+    /// Gives readers of the region a grace period: from now on freed nodes
+    /// and evicted pages wait in limbo until `grace` says no reader can
+    /// still hold them. Without one (the default) they are reusable at
+    /// once. Records already in limbo wait on under the new grace.
+    pub fn set_grace(&mut self, grace: Box<dyn Grace + Send>) {
+        self.arena.set_grace(grace);
+    }
+
+    /// Advances the readers' grace period as far as they allow and returns
+    /// what it released to the free lists; the daemon calls it each round.
+    /// Returns the records released (0 without a grace).
+    pub fn reclaim(&mut self) -> usize {
+        self.arena.reclaim()
+    }
+
+    /// Pages and nodes waiting in limbo for readers to move on. Limbo pages
+    /// are counted neither in `Stats::free_pages` nor as cached.
+    pub fn in_limbo(&self) -> (u32, u32) {
+        self.arena.in_limbo()
     }
 }

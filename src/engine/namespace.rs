@@ -15,9 +15,10 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use super::cache::Engine;
+use super::event::CacheEvent;
 use super::layout::{NODE_LIVE, ROOT};
 use super::region::Region;
-use super::{CacheEvent, Engine};
 
 /// Longest namespace name, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 256;
@@ -68,13 +69,6 @@ pub fn check_namespace_len(len: usize) -> Result<(), NamespaceError> {
         len if len > MAX_NAMESPACE_LEN => Err(NamespaceError::TooLong { len }),
         _ => Ok(()),
     }
-}
-
-/// The registered names: id `i + 1` is `names[i]`.
-#[derive(Debug, Default)]
-pub(crate) struct Namespaces {
-    ids: HashMap<String, u32>,
-    names: Vec<String>,
 }
 
 /// Tokens cached in one namespace.

@@ -7,9 +7,15 @@
 //! is one predictable branch on `Option::is_some`.
 
 use super::arena::Arena;
+use super::cache::Engine;
 use super::event::CacheEvent;
 use super::layout::{NIL, NODE_LIVE, ROOT};
 use super::region::Region;
+
+/// Recycled event buffers an engine keeps at most.
+pub const SPARE_BUFFERS: usize = 64;
+/// Longest recycled event buffer kept (elements): 64 KiB of tokens.
+pub const SPARE_BUFFER_LEN: usize = 16 * 1024;
 
 impl<R: Region> Arena<R> {
     /// Whether a recording is on (the one branch every hook pays when off).
@@ -82,6 +88,60 @@ impl<R: Region> Arena<R> {
             }
             stack.extend(children[node as usize].iter().rev());
         }
+        out
+    }
+}
+
+impl<R: Region> Engine<R> {
+    /// Starts (or stops) recording what becomes cached and what goes, for
+    /// KV events: see [`CacheEvent`] and [`Engine::take_events`]. Off by
+    /// default; when off, each hook costs one branch. Turned on, the
+    /// record starts with the namespaces registered so far.
+    pub fn record_events(&mut self, on: bool) {
+        self.arena.events = on.then(|| self.namespace_events().collect());
+        if !on {
+            self.arena.spares = Vec::new();
+        }
+    }
+
+    /// Whether [`Engine::record_events`] is on.
+    pub fn recording_events(&self) -> bool {
+        self.arena.recording()
+    }
+
+    /// Hands back an emptied buffer of a consumed [`CacheEvent::Stored`],
+    /// so the next one copies into it instead of allocating. Keeps at most
+    /// [`SPARE_BUFFERS`] of at most [`SPARE_BUFFER_LEN`] elements; returns
+    /// whether it was kept.
+    pub fn recycle_event_buffer(&mut self, buf: Vec<u32>) -> bool {
+        let keep = self.arena.recording()
+            && self.arena.spares.len() < SPARE_BUFFERS
+            && buf.capacity() <= SPARE_BUFFER_LEN;
+        if keep {
+            self.arena.spares.push(buf);
+        }
+        keep
+    }
+
+    /// How many recycled buffers the engine holds now.
+    pub fn spare_event_buffers(&self) -> usize {
+        self.arena.spares.len()
+    }
+
+    /// Moves the facts recorded since the last call to the end of `out`.
+    pub fn take_events(&mut self, out: &mut Vec<CacheEvent>) {
+        if let Some(log) = self.arena.events.as_mut() {
+            out.append(log);
+        }
+    }
+
+    /// Every registered namespace ([`CacheEvent::Namespace`]), then one
+    /// [`CacheEvent::Stored`] per cached run (node), parents first: applied
+    /// after a [`CacheEvent::Cleared`], they rebuild exactly the cached
+    /// pages. For resynchronising event consumers.
+    pub fn cached_runs(&self) -> Vec<CacheEvent> {
+        let mut out: Vec<CacheEvent> = self.namespace_events().collect();
+        out.extend(self.arena.cached_runs());
         out
     }
 }

@@ -8,23 +8,11 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use super::cache::{ClientId, Engine, Session};
 use super::error::PageError;
 use super::layout::ROOT;
+use super::prefix::Inserted;
 use super::region::Region;
-use super::{ClientId, Engine, Inserted};
-
-/// One live session.
-#[derive(Clone, Debug)]
-pub(crate) struct Session {
-    /// The client that opened it; only it may commit to or release it.
-    pub client: ClientId,
-    /// The node covering the last committed turn (the root when that turn
-    /// held no whole page); locked once by the session unless it is the root.
-    pub node: u32,
-    /// The serial of the session's lock on `node` (see `Arena::lock_path`).
-    pub serial: u32,
-    pub last_access: Instant,
-}
 
 /// Errors of the session operations.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,13 +3,13 @@
 
 use std::collections::HashMap;
 
+use super::cache::Engine;
 use super::error::InvariantError;
 use super::layout::{
     NIL, NODE_FREE, NODE_LIVE, PAGE_CACHED, PAGE_CLAIMED, PAGE_FREE, PAGE_OWNED, PAGE_RETIRED, ROOT,
 };
 use super::region::Region;
 use super::table::child_hash;
-use super::Engine;
 
 macro_rules! ensure {
     ($cond:expr, $($msg:tt)+) => {

@@ -23,8 +23,8 @@
 //!   their own (processes: one acquires nothing from another but through
 //!   the slot word).
 //!
-//! Mutations checked (each made temporarily in `ipc/src/slots.rs`, run at
-//! `LOOM_MAX_PREEMPTIONS=2`, then reverted):
+//! Mutations checked (each made temporarily in `ipc/src/slots/mod.rs`, run
+//! at `LOOM_MAX_PREEMPTIONS=2`, then reverted):
 //! * claim with "claim the slot" (CAS FREE -> CLAIMING) before "take the
 //!   liveness lock": caught by `live_client_is_adopted_and_never_reclaimed`
 //!   (the daemon's scan, in its own thread, sees CLAIMING with no lock

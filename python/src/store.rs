@@ -31,7 +31,9 @@ use radixd::op::{check_key, ErrorKind, Rejection};
 use radixd::store::{StoreMap, StoreNs, StoreReader, StoreSlot, StoreStats};
 use radixd::ClientError;
 
-use crate::{client_error, closed, guard, input, rejected, Client};
+use crate::client::Client;
+use crate::errors::{client_error, closed, guard, rejected};
+use crate::input;
 
 // `PyUnicode_AsUTF8AndSize`: in every CPython 3, in the stable ABI from 3.10
 // (pyo3 declares it for abi3 only from there).

@@ -1,0 +1,185 @@
+//! `radixd.Engine`: the operations of `Client` (less `peek`) on an
+//! in-process engine, for tests and simulation, with exactly
+//! `radixd exec`'s semantics.
+//!
+//! Apart from `Client` because it owns its engine: no daemon, no GIL
+//! released (engine calls are short).
+
+use std::sync::Mutex;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use radixd::engine::{Components, Config, Engine as RustEngine, HeapRegion, Recency};
+use radixd::op::{apply, Backend, Local, Reply, Request};
+
+use crate::args::{count, in_namespace, lock_delta_batch, opt_count, order, policy, state_arg};
+use crate::cache::cache_methods;
+use crate::errors::{guard, rejected};
+use crate::input;
+use crate::reply::{self, insert_like, walked, EvictResult, InsertResult, MatchResult};
+
+/// An in-process radixd engine: the operations of `Client` (less `peek`)
+/// for tests and simulation, with exactly `radixd exec`'s semantics.
+#[pyclass(module = "radixd")]
+pub struct Engine {
+    inner: Mutex<Local<HeapRegion>>,
+}
+
+impl Engine {
+    /// One request (engine calls are short: the GIL stays held).
+    fn run(&self, py: Python<'_>, request: Request) -> PyResult<Reply> {
+        let mut local = guard(&self.inner)?;
+        local.call(request).map_err(|r| rejected(py, r))
+    }
+
+    /// The engine's components.
+    fn components(&self) -> PyResult<Components> {
+        Ok(guard(&self.inner)?.engine.components())
+    }
+}
+
+cache_methods! {
+    #[pymethods]
+    impl Engine {
+        /// `Engine(page_size, capacity, components="full", swa_window=None,
+        /// swa_capacity=None, mamba_capacity=None, recency="exact")`: the
+        /// flags of `radixd exec` (`components` is `"full"`, `"full,swa"`
+        /// or `"full,mamba"`; `swa_capacity` defaults to `capacity`;
+        /// `recency="sglang"` makes a split a use of both halves, as
+        /// SGLang's tree does).
+        #[new]
+        #[pyo3(signature = (page_size, capacity, components = "full", swa_window = None, swa_capacity = None, mamba_capacity = None, recency = "exact"))]
+        #[allow(clippy::too_many_arguments)] // the flags of `radixd exec`, by keyword
+        fn new(
+            page_size: u32,
+            capacity: u32,
+            components: &str,
+            swa_window: Option<u32>,
+            swa_capacity: Option<u32>,
+            mamba_capacity: Option<u32>,
+            recency: &str,
+        ) -> PyResult<Self> {
+            let config = Config {
+                page_size,
+                capacity,
+            };
+            let bad = |e: &dyn std::fmt::Display| PyValueError::new_err(e.to_string());
+            let comps =
+                Components::parse(components, swa_window, swa_capacity, mamba_capacity, capacity)
+                    .map_err(|e| bad(&e))?;
+            let recency: Recency = recency.parse().map_err(|e| bad(&e))?;
+            let mut engine = RustEngine::with_components(config, comps).map_err(|e| bad(&e))?;
+            engine.set_recency(recency);
+            Ok(Self {
+                inner: Mutex::new(Local {
+                    engine,
+                    client: 0,
+                    session_ttl: None,
+                }),
+            })
+        }
+
+        /// Tokens per page.
+        #[getter]
+        fn page_size(&self) -> PyResult<u32> {
+            Ok(guard(&self.inner)?.engine.page_size())
+        }
+
+        /// Pages in the pool.
+        #[getter]
+        fn capacity(&self) -> PyResult<u32> {
+            Ok(guard(&self.inner)?.engine.capacity())
+        }
+
+        /// As `Client.peek_full`: FULL's own walk of `tokens` (in
+        /// namespace `ns`), touching nothing.
+        #[pyo3(signature = (tokens, ns = None))]
+        fn peek_full<'py>(
+            &self,
+            py: Python<'py>,
+            tokens: &Bound<'py, PyAny>,
+            ns: Option<String>,
+        ) -> PyResult<(usize, Bound<'py, PyAny>)> {
+            let tokens = input::u32s(tokens, "tokens")?;
+            if ns.is_some() {
+                return walked(py, self.run(py, in_namespace(ns, Request::Walk { tokens }))?);
+            }
+            let mut pages = Vec::new();
+            let len = guard(&self.inner)?.engine.peek(&tokens, &mut pages);
+            Ok((len, input::array_out(py, &pages)?))
+        }
+
+        /// What a split counts as a use of: `"exact"` or `"sglang"`.
+        #[getter]
+        fn recency(&self) -> PyResult<&'static str> {
+            Ok(guard(&self.inner)?.engine.recency().name())
+        }
+
+        /// As `Client.order`, from the engine's own tree.
+        #[pyo3(signature = (prompts, policy = "lpm"))]
+        fn order(&self, prompts: &Bound<'_, PyAny>, policy: &str) -> PyResult<Vec<usize>> {
+            let policy = self::policy(policy)?;
+            let local = guard(&self.inner)?;
+            self::order(prompts, policy, |tokens| {
+                let mut pages = Vec::new();
+                local.engine.peek(tokens, &mut pages);
+                Ok(pages)
+            })
+        }
+
+        /// As `Client._lock_delta`.
+        fn _lock_delta(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<i64> {
+            let requests = lock_delta_batch(handle, lock)?;
+            let mut local = guard(&self.inner)?;
+            let client = local.client;
+            let answers = requests
+                .into_iter()
+                .map(|r| apply(&mut local.engine, client, r))
+                .collect();
+            Ok(reply::lock_delta(py, answers)?.0)
+        }
+
+        /// As `Client._lock_receipt`.
+        fn _lock_receipt(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<(u64, i64)> {
+            let requests = lock_delta_batch(handle, true)?;
+            let mut local = guard(&self.inner)?;
+            let client = local.client;
+            let answers = requests
+                .into_iter()
+                .map(|r| apply(&mut local.engine, client, r))
+                .collect();
+            let (delta, named) = reply::lock_delta(py, answers)?;
+            Ok((named.unwrap_or(count(handle, "handle")?), delta))
+        }
+
+        /// Nothing to release (symmetry with `Client`).
+        fn close(&self) {}
+
+        fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+            slf
+        }
+
+        /// Nothing to close; exceptions propagate.
+        fn __exit__(
+            &self,
+            _type: &Bound<'_, PyAny>,
+            _value: &Bound<'_, PyAny>,
+            _traceback: &Bound<'_, PyAny>,
+        ) -> bool {
+            false
+        }
+
+        fn __repr__(&self) -> String {
+            match guard(&self.inner) {
+                Ok(l) => format!(
+                    "radixd.Engine(page_size={}, capacity={})",
+                    l.engine.page_size(),
+                    l.engine.capacity()
+                ),
+                Err(_) => "radixd.Engine(<poisoned>)".to_owned(),
+            }
+        }
+    }
+}

@@ -29,9 +29,9 @@ use radixd_ipc::sync::{AtomicU32, AtomicU64, Ordering};
 use radixd_ipc::{ShmSafe, Version};
 
 use crate::op::{ErrorKind, Rejection, Request};
-
-/// Longest identity, in bytes of its canonical form.
-pub const MAX_POOL_IDENTITY: usize = 1024;
+/// Longest identity, in bytes of its canonical form (a limit of the wire's,
+/// which refuses a longer `bind` before it gets here).
+pub use crate::wire::MAX_POOL_IDENTITY;
 /// Longest key of one pair.
 pub const MAX_KEY: usize = 64;
 

@@ -12,11 +12,14 @@
 //!
 //! The loop lives here, with the daemon's configuration and start-up. A
 //! slot's life cycle (adoption, liveness, release) is in `peer`, serving
-//! one slot's ring (batches, deferral) in `service`, one request's answer
-//! in `answer`, the published figures in `figures` and the store's wiring
-//! in `store`.
+//! one slot's ring (batches, deferral) in `drain`, what serving keeps
+//! between requests in `service`, one request's answer in `answer`, the
+//! published figures in `figures` and the store's wiring in `store`. Their
+//! imports run one way: `drain` → `answer` → `service` → `figures`, and
+//! `drain` → `peer` → `store`.
 
 mod answer;
+mod drain;
 mod figures;
 mod peer;
 mod service;
@@ -40,9 +43,10 @@ use crate::shared::{
     SharedLayout, ShmGrace, ShmRegion,
 };
 use answer::catch_up_all;
+use drain::drain;
 use figures::{publish_figures, Tally};
-use peer::{adopt, peer, sweep, Holds, Peer};
-use service::{drain, Service, Wait};
+use peer::{adopt, peer, sweep, Holds, Peer, Wait};
+use service::Service;
 
 /// How often liveness, session TTLs and published figures are refreshed.
 pub const SWEEP: Duration = Duration::from_millis(50);
@@ -328,7 +332,7 @@ pub fn serve_reporting(
         if engine.in_limbo() != (0, 0) {
             guarded(|| engine.reclaim()).map_err(ServeError::Corrupted)?;
         }
-        store::tidy(service.store.as_mut(), &peers, false);
+        store::tidy(service.store.as_mut(), |slot| owner(&peers, slot), false);
         let kv_index = service.store.as_mut().map(|s| &mut s.index);
         events.after_requests(&mut engine, kv_index, live);
         // Relaxed: the daemon wrote this gauge itself (in `adopt`/`forget`).
@@ -372,7 +376,7 @@ pub fn serve_reporting(
                 store: service.store.as_mut(),
             };
             sweep(&mut engine, &mut peers, &slots, live, holds);
-            store::tidy(service.store.as_mut(), &peers, true);
+            store::tidy(service.store.as_mut(), |slot| owner(&peers, slot), true);
             if let Some(damage) = peers.iter_mut().find_map(|p| p.corrupt.take()) {
                 return Err(ServeError::Corrupted(damage));
             }
@@ -417,6 +421,12 @@ pub fn serve_reporting(
     // Relaxed: informational; clients notice the dead daemon by its lock.
     info.stopping.store(1, Ordering::Relaxed);
     Ok(())
+}
+
+/// The claim generation that slot `slot`'s client holds, as the daemon
+/// serves it (`None` for a slot nobody holds).
+fn owner(peers: &[Peer<'_>], slot: usize) -> Option<u32> {
+    peers.get(slot).and_then(|p| p.tenancy.owner())
 }
 
 /// Runs an engine operation, turning a stop at corrupt shared data (see

@@ -12,13 +12,28 @@ use radixd_ipc::{
     Tenancy,
 };
 
-use super::service::Deferred;
 use super::{guarded, store, ServeError, SWEEP};
 use crate::binding::{Binding, Released};
 use crate::engine::{ClientId, Engine};
 use crate::group::Groups;
 use crate::shared::{LiveStats, SharedLayout};
 use crate::wire::{WireReply, WireRequest};
+
+/// A request the daemon answers later (see `Peer::deferred`).
+pub(super) struct Deferred {
+    pub(super) record: WireRequest,
+    pub(super) until: Instant,
+    pub(super) why: Wait,
+}
+
+/// What a deferred request waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Wait {
+    /// Pages readers hold (an `alloc`).
+    Readers,
+    /// The slowest rank of the client's group (see `crate::group`).
+    Group,
+}
 
 /// One client slot as the daemon sees it.
 pub(super) struct Peer<'s> {

@@ -4,7 +4,7 @@
 
 use radixd_ipc::sync::Ordering;
 
-use super::{Peer, ServeConfig, ServeError};
+use super::{ServeConfig, ServeError};
 use crate::op::{apply_store, Rejection, Reply, StoreRequest};
 use crate::shared::{Info, SharedGrace};
 use crate::store::{owner, StoreConfig, StoreFile};
@@ -57,7 +57,11 @@ pub(super) fn claimed(store: Option<&mut StoreFile>, slot: u32) {
 /// Between rounds: reuses what readers have left, and aborts the
 /// reservations of every claim no longer served (its client released
 /// its slot or died between reserve and commit).
-pub(super) fn tidy(store: Option<&mut StoreFile>, peers: &[Peer<'_>], sweep: bool) {
+pub(super) fn tidy(
+    store: Option<&mut StoreFile>,
+    owner: impl Fn(usize) -> Option<u32>,
+    sweep: bool,
+) {
     let Some(store) = store else { return };
     if store.index.in_limbo() > 0 {
         store.index.reclaim();
@@ -65,9 +69,7 @@ pub(super) fn tidy(store: Option<&mut StoreFile>, peers: &[Peer<'_>], sweep: boo
     if sweep && store.index.has_reservations() {
         store.index.release_stale(|o| {
             let (slot, generation) = ((o >> 32) as usize, o as u32);
-            peers
-                .get(slot)
-                .is_some_and(|p| p.tenancy.owner() == Some(generation))
+            owner(slot) == Some(generation)
         });
     }
 }

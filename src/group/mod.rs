@@ -36,6 +36,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use crate::engine::ClientId;
+pub use crate::op::Join;
 use crate::op::{ErrorKind, Rejection, Reply, Request};
 
 mod desync;
@@ -59,17 +60,6 @@ pub const LAG_WAIT: Duration = Duration::from_secs(10);
 const FINISHED_KEPT: usize = 4096;
 /// Bit of a group's [`ClientId`]: never a client slot's index.
 pub const GROUP_CLIENT: ClientId = 1 << 31;
-
-/// A rank's `join`: the group's key (the same for every rank of one server,
-/// agreed among them; see the SGLang backend), this rank, the group's size
-/// and the rank's page size.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Join {
-    pub group: String,
-    pub rank: u32,
-    pub size: u32,
-    pub page_size: u32,
-}
 
 /// Whether `request` goes through a group's steps (see the module doc).
 pub fn is_stepped(request: &Request) -> bool {

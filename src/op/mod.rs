@@ -15,7 +15,18 @@ pub use store::{
 };
 
 use crate::engine::{Anchor, ClientId, ComponentStats, Components, Engine, Region, Stats};
-pub use crate::group::Join;
+
+/// A rank's `join`: the group's key (the same for every rank of one server,
+/// agreed among them; see the SGLang backend), this rank, the group's size
+/// and the rank's page size. A request's payload, so it lives with the
+/// requests; `crate::group`, which keeps the groups, re-exports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Join {
+    pub group: String,
+    pub rank: u32,
+    pub size: u32,
+    pub page_size: u32,
+}
 
 /// One request to the cache.
 #[derive(Clone, Debug, PartialEq, Eq)]

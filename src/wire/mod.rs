@@ -40,7 +40,6 @@ use crate::op::{ErrorKind, Rejection};
 // inline in one file.
 #[cfg(test)]
 use {
-    crate::binding::MAX_POOL_IDENTITY,
     crate::engine::{Anchor, ComponentStats, Stats},
     crate::group::Join,
     crate::op::{Reply, Request, Spare, StoreRequest},
@@ -62,6 +61,10 @@ pub const MIN_REPLY_WINDOW: usize = 512;
 /// or `join`: their refusals (the keys two pool identities differ in, a
 /// group key) name what to do, and arrive whole.
 pub const MAX_ERROR_MESSAGE: usize = 4096;
+
+/// Longest pool identity a `bind` carries, in bytes of its canonical form
+/// (`crate::binding` checks what the bytes say).
+pub const MAX_POOL_IDENTITY: usize = 1024;
 
 /// A [`Rejection`] of kind `Malformed`: how every decoder here refuses.
 fn malformed(message: impl Into<String>) -> Rejection {

@@ -5,8 +5,8 @@
 
 use super::payload::{Payload, Prefix};
 use super::record::{opcode, WireRequest, FLAG_LOCK, FLAG_NS};
+use super::MAX_POOL_IDENTITY;
 use super::{malformed, store};
-use crate::binding::MAX_POOL_IDENTITY;
 use crate::engine::{Anchor, Handle};
 use crate::group::{Join, MAX_GROUP_KEY};
 use crate::op::{check_session_id, check_session_len, ErrorKind, Rejection, Request, Spare};

@@ -1,6 +1,7 @@
 //! The arena's side of the grace period: an evicted page or a freed node
 //! goes to limbo (see [`super::grace`] for its batches), and `reclaim`
-//! brings back what readers have released. Apart from `grace` because the
+//! brings back what readers have released; with the engine's requests
+//! `set_grace`, `reclaim` and `in_limbo`. Apart from `grace` because the
 //! arena holds the limbo (`Retirement`) that these operations work on.
 
 use radixd_ipc::sync::spin_loop;

@@ -5,6 +5,10 @@
 //! while recording is on; hashing, encoding and publishing happen elsewhere
 //! (`crate::events`), off the request path. With recording off every hook
 //! is one predictable branch on `Option::is_some`.
+//!
+//! Here are the arena's hooks, which the tree calls, and the engine's
+//! requests that turn the record on and hand its facts out; the facts
+//! themselves ([`CacheEvent`]) are in `event`, below the arena.
 
 use super::arena::Arena;
 use super::cache::Engine;

@@ -1,6 +1,6 @@
 //! Unit tests of the index, the reader and adoption, over heap stores.
 
-use super::layout::{NIL, PAGE};
+use super::layout::{Namespace, NIL, PAGE};
 use super::*;
 
 fn store(entries: u32, extents: u64, extent: u64) -> HeapStore {
@@ -305,4 +305,56 @@ fn clear_drops_one_namespace_and_leaves_reservations_alone() {
     let slots = s.index.reserve(6, b.id, &refs, &[]).unwrap();
     assert!(slots.iter().all(Option::is_some));
     s.index.validate().unwrap();
+}
+
+#[test]
+fn the_longest_name_and_key_are_found_and_lengths_tell_them_apart() {
+    use super::layout::{MAX_KEY, MAX_NAME};
+    let mut s = store(64, 4, PAGE);
+    let long = vec![b'n'; MAX_NAME];
+    let ns = s.index.namespace(&long, 64).unwrap();
+    assert_eq!(
+        s.reader.namespace(&long),
+        Some(ns),
+        "a name of MAX_NAME bytes"
+    );
+    let short = s.index.namespace(b"ns", 64).unwrap();
+    assert_eq!(s.reader.namespace(b"ns"), Some(short));
+    // Names and keys are compared as zero-padded words: their lengths
+    // tell "ns" from "ns\0".
+    assert_eq!(s.reader.namespace(b"ns\0"), None);
+    let key = vec![7u8; MAX_KEY];
+    assert!(put(&mut s, ns, &key, None));
+    assert!(s.reader.find(ns, &key).is_some(), "a key of MAX_KEY bytes");
+    assert_eq!(get(&s, ns, &key), Some(value(&key, 64)));
+    assert!(put(&mut s, short, b"k", None));
+    assert!(s.reader.find(short, b"k").is_some());
+    assert!(s.reader.find(short, b"k\0").is_none());
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn the_records_lie_where_the_layout_puts_them() {
+    use super::layout::NAMESPACES;
+    let s = store(64, 4, PAGE);
+    let v = s.reader.view();
+    let l = v.layout();
+    // The heap store's two parts are one allocation, as the file is one
+    // file: every record's address from the header is its file offset.
+    let base = v.header() as *const _ as usize;
+    let at = |p: usize| (p - base) as u64;
+    assert_eq!(at(v.clock() as *const _ as usize), l.clock_at);
+    assert_eq!(
+        at(v.counters(1).unwrap() as *const _ as usize),
+        l.counters_at + 64
+    );
+    assert_eq!(
+        at(v.stamp(3).unwrap() as *const _ as usize),
+        l.stamps_at + 24
+    );
+    assert_eq!(
+        at(v.namespace(NAMESPACES - 1).unwrap() as *const _ as usize),
+        l.namespaces_at + u64::from(NAMESPACES - 1) * std::mem::size_of::<Namespace>() as u64
+    );
+    assert!(v.namespace(NAMESPACES).is_none(), "past the last namespace");
 }

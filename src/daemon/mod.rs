@@ -68,6 +68,10 @@ const PUBLISH: Duration = Duration::from_millis(1);
 /// Rounds of the serving loop between two reads of the clock.
 const CLOCK_EVERY: u32 = 32;
 
+/// Rounds of a busy serving loop between two looks at the slots it does
+/// not serve (new claims): a busy round visits the served slots only.
+const SCAN_EVERY: u32 = 16;
+
 /// One request in this many has its service time measured.
 pub const TIME_EVERY: u64 = 16;
 
@@ -284,6 +288,8 @@ pub fn serve_reporting(
     let mut unpublished = false;
     // Rounds run, and whether one had work since the clock was last read.
     let (mut rounds, mut worked) = (0u32, false);
+    // Requests the last round answered.
+    let mut answered = 0;
     let mut load = LoadSensor::new();
     let mut service = Service {
         tally: Tally::new(),
@@ -308,7 +314,16 @@ pub fn serve_reporting(
     // Relaxed: a plain flag set by the signal handler; nothing to order.
     while stop.load(Ordering::Relaxed) == 0 {
         let mut work = 0;
+        // A round after one that answered something visits only the slots
+        // it serves, and every slot one round in `SCAN_EVERY`: a new claim
+        // waits at most that many rounds more to be adopted, and a round
+        // trip does not wait for a look at every idle slot of the table.
+        let scan = answered == 0 || rounds % SCAN_EVERY == 0;
+        let mut corrupt = false;
         for (index, peer) in peers.iter_mut().enumerate() {
+            if !scan && !peer.serving {
+                continue;
+            }
             let index = index as u32;
             let Ok(word) = slots.word(index) else {
                 continue;
@@ -319,15 +334,18 @@ pub fn serve_reporting(
                 store: service.store.as_mut(),
             };
             peer.serving = adopt(&mut engine, peer, &slots, index, word, live, holds);
-            if !peer.serving || peer.broken {
-                continue;
+            if peer.serving && !peer.broken {
+                work += drain(&mut engine, &mut service, peer, index, |i| {
+                    slots.word(i).ok()
+                });
             }
-            work += drain(&mut engine, &mut service, peer, index, |i| {
-                slots.word(i).ok()
-            });
+            corrupt |= peer.corrupt.is_some();
         }
-        if let Some(damage) = peers.iter_mut().find_map(|p| p.corrupt.take()) {
-            return Err(ServeError::Corrupted(damage));
+        answered = work;
+        if corrupt {
+            if let Some(damage) = peers.iter_mut().find_map(|p| p.corrupt.take()) {
+                return Err(ServeError::Corrupted(damage));
+            }
         }
         if engine.in_limbo() != (0, 0) {
             guarded(|| engine.reclaim()).map_err(ServeError::Corrupted)?;

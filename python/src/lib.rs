@@ -20,8 +20,8 @@
 //! The modules: `client` and `engine` (the two cache classes), `cache`
 //! (the operations they share), `reply` (the result classes and the
 //! answers' conversions), `args` (arguments as requests take them),
-//! `errors` (the exception mapping), `index` (`KvIndex`), `store` (the
-//! store half of `Client`) and `input` (tokens and buffers read in place).
+//! `errors` (the exception mapping), `index` (`KvIndex`), `store` (what
+//! the store methods of `Client`, in `client::store`, take from Python) and `input` (tokens and buffers read in place).
 
 mod args;
 mod cache;

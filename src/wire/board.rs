@@ -3,7 +3,7 @@
 //! step, and a reply record as a step's six words. Apart because only
 //! groups use it.
 
-use super::call::EncodedRequest;
+use super::payload::EncodedRequest;
 use super::record::WireReply;
 
 /// A 128-bit digest of an encoded request (its record's fields, bar the

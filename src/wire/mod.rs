@@ -24,15 +24,15 @@ mod request;
 mod store;
 
 pub use board::{digest, reply_of_words, reply_words};
-pub use call::{encode_request, reply_need, AnchorWords, Call, EncodedRequest};
-pub use payload::{Payload, ScratchWindow};
+pub use call::{encode_request, reply_need, Call};
+pub use payload::{AnchorWords, EncodedRequest, Payload, ScratchWindow};
 pub use record::{alloc_count, asks_lock, handle_locked_by, WireReply, WireRequest};
-pub use reply::{decode_reply, encode_reply, inline_payload, BadReply};
+pub use reply::{decode_reply, encode_reply, inline_payload};
 pub use request::decode_request;
 pub use store::MAX_BATCH as MAX_STORE_BATCH;
 
 // The records' vocabulary, as `store` names it (`super::opcode`).
-use record::{kind, opcode};
+use record::{kind, opcode, STATS_BYTES, STATS_WITH_BYTES};
 
 use crate::op::{ErrorKind, Rejection};
 
@@ -45,7 +45,7 @@ use {
     crate::op::{Reply, Request, Spare, StoreRequest},
     radixd_ipc::Scratch,
     record::{FLAG_EXTRA, FLAG_INLINE, FLAG_LOCK},
-    reply::{utf8_prefix, STATS_BYTES},
+    reply::utf8_prefix,
 };
 
 /// Largest answer payload carried in the reply record itself.
@@ -73,3 +73,40 @@ fn malformed(message: impl Into<String>) -> Rejection {
 
 #[cfg(test)]
 mod tests;
+
+/// A reply the daemon should never have sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadReply {
+    /// The record's payload length is not the window's.
+    PayloadLength,
+    /// An error code no [`ErrorKind`] has.
+    UnknownError(u32),
+    /// A page list that is not whole `u32`s.
+    RaggedPages,
+    /// A stats payload of the wrong size.
+    StatsSize(usize),
+    /// A reply kind this client does not know.
+    UnknownKind(u32),
+    /// A field out of its range (a state slot beyond 32 bits, a missing
+    /// state word).
+    BadField(&'static str),
+}
+
+impl std::fmt::Display for BadReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("malformed reply from the daemon: ")?;
+        match self {
+            Self::PayloadLength => f.write_str("payload length disagrees with the record"),
+            Self::UnknownError(code) => write!(f, "unknown error code {code}"),
+            Self::RaggedPages => f.write_str("page list is not whole u32s"),
+            Self::StatsSize(n) => write!(
+                f,
+                "stats payload of {n} bytes, not {STATS_BYTES} (or {STATS_WITH_BYTES} with components)"
+            ),
+            Self::UnknownKind(k) => write!(f, "unknown reply kind {k}"),
+            Self::BadField(what) => write!(f, "bad {what}"),
+        }
+    }
+}
+
+impl std::error::Error for BadReply {}

@@ -7,6 +7,7 @@
 use radixd_ipc::{copy, Scratch, ScratchError};
 
 use super::malformed;
+use super::record::WireRequest;
 use crate::op::Rejection;
 
 /// A request's payload window in a client's scratch area, checked to lie
@@ -157,4 +158,59 @@ pub(super) fn u32s(bytes: &[u8]) -> Vec<u32> {
         }
     }
     out
+}
+
+/// A request record and the pieces of its payload, borrowed from the
+/// request, ready to be copied into a scratch window (or a byte stream).
+pub struct EncodedRequest<'r> {
+    pub record: WireRequest,
+    /// Bytes of reply window the answer can need.
+    pub reply_need: usize,
+    pub tokens: &'r [u32],
+    pub pages: &'r [u32],
+    /// The words after the pages of the anchored and component ops (see
+    /// [`WireRequest`]).
+    pub anchor_words: AnchorWords,
+    pub session: &'r [u8],
+    /// An owned payload after all of the above (store requests).
+    pub bytes: Vec<u8>,
+    /// The namespace's name of a namespaced request (else empty): last.
+    pub ns: &'r [u8],
+}
+
+/// Up to four words of a request's payload after its pages (anchored
+/// and component ops).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AnchorWords {
+    pub(super) words: [u32; 4],
+    pub(super) len: usize,
+}
+
+impl AnchorWords {
+    /// The words.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.words[..self.len]
+    }
+}
+
+impl EncodedRequest<'_> {
+    /// Payload bytes: `tokens ++ pages ++ anchor words ++ session ++ ns`.
+    pub fn payload_len(&self) -> usize {
+        (self.tokens.len() + self.pages.len() + self.anchor_words.len) * 4
+            + self.session.len()
+            + self.bytes.len()
+            + self.ns.len()
+    }
+
+    /// The payload as one buffer, for transports that need one.
+    pub fn payload(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.payload_len());
+        push_u32s(&mut out, self.tokens);
+        push_u32s(&mut out, self.pages);
+        push_u32s(&mut out, self.anchor_words.as_slice());
+        out.extend_from_slice(self.session);
+        out.extend_from_slice(&self.bytes);
+        out.extend_from_slice(self.ns);
+        out
+    }
 }

@@ -6,6 +6,7 @@
 use std::mem::size_of;
 
 use super::INLINE_BYTES;
+use crate::engine::{ComponentStats, Stats};
 
 /// Operation codes.
 pub(super) mod opcode {
@@ -163,3 +164,9 @@ const _: () = assert!(size_of::<WireReply>() == radixd_ipc::MAX_MESSAGE);
 unsafe impl radixd_ipc::Plain for WireRequest {}
 // SAFETY: as for `WireRequest`.
 unsafe impl radixd_ipc::Plain for WireReply {}
+
+/// Size of the stats answer.
+pub(super) const STATS_BYTES: usize = (Stats::LEN + 1) * 8;
+
+/// Size of the stats-with-components answer with the components' figures.
+pub(super) const STATS_WITH_BYTES: usize = STATS_BYTES + ComponentStats::LEN * 8;

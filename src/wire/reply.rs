@@ -5,15 +5,10 @@
 
 use super::payload::{push_u32s, u32s};
 use super::record::{kind, WireReply, FLAG_EXTRA, FLAG_HANDLE, FLAG_INLINE, FLAG_LOCK};
-use super::{store, INLINE_BYTES, MAX_ERROR_MESSAGE};
+use super::record::{STATS_BYTES, STATS_WITH_BYTES};
+use super::{store, BadReply, INLINE_BYTES, MAX_ERROR_MESSAGE};
 use crate::engine::{ComponentStats, Stats};
 use crate::op::{ErrorKind, Rejection, Reply};
-
-/// Size of the stats answer.
-pub(super) const STATS_BYTES: usize = (Stats::LEN + 1) * 8;
-
-/// Size of the stats-with-components answer with the components' figures.
-pub(super) const STATS_WITH_BYTES: usize = STATS_BYTES + ComponentStats::LEN * 8;
 
 /// Encodes an answer into a reply record and `payload` (cleared first),
 /// the bytes for its window of `room` bytes; a payload of at most
@@ -206,43 +201,6 @@ pub(super) fn utf8_prefix(s: &str, max: usize) -> &str {
     }
     &s[..end]
 }
-
-/// A reply the daemon should never have sent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BadReply {
-    /// The record's payload length is not the window's.
-    PayloadLength,
-    /// An error code no [`ErrorKind`] has.
-    UnknownError(u32),
-    /// A page list that is not whole `u32`s.
-    RaggedPages,
-    /// A stats payload of the wrong size.
-    StatsSize(usize),
-    /// A reply kind this client does not know.
-    UnknownKind(u32),
-    /// A field out of its range (a state slot beyond 32 bits, a missing
-    /// state word).
-    BadField(&'static str),
-}
-
-impl std::fmt::Display for BadReply {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("malformed reply from the daemon: ")?;
-        match self {
-            Self::PayloadLength => f.write_str("payload length disagrees with the record"),
-            Self::UnknownError(code) => write!(f, "unknown error code {code}"),
-            Self::RaggedPages => f.write_str("page list is not whole u32s"),
-            Self::StatsSize(n) => write!(
-                f,
-                "stats payload of {n} bytes, not {STATS_BYTES} (or {STATS_WITH_BYTES} with components)"
-            ),
-            Self::UnknownKind(k) => write!(f, "unknown reply kind {k}"),
-            Self::BadField(what) => write!(f, "bad {what}"),
-        }
-    }
-}
-
-impl std::error::Error for BadReply {}
 
 /// Decodes a reply record and the bytes of its window (ignored when the
 /// payload is inline, see [`inline_payload`]).

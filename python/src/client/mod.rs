@@ -4,8 +4,8 @@
 //! waits for the daemon; a mutex inside the object serialises threads.
 //!
 //! Apart from `Engine` because only it talks to a daemon: connecting,
-//! binding a pool, joining a group, and the store methods (whose work is in
-//! `store`).
+//! binding a pool, joining a group, and the store methods (in `client::store`;
+//! what they take from Python is made in `crate::store`).
 
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
@@ -23,8 +23,10 @@ use crate::args::{
 };
 use crate::cache::cache_methods;
 use crate::errors::{client_error, closed, guard, poisoned, rejected};
+use crate::input;
 use crate::reply::{self, insert_like, walked, EvictResult, InsertResult, MatchResult};
-use crate::{input, store};
+
+mod store;
 
 /// How long `timeout=None` waits for an answer: in effect forever (a dead
 /// daemon is still noticed within milliseconds).
@@ -55,10 +57,10 @@ pub struct Client {
     /// The KV buffer this client bound the pool to, canonical.
     pool: Option<String>,
     /// The store namespaces this client registered (`store_namespace`).
-    pub(crate) store: store::Namespaces,
+    pub(crate) store: crate::store::Namespaces,
     /// The store mapped for reads that never wait for the connection
     /// (`store_probe`); `None` without a store.
-    pub(crate) probe: Option<store::Probe>,
+    pub(crate) probe: Option<crate::store::Probe>,
 }
 
 impl Client {
@@ -136,7 +138,7 @@ cache_methods! {
                     .capacity_bytes;
                 let slot = client.slot();
                 Some(
-                    py.allow_threads(|| store::Probe::open(&owned, data_bytes, slot))
+                    py.allow_threads(|| crate::store::Probe::open(&owned, data_bytes, slot))
                         .map_err(|r| rejected(py, r))?,
                 )
             } else {
@@ -151,7 +153,7 @@ cache_methods! {
                 inner: Mutex::new(Some(client)),
                 name: name.to_owned(),
                 pool: pool.map(|p| p.as_str().to_owned()),
-                store: store::Namespaces::default(),
+                store: crate::store::Namespaces::default(),
             })
         }
 

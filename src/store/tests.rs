@@ -357,4 +357,11 @@ fn the_records_lie_where_the_layout_puts_them() {
         l.namespaces_at + u64::from(NAMESPACES - 1) * std::mem::size_of::<Namespace>() as u64
     );
     assert!(v.namespace(NAMESPACES).is_none(), "past the last namespace");
+    assert_eq!(
+        at(v.bucket_at(l.buckets - 1).unwrap() as *const _ as usize),
+        l.buckets_at + u64::from(l.buckets - 1) * 4
+    );
+    assert!(v.bucket_at(l.buckets).is_none(), "past the last bucket");
+    assert!(v.entry(l.config.entries - 1).is_some());
+    assert!(v.entry(l.config.entries).is_none(), "past the last entry");
 }

@@ -319,7 +319,6 @@ pub fn serve_reporting(
         // waits at most that many rounds more to be adopted, and a round
         // trip does not wait for a look at every idle slot of the table.
         let scan = answered == 0 || rounds % SCAN_EVERY == 0;
-        let mut corrupt = false;
         for (index, peer) in peers.iter_mut().enumerate() {
             if !scan && !peer.serving {
                 continue;
@@ -339,14 +338,11 @@ pub fn serve_reporting(
                     slots.word(i).ok()
                 });
             }
-            corrupt |= peer.corrupt.is_some();
-        }
-        answered = work;
-        if corrupt {
-            if let Some(damage) = peers.iter_mut().find_map(|p| p.corrupt.take()) {
+            if let Some(damage) = peer.corrupt.take() {
                 return Err(ServeError::Corrupted(damage));
             }
         }
+        answered = work;
         if engine.in_limbo() != (0, 0) {
             guarded(|| engine.reclaim()).map_err(ServeError::Corrupted)?;
         }

@@ -12,7 +12,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{assert_mentions, radixd, stdout_ok, Daemon, Exec};
+use common::{assert_mentions, radixd, stdout_ok, Daemon, Exec, PUBLISH_DEADLINE};
 use radixd::op::ErrorKind;
 use radixd::{Client, ClientError, PoolIdentity};
 use serde_json::{json, Value};
@@ -163,16 +163,19 @@ fn an_unbound_client_reads_a_bound_pool_but_never_fills_it() {
             .len,
         0
     );
-    let s = a.stats().unwrap().0;
-    assert_eq!(
-        (
+    // The evicted pages pass through limbo until the daemon's next reclaim.
+    common::wait_for(PUBLISH_DEADLINE, || match a.stats().unwrap().0 {
+        s if (
             s.total_tokens,
             s.protected_tokens,
             s.owned_pages,
-            s.free_pages
-        ),
-        (0, 0, 1, 15)
-    );
+            s.free_pages,
+        ) == (0, 0, 1, 15) =>
+        {
+            Ok(())
+        }
+        s => Err(format!("{s:?}")),
+    });
     assert_eq!(
         rejected(u.unlock(held).unwrap_err()).kind,
         ErrorKind::StaleHandle

@@ -336,8 +336,13 @@ pub fn render(result: Result<Reply, Rejection>) -> String {
 /// The answer line for a result of a cache keeping `components`: the
 /// hybrid fields of a component show only when it is on.
 pub fn render_for(result: Result<Reply, Rejection>, components: &Components) -> String {
+    value_for(result, components).to_string()
+}
+
+/// The answer line of [`render_for`], as a JSON value.
+fn value_for(result: Result<Reply, Rejection>, components: &Components) -> Value {
     let (swa, mamba) = (components.swa.is_some(), components.mamba.is_some());
-    let value = match result {
+    match result {
         Err(r) => json!({"ok": false, "error": r.kind.name(), "message": r.message}),
         Ok(Reply::Pages(pages)) => json!({"ok": true, "pages": pages}),
         Ok(Reply::Done) => json!({"ok": true}),
@@ -425,12 +430,50 @@ pub fn render_for(result: Result<Reply, Rejection>, components: &Components) -> 
         Ok(Reply::Joined { joined, size, .. }) => {
             json!({"ok": true, "joined": joined, "size": size})
         }
-        Ok(Reply::SwaPages(pages)) => {
-            let pages: Vec<Value> = pages
-                .iter()
-                .map(|&p| if p == u32::MAX { Value::Null } else { json!(p) })
-                .collect();
-            json!({"ok": true, "swa_pages": pages})
+        Ok(Reply::SwaPages(pages)) => json!({"ok": true, "swa_pages": peers(&pages)}),
+        // The hybrid step's paired answers (the Python and Rust clients'
+        // calls; `exec` has no op of them): their fields, as the plain
+        // answers name them.
+        Ok(Reply::PagesPaired { pages, swa_pages }) => {
+            json!({"ok": true, "pages": pages, "swa_pages": peers(&swa_pages)})
+        }
+        Ok(Reply::LockedPaired {
+            lock,
+            delta,
+            swa_pages,
+        }) => json!({"ok": true, "handle": lock, "delta": delta, "swa_pages": peers(&swa_pages)}),
+        Ok(Reply::InsertedPaired {
+            cached,
+            len,
+            handle,
+            locked,
+            mamba_exist,
+            pages,
+            swa_pages,
+        }) => {
+            let mut v = json!({"ok": true, "cached": cached, "len": len, "pages": pages});
+            if locked {
+                v["handle"] = json!(handle);
+            }
+            if mamba {
+                v["mamba_exist"] = json!(mamba_exist);
+            }
+            if swa {
+                v["swa_pages"] = json!(peers(&swa_pages));
+            }
+            v
+        }
+        Ok(Reply::States(states)) => json!({"ok": true, "states": states}),
+        Ok(Reply::Counted { reply, free }) => {
+            let mut v = value_for(Ok(*reply), components);
+            v["free_pages"] = json!(free.pages);
+            if swa {
+                v["swa_free_pages"] = json!(free.swa_pages);
+            }
+            if mamba {
+                v["mamba_free_states"] = json!(free.mamba_states);
+            }
+            v
         }
         Ok(Reply::StatsWith {
             stats: s,
@@ -464,6 +507,13 @@ pub fn render_for(result: Result<Reply, Rejection>, components: &Components) -> 
             }
             v
         }
-    };
-    value.to_string()
+    }
+}
+
+/// SWA pages as answered (`u32::MAX`: none), `null` for none.
+fn peers(pages: &[u32]) -> Vec<Value> {
+    pages
+        .iter()
+        .map(|&p| if p == u32::MAX { Value::Null } else { json!(p) })
+        .collect()
 }

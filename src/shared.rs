@@ -36,8 +36,11 @@ use crate::wire::{WireReply, WireRequest};
 /// records and the ops they carry, the engine layout); mixed into the
 /// layout hash. 3: the anchored ops `MatchAt`/`InsertAt` and `aux`; 4:
 /// the component ops and `Info`'s components; 5: the pool binding (`Bind`,
-/// `BindingBoard`); 6: groups (`Join`, their boards).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// `BindingBoard`); 6: groups (`Join`, their boards); 7: the hybrid
+/// step's ops (`AllocPaired`, `LockPaired`, `InsertPaired`,
+/// `AllocStates`, `FreeStates`), counted requests and
+/// `LiveStats::free_holder`.
+pub const PROTOCOL_VERSION: u32 = 7;
 /// Requests (and replies) a client may have in flight.
 pub const RING_CAPACITY: u32 = 64;
 
@@ -122,7 +125,17 @@ pub struct LiveStats {
     /// Tensor-parallel groups (`crate::group`): groups with a connected
     /// rank, ranks connected, steps kept for ranks behind.
     pub groups: [AtomicU64; 3],
+    /// The client (`slot | generation << 32`) whose last answer carried
+    /// the pools' free counts as they still are ([`FREE_HOLDER_NONE`]:
+    /// nobody's). The daemon moves it on a counted answer and when the
+    /// counts change otherwise, before the answer is pushed: a client that
+    /// reads its own id here after its answer may use the counts it kept
+    /// (see [`crate::Client::free_counts`]).
+    pub free_holder: AtomicU64,
 }
+
+/// [`LiveStats::free_holder`] when no client's kept counts are current.
+pub const FREE_HOLDER_NONE: u64 = u64::MAX;
 
 /// Figures of [`ComponentStats`] in [`LiveStats::components`].
 pub const COMPONENT_FIGURES: usize = ComponentStats::LEN;

@@ -289,8 +289,11 @@ pub fn fills_pool(request: &Request) -> bool {
         | Request::InsertAt { .. }
         | Request::InsertWith { .. }
         | Request::SessionCommit { .. }
-        | Request::AllocState => true,
-        Request::Namespaced { request, .. } => fills_pool(request),
+        | Request::AllocState
+        | Request::AllocPaired { .. }
+        | Request::InsertPaired { .. }
+        | Request::AllocStates { .. } => true,
+        Request::Namespaced { request, .. } | Request::Counted(request) => fills_pool(request),
         // Reads (a lock included: it keeps cached pages, it adds none),
         // what gives back, evictions, and what is not the pool's.
         Request::Free { .. }
@@ -310,6 +313,8 @@ pub fn fills_pool(request: &Request) -> bool {
         | Request::Validate
         | Request::FreeState { .. }
         | Request::FreeSwa { .. }
+        | Request::FreeStates { .. }
+        | Request::LockPaired { .. }
         | Request::SwaPages { .. }
         | Request::Bind { .. }
         | Request::Store(_)

@@ -1,8 +1,11 @@
 //! The cache calls a scheduler makes, each one round trip (or none, by
 //! anchor): match and lock, insert, alloc and free, evict, the hybrid
-//! engine's component calls, sessions, and the engine's figures.
+//! engine's component calls and the paired calls of its step, sessions,
+//! and the engine's figures.
 
-use super::{inserted, unexpected, Client, ClientError, InsertResult, MatchResult};
+use super::{
+    inserted, unexpected, Client, ClientError, InsertPaired, InsertResult, LockPaired, MatchResult,
+};
 use crate::engine::{
     ComponentStats, Evicted, Handle, InsertExtra, InsertedExtra, MatchExtra, Stats,
 };
@@ -231,13 +234,112 @@ impl Client {
     /// page has none.
     pub fn swa_pages(&mut self, pages: &[u32]) -> Result<Vec<Option<u32>>, ClientError> {
         match self.send(Call::SwaPages(pages))? {
-            Reply::SwaPages(paired) => Ok(paired
-                .into_iter()
-                .map(|p| (p != u32::MAX).then_some(p))
-                .collect()),
+            Reply::SwaPages(paired) => Ok(peers(paired)),
             other => Err(unexpected(other)),
         }
     }
+}
+
+/// The hybrid step's paired calls: each answers in one round trip what a
+/// call and the reads after it would (the SWA pairing of the pages it
+/// names or hands out, the protected tokens a lock took), and the state
+/// slots a step takes or gives back together.
+impl Client {
+    /// [`Client::alloc`] answering also the SWA page paired with each new
+    /// page (none without SWA): `(pages, swa_pages)`.
+    pub fn alloc_paired(&mut self, n: u64) -> Result<(Vec<u32>, Vec<u32>), ClientError> {
+        match self.send(Call::AllocPaired(n))? {
+            Reply::PagesPaired { pages, swa_pages } => Ok((pages, swa_pages)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// [`Client::lock`] answering also the protected tokens it took and
+    /// the SWA page paired with each of `pages` (checked before the lock:
+    /// a bad one changes nothing).
+    pub fn lock_paired(
+        &mut self,
+        handle: Handle,
+        pages: &[u32],
+    ) -> Result<LockPaired, ClientError> {
+        match self.send(Call::LockPaired(handle.to_raw(), pages))? {
+            Reply::LockedPaired {
+                lock,
+                delta,
+                swa_pages,
+            } => Ok(LockPaired {
+                lock: Handle::from_raw(lock),
+                delta,
+                swa_pages: peers(swa_pages),
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// [`Client::insert_with`] answering also the key's pages as the tree
+    /// holds them now and the SWA page paired with each of the last `tail`
+    /// of them (SWA on when `tail > 0`). Always the full request.
+    pub fn insert_paired(
+        &mut self,
+        tokens: &[u32],
+        pages: &[u32],
+        lock: bool,
+        extra: InsertExtra,
+        tail: u32,
+    ) -> Result<InsertPaired, ClientError> {
+        self.last_match = None;
+        let call = Call::InsertPaired {
+            tokens,
+            pages,
+            lock,
+            mamba_state: extra.mamba_state,
+            swa_evicted: extra.swa_evicted,
+            tail,
+        };
+        match self.send(call)? {
+            Reply::InsertedPaired {
+                cached,
+                len,
+                handle,
+                mamba_exist,
+                pages,
+                swa_pages,
+                ..
+            } => Ok(InsertPaired {
+                result: InsertResult {
+                    cached: cached as usize,
+                    len: len as usize,
+                    handle: handle.map(Handle::from_raw),
+                },
+                mamba_exist,
+                pages,
+                swa_pages: peers(swa_pages),
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// `n` MAMBA state slots, all or none (what `n` [`Client::alloc_state`]
+    /// calls hand out).
+    pub fn alloc_states(&mut self, n: u64) -> Result<Vec<u32>, ClientError> {
+        match self.send(Call::AllocStates(n))? {
+            Reply::States(states) => Ok(states),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Returns state slots this client owns to the pool, all or none.
+    pub fn free_states(&mut self, states: &[u32]) -> Result<(), ClientError> {
+        self.done(Call::FreeStates(states))
+    }
+}
+
+/// SWA pages as answered (`u32::MAX`: none) as options.
+fn peers(pages: Vec<u32>) -> Vec<Option<u32>> {
+    pages
+        .into_iter()
+        .map(|p| (p != u32::MAX).then_some(p))
+        .collect()
 }
 
 /// Sessions: a conversation's pages cached and locked under its name.

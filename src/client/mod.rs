@@ -14,12 +14,15 @@
 //! `port` (the ring round trip and the wait for an answer), `reader` (the
 //! lock-free reads of the shared tree), `anchor` (the anchored path of
 //! `match_prefix` and `insert`), `cache` (the cache calls: match, lock,
-//! insert, alloc, evict, sessions, stats), `scope` (namespaces, the pool
-//! binding, groups) and `store` (the node-wide KV store).
+//! insert, alloc, evict, sessions, stats, and the hybrid step's paired
+//! calls), `free` (the pools' free counts kept from the answers that carry
+//! them), `scope` (namespaces, the pool binding, groups) and `store` (the
+//! node-wide KV store).
 
 mod anchor;
 mod cache;
 mod error;
+mod free;
 mod port;
 mod reader;
 mod scope;
@@ -39,6 +42,7 @@ use crate::shared::{
 
 use anchor::Anchoring;
 pub use error::{ClientError, ProtocolError};
+use free::FreeTrack;
 use port::{port_of, Returns, Sent};
 pub use scope::Rank;
 
@@ -62,6 +66,33 @@ pub struct InsertResult {
     pub cached: usize,
     pub len: usize,
     pub handle: Option<Handle>,
+}
+
+/// What a paired lock did ([`Client::lock_paired`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockPaired {
+    /// The lock's handle (with SWA it names this lock, for
+    /// [`Client::unlock`]; else the node's).
+    pub lock: Handle,
+    /// Protected tokens before minus after (minus what the lock newly
+    /// protects: SGLang's `inc_lock_ref` delta).
+    pub delta: i64,
+    /// The SWA page paired with each page asked, `None` where one has none.
+    pub swa_pages: Vec<Option<u32>>,
+}
+
+/// What a paired insert did ([`Client::insert_paired`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InsertPaired {
+    pub result: InsertResult,
+    /// The key's node held a state already (see
+    /// [`crate::engine::InsertedExtra`]).
+    pub mamba_exist: bool,
+    /// The key's pages as the tree holds them now.
+    pub pages: Vec<u32>,
+    /// The SWA page paired with each of the last `tail` of them, `None`
+    /// where one has none.
+    pub swa_pages: Vec<Option<u32>>,
 }
 
 /// A connection to a running daemon.
@@ -116,6 +147,8 @@ pub struct Client {
     board: Option<u32>,
     step: u64,
     board_buf: Vec<u8>,
+    /// The pools' free counts as answers carried them (see `free`).
+    free: FreeTrack,
 }
 
 impl Client {
@@ -211,6 +244,7 @@ impl Client {
             board: None,
             step: 0,
             board_buf: Vec::new(),
+            free: FreeTrack::default(),
         };
         // From here on `Drop` releases the claim on every error path.
         let port = port_of(&client.segment, &client.layout, client.slot)?;

@@ -54,27 +54,43 @@ impl Returns {
     /// without a lock names its node too: that handle holds nothing, and
     /// unlocking it would drop a lock this client took elsewhere.
     fn note(&mut self, locks: Option<u64>, asks_lock: bool, answer: &Result<Reply, Rejection>) {
-        match answer {
-            Ok(Reply::Pages(pages)) => self.pages.extend_from_slice(pages),
-            Ok(Reply::Matched {
+        if let Ok(reply) = answer {
+            self.note_reply(locks, asks_lock, reply);
+        }
+    }
+
+    /// [`Returns::note`] of a successful answer.
+    fn note_reply(&mut self, locks: Option<u64>, asks_lock: bool, reply: &Reply) {
+        match reply {
+            Reply::Pages(pages) | Reply::PagesPaired { pages, .. } => {
+                self.pages.extend_from_slice(pages)
+            }
+            Reply::Matched {
                 handle: Some(h), ..
-            })
-            | Ok(Reply::MatchedWith {
+            }
+            | Reply::MatchedWith {
                 handle: Some(h), ..
-            }) if asks_lock => self.handles.push(*h),
-            Ok(Reply::Inserted {
+            } if asks_lock => self.handles.push(*h),
+            Reply::Inserted {
                 handle: Some(h),
                 locked: true,
                 ..
-            })
-            | Ok(Reply::InsertedWith {
+            }
+            | Reply::InsertedWith {
                 handle: Some(h),
                 locked: true,
                 ..
-            }) => self.handles.push(*h),
-            Ok(Reply::State { state }) => self.states.push(u64::from(*state)),
-            Ok(Reply::Done) => self.handles.extend(locks),
-            Ok(Reply::Locked(h)) => self.handles.push(*h),
+            }
+            | Reply::InsertedPaired {
+                handle: Some(h),
+                locked: true,
+                ..
+            } => self.handles.push(*h),
+            Reply::State { state } => self.states.push(u64::from(*state)),
+            Reply::States(states) => self.states.extend(states.iter().map(|&s| u64::from(s))),
+            Reply::Done => self.handles.extend(locks),
+            Reply::Locked(h) | Reply::LockedPaired { lock: h, .. } => self.handles.push(*h),
+            Reply::Counted { reply, .. } => self.note_reply(locks, asks_lock, reply),
             _ => {}
         }
     }
@@ -103,18 +119,38 @@ impl Client {
     /// its answer; allocates nothing but what the answer hands over (its
     /// page list). A rank's step may be answered off its group's board
     /// instead ([`Client::join`]).
+    ///
+    /// Once [`Client::free_counts`] was asked, a call that may change the
+    /// pools' free counts goes counted, and its answer's counts are kept.
     pub(super) fn send(&mut self, call: Call<'_>) -> Result<Reply, ClientError> {
-        if self.group.is_some() && call.is_stepped() {
-            return self.send_step(call);
-        }
-        self.post(call)
+        let counted = self.counts(&call);
+        let answer = if self.group.is_some() && call.is_stepped() {
+            self.send_step(call, counted)
+        } else {
+            self.post(call, counted)
+        };
+        self.settle(&call, counted, answer)
     }
 
-    /// Sends one request to the daemon and waits for its answer (see
-    /// [`Client::send`]).
-    pub(super) fn post(&mut self, call: Call<'_>) -> Result<Reply, ClientError> {
-        self.resync()?;
+    /// The encoding of `call`, counted when `counted`.
+    pub(super) fn encode_call<'c>(
+        &self,
+        call: Call<'c>,
+        counted: bool,
+    ) -> wire::EncodedRequest<'c> {
         let e = call.encode(self.page_size(), self.capacity());
+        if counted {
+            e.counted()
+        } else {
+            e
+        }
+    }
+
+    /// Sends one request to the daemon (counted when `counted`) and waits
+    /// for its answer (see [`Client::send`]).
+    pub(super) fn post(&mut self, call: Call<'_>, counted: bool) -> Result<Reply, ClientError> {
+        self.resync()?;
+        let e = self.encode_call(call, counted);
         let half = self.layout.config.scratch_bytes as usize / 2;
         if e.payload_len() > half || e.reply_need > half {
             return Err(ClientError::TooLarge {
@@ -146,6 +182,7 @@ impl Client {
         &mut self,
         requests: &[Request],
     ) -> Result<Vec<Result<Reply, Rejection>>, ClientError> {
+        self.settle_batch(requests);
         if self.group.is_some() {
             // A rank's steps go one by one, each perhaps off the board.
             return requests
@@ -365,6 +402,7 @@ impl Client {
         if self.to_return.is_empty() {
             return Ok(());
         }
+        self.forget_free_counts();
         let Returns {
             pages,
             handles,

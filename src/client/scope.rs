@@ -128,24 +128,27 @@ impl Client {
     /// led it put it there and it is this very request (its digest), else
     /// sent to the daemon, which leads it, answers it as it was led, or
     /// says how it differs. Either way the rank's step count follows.
-    pub(super) fn send_step(&mut self, call: Call<'_>) -> Result<Reply, ClientError> {
+    pub(super) fn send_step(
+        &mut self,
+        call: Call<'_>,
+        counted: bool,
+    ) -> Result<Reply, ClientError> {
         let (Some(rank), Some(index)) = (self.group.as_ref().map(|g| g.rank as usize), self.board)
         else {
-            return self.post(call);
+            return self.post(call, counted);
         };
         if rank == 0 {
             // Rank 0 leads: its steps go to the daemon, which answers a
             // step another rank led (rank 0 fell behind) as it was led.
             // Reading the board first would cost it a cache miss a step.
-            return self.post(call);
+            return self.post(call, counted);
         }
         let s = self.step;
-        let (page_size, capacity) = (self.page_size(), self.capacity());
+        let key = wire::digest(&self.encode_call(call, counted));
         let taken = {
             let buf = &mut self.board_buf;
             let board = self.layout.board(&self.segment, index);
             board.and_then(|b| {
-                let key = wire::digest(&call.encode(page_size, capacity));
                 let start = Instant::now();
                 let mut spins = 0u32;
                 loop {
@@ -175,7 +178,7 @@ impl Client {
             self.step = s + 1;
             return answer.map_err(ClientError::Rejected);
         }
-        let answer = self.post(call);
+        let answer = self.post(call, counted);
         if let Some(b) = self.layout.board(&self.segment, index) {
             // Acquire (in `told`) after the answer's pop: the daemon told
             // before it pushed.

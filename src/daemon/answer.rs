@@ -36,6 +36,8 @@ pub(super) fn answer<R: crate::engine::Region>(
         boards,
         board_out,
         store: kv_store,
+        live,
+        free,
         ..
     } = service;
     let window_ok = record
@@ -136,6 +138,10 @@ pub(super) fn answer<R: crate::engine::Region>(
                 run(client, request)
             })
     };
+    // Before the answer goes: a counted one hands its client the counts.
+    let counted = matches!(result, Ok(op::Reply::Counted { .. }));
+    let who = u64::from(client) | (record.seq >> 32) << 32;
+    free.answered(live, engine.free_counts(), who, counted);
     let room = if window_ok {
         record.reply_len as usize
     } else {

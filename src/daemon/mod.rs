@@ -44,7 +44,7 @@ use crate::shared::{
 };
 use answer::catch_up_all;
 use drain::drain;
-use figures::{publish_figures, Tally};
+use figures::{publish_figures, FreeHolder, Tally};
 use peer::{adopt, peer, sweep, Holds, Peer, Wait};
 use service::Service;
 
@@ -310,6 +310,8 @@ pub fn serve_reporting(
             }))?,
         board_out: Vec::new(),
         store: kv_store,
+        live,
+        free: FreeHolder::new(live, &engine),
     };
     // Relaxed: a plain flag set by the signal handler; nothing to order.
     while stop.load(Ordering::Relaxed) == 0 {
@@ -349,6 +351,9 @@ pub fn serve_reporting(
         store::tidy(service.store.as_mut(), |slot| owner(&peers, slot), false);
         let kv_index = service.store.as_mut().map(|s| &mut s.index);
         events.after_requests(&mut engine, kv_index, live);
+        // What the round changed besides requests (reclaimed limbo, a
+        // slot's adoption) leaves the free counts nobody's.
+        service.free.settle(live, engine.free_counts());
         // Relaxed: the daemon wrote this gauge itself (in `adopt`/`forget`).
         let clients = live.clients.load(Ordering::Relaxed);
         load.set_peers(clients.saturating_add(1));
@@ -397,6 +402,7 @@ pub fn serve_reporting(
             if let Some(ttl) = config.session_ttl {
                 guarded(|| engine.expire_sessions(ttl, now)).map_err(ServeError::Corrupted)?;
             }
+            service.free.settle(live, engine.free_counts());
             publish_figures(live, &engine);
             // An idle daemon has nothing to spin for: no need to look.
             if now.duration_since(last_work) < SWEEP {

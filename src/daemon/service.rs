@@ -6,10 +6,11 @@
 
 use std::time::Duration;
 
-use super::figures::Tally;
+use super::figures::{FreeHolder, Tally};
 use crate::binding::Binding;
 use crate::group::Groups;
 use crate::op;
+use crate::shared::LiveStats;
 
 /// What `drain` keeps from one request to the next: the counters and the
 /// buffers it reuses, so a warm daemon answers without allocating.
@@ -31,4 +32,8 @@ pub(super) struct Service<'s> {
     pub(super) board_out: Vec<u8>,
     /// The node-wide KV store (`--store`).
     pub(super) store: Option<crate::store::StoreFile>,
+    /// The segment's live figures (for [`FreeHolder`]).
+    pub(super) live: &'s LiveStats,
+    /// Who holds the pools' current free counts.
+    pub(super) free: FreeHolder,
 }

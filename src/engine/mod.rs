@@ -71,4 +71,4 @@ pub use record::{SPARE_BUFFERS, SPARE_BUFFER_LEN};
 pub use region::MirroredRegion;
 pub use region::{HeapRegion, Region};
 pub use session::{SessionError, SessionStatus};
-pub use stats::Stats;
+pub use stats::{FreeCounts, Stats};

@@ -252,6 +252,56 @@ impl<R: Region> Engine<R> {
         self.arena.hy_free_state(client, state)
     }
 
+    /// Hands `n` state slots to `client`, all or none: what `n` calls of
+    /// [`Engine::alloc_state`] hand out (each evicting one cached state
+    /// when none is free). Fails with [`ComponentError::NoFreeState`],
+    /// changing nothing, when fewer than `n` are free or evictable.
+    pub fn alloc_states(&mut self, client: ClientId, n: u64) -> Result<Vec<u32>, ComponentError> {
+        let Some(m) = self.arena.mamba().and(self.component_stats()) else {
+            return Err(ComponentError::NotEnabled(Component::Mamba));
+        };
+        if n > m.mamba_free_states + m.mamba_evictable_states {
+            return Err(ComponentError::NoFreeState);
+        }
+        let mut states = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            match self.alloc_state(client) {
+                Ok(state) => states.push(state),
+                Err(e) => {
+                    // Not expected after the check above; what was taken
+                    // goes back, so the call hands out nothing.
+                    for &s in &states {
+                        let _ = self.arena.hy_free_state(client, u64::from(s));
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(states)
+    }
+
+    /// Returns the state slots `client` owns to the pool, all or none: a
+    /// slot it does not own, or one named twice, fails the call
+    /// ([`ComponentError::StateNotOwned`]) and frees nothing.
+    pub fn free_states(&mut self, client: ClientId, states: &[u32]) -> Result<(), ComponentError> {
+        let Some(m) = self.arena.mamba() else {
+            return Err(ComponentError::NotEnabled(Component::Mamba));
+        };
+        let mut seen = std::collections::HashSet::with_capacity(states.len());
+        if let Some(&bad) = states
+            .iter()
+            .find(|&&s| !m.owns(client, u64::from(s)) || !seen.insert(s))
+        {
+            return Err(ComponentError::StateNotOwned {
+                state: u64::from(bad),
+            });
+        }
+        for &s in states {
+            self.arena.hy_free_state(client, u64::from(s))?;
+        }
+        Ok(())
+    }
+
     /// Frees the SWA pages paired with `pages` (which `client` owns), as
     /// SGLang frees a running request's SWA pages that slid out of its
     /// window; returns how many SWA pages went. An insert of these pages

@@ -1,5 +1,7 @@
 //! Figures of an engine ([`Stats`], and the components' beside it), as
-//! `stats` reports them and the wire carries them.
+//! `stats` reports them and the wire carries them, and the pools' free
+//! counts ([`FreeCounts`]) an answer carries for a scheduler's next
+//! allocation.
 
 use super::cache::Engine;
 use super::hybrid::{ComponentStats, Hybrid};
@@ -61,7 +63,49 @@ impl Stats {
     }
 }
 
+/// What each pool has free: the figures a scheduler sizes its next
+/// allocation by (SGLang's `available_size` of the FULL and SWA token
+/// allocators and of the Mamba state pool), as [`Stats::free_pages`] and
+/// [`ComponentStats`] say them, in one place.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FreeCounts {
+    /// Pages in the FULL pool's free list.
+    pub pages: u64,
+    /// Pages in the SWA pool's free list (0 without SWA).
+    pub swa_pages: u64,
+    /// Slots in the MAMBA state pool's free list (0 without MAMBA).
+    pub mamba_states: u64,
+}
+
+impl FreeCounts {
+    /// Number of figures.
+    pub const LEN: usize = 3;
+
+    /// The figures in declaration order, for compact transport.
+    pub fn to_array(&self) -> [u64; Self::LEN] {
+        [self.pages, self.swa_pages, self.mamba_states]
+    }
+
+    /// The inverse of [`FreeCounts::to_array`].
+    pub fn from_array([pages, swa_pages, mamba_states]: [u64; Self::LEN]) -> Self {
+        Self {
+            pages,
+            swa_pages,
+            mamba_states,
+        }
+    }
+}
+
 impl<R: Region> Engine<R> {
+    /// What each pool has free now (three loads: no walk).
+    pub fn free_counts(&self) -> FreeCounts {
+        FreeCounts {
+            pages: u64::from(self.arena.hdr().free_len),
+            swa_pages: self.arena.swa().map_or(0, |s| s.free.len() as u64),
+            mamba_states: self.arena.mamba().map_or(0, |m| m.free.len() as u64),
+        }
+    }
+
     /// Figures of the secondary components; `None` when only FULL is on.
     pub fn component_stats(&self) -> Option<ComponentStats> {
         self.arena.hybrid.as_deref().map(Hybrid::stats)

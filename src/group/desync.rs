@@ -55,15 +55,23 @@ fn parts(request: &Request) -> (Option<&[u32]>, Option<&[u32]>, Option<bool>) {
             pages,
             lock,
             ..
+        }
+        | Request::InsertPaired {
+            tokens,
+            pages,
+            lock,
+            ..
         } => (Some(tokens), Some(pages), Some(*lock)),
         Request::SessionCommit { tokens, pages, .. } => (Some(tokens), Some(pages), None),
         Request::Match { tokens, lock } | Request::MatchWith { tokens, lock } => {
             (Some(tokens), None, Some(*lock))
         }
         Request::Walk { tokens } => (Some(tokens), None, None),
-        Request::Free { pages } | Request::FreeSwa { pages } | Request::SwaPages { pages } => {
-            (None, Some(pages), None)
-        }
+        Request::Free { pages }
+        | Request::FreeSwa { pages }
+        | Request::SwaPages { pages }
+        | Request::LockPaired { pages, .. }
+        | Request::FreeStates { states: pages } => (None, Some(pages), None),
         _ => (None, None, None),
     }
 }
@@ -91,19 +99,32 @@ fn first_position(what: &str, item: &str, ours: &[u32], led: &[u32], leader: u32
 /// else the other arguments. Two keys of one length that differ at token
 /// 9 read the same in [`describe`]; here they do not.
 pub fn first_difference(ours: &Request, led: &Request, leader: u32) -> String {
-    fn unwrap(r: &Request) -> (Option<&str>, &Request) {
+    fn unwrap(r: &Request) -> (bool, Option<&str>, &Request) {
+        let (counted, r) = match r {
+            Request::Counted(request) => (true, &**request),
+            r => (false, r),
+        };
         match r {
-            Request::Namespaced { ns, request } => (Some(ns.as_str()), &**request),
-            r => (None, r),
+            Request::Namespaced { ns, request } => (counted, Some(ns.as_str()), &**request),
+            r => (counted, None, r),
         }
     }
-    let ((ns, ours), (led_ns, led)) = (unwrap(ours), unwrap(led));
+    let ((counted, ns, ours), (led_counted, led_ns, led)) = (unwrap(ours), unwrap(led));
     if ns != led_ns {
         let shown = |ns: Option<&str>| ns.map_or_else(|| "none".to_owned(), clipped);
         return format!(
             "the namespaces differ: {} here, {} at rank {leader}",
             shown(ns),
             shown(led_ns)
+        );
+    }
+    if counted != led_counted {
+        let said = |c: bool| if c { "counted" } else { "not counted" };
+        return format!(
+            "another form of {} than rank {leader}'s: {} here, {} there",
+            ours.name(),
+            said(counted),
+            said(led_counted)
         );
     }
     if std::mem::discriminant(ours) != std::mem::discriminant(led) {
@@ -205,6 +226,25 @@ pub fn describe(request: &Request) -> String {
         Request::Namespaced { ns, request } => {
             format!("{} in namespace {}", describe(request), clipped(ns))
         }
+        Request::AllocPaired { n } => format!("alloc_paired of {n} pages"),
+        Request::LockPaired { handle, pages } => {
+            format!("lock_paired of {handle:#x} with {} pages", pages.len())
+        }
+        Request::InsertPaired {
+            tokens,
+            pages,
+            lock: l,
+            tail,
+            ..
+        } => format!(
+            "insert_paired{} of {} with {} pages, tail {tail}",
+            lock(l),
+            key(tokens),
+            pages.len()
+        ),
+        Request::AllocStates { n } => format!("alloc_states of {n}"),
+        Request::FreeStates { states } => format!("free_states of {} states", states.len()),
+        Request::Counted(request) => format!("{}, counted", describe(request)),
         other => other.name().to_owned(),
     }
 }

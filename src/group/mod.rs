@@ -602,14 +602,18 @@ fn payload_words(request: &Request) -> usize {
     match request {
         Request::Insert { tokens, pages, .. }
         | Request::InsertWith { tokens, pages, .. }
+        | Request::InsertPaired { tokens, pages, .. }
         | Request::SessionCommit { tokens, pages, .. } => tokens.len() + pages.len(),
         Request::Match { tokens, .. }
         | Request::MatchWith { tokens, .. }
         | Request::Walk { tokens } => tokens.len(),
-        Request::Free { pages } | Request::FreeSwa { pages } | Request::SwaPages { pages } => {
-            pages.len()
-        }
+        Request::Free { pages }
+        | Request::FreeSwa { pages }
+        | Request::SwaPages { pages }
+        | Request::LockPaired { pages, .. }
+        | Request::FreeStates { states: pages } => pages.len(),
         Request::Namespaced { ns, request } => ns.len() / 4 + 1 + payload_words(request),
+        Request::Counted(request) => payload_words(request),
         _ => 0,
     }
 }
@@ -617,9 +621,22 @@ fn payload_words(request: &Request) -> usize {
 /// Words an answer carries.
 fn answer_words(result: &Result<Reply, Rejection>) -> usize {
     match result {
-        Ok(Reply::Pages(p) | Reply::SwaPages(p)) => p.len(),
-        Ok(Reply::Matched { pages, .. } | Reply::MatchedWith { pages, .. }) => pages.len(),
+        Ok(reply) => reply_words(reply),
         Err(r) => r.message.len() / 4 + 1,
+    }
+}
+
+/// Words a successful answer carries.
+fn reply_words(reply: &Reply) -> usize {
+    match reply {
+        Reply::Pages(p) | Reply::SwaPages(p) | Reply::States(p) => p.len(),
+        Reply::Matched { pages, .. } | Reply::MatchedWith { pages, .. } => pages.len(),
+        Reply::PagesPaired { pages, swa_pages }
+        | Reply::InsertedPaired {
+            pages, swa_pages, ..
+        } => pages.len() + swa_pages.len(),
+        Reply::LockedPaired { swa_pages, .. } => swa_pages.len(),
+        Reply::Counted { reply, .. } => reply_words(reply) + 6,
         _ => 0,
     }
 }

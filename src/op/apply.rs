@@ -4,7 +4,9 @@
 //! requests. Apart from the vocabulary (`op`) and its errors (`error`):
 //! this changes when what an op does changes.
 
-use crate::engine::{ClientId, Engine, InsertExtra, Inserted, InsertedExtra, Region};
+use crate::engine::{
+    ClientId, Component, ComponentError, Engine, InsertExtra, Inserted, InsertedExtra, Region,
+};
 
 use super::{check_session_id, ErrorKind, Rejection, Reply, Request};
 
@@ -38,11 +40,16 @@ impl Spare {
 
     /// Gives back the lists of an answer once it has been sent.
     pub fn keep_reply(&mut self, reply: Result<Reply, Rejection>) {
-        if let Ok(
-            Reply::Pages(pages) | Reply::Matched { pages, .. } | Reply::MatchedWith { pages, .. },
-        ) = reply
-        {
-            self.keep(pages);
+        match reply {
+            Ok(
+                Reply::Pages(pages)
+                | Reply::Matched { pages, .. }
+                | Reply::MatchedWith { pages, .. }
+                | Reply::PagesPaired { pages, .. }
+                | Reply::InsertedPaired { pages, .. },
+            ) => self.keep(pages),
+            Ok(Reply::Counted { reply, .. }) => self.keep_reply(Ok(*reply)),
+            _ => {}
         }
     }
 }
@@ -271,6 +278,102 @@ pub fn apply_with<R: Region>(
                 ErrorKind::NotPermitted,
                 "groups are a daemon's: an in-process engine has one client, which is every rank",
             ))
+        }
+        Request::AllocPaired { n } => {
+            let mut pages = spare.list();
+            engine.alloc_into(client, n, &mut pages)?;
+            // Fresh pages are paired as they are taken (with SWA on).
+            let swa_pages = match engine.components().swa {
+                Some(_) => engine.swa_pages(&pages)?,
+                None => Vec::new(),
+            };
+            Reply::PagesPaired { pages, swa_pages }
+        }
+        Request::LockPaired { handle, pages } => {
+            // Read first, so a bad page changes nothing: a lock moves no
+            // SWA page, so the pairing after it is this one.
+            let swa_pages = if pages.is_empty() {
+                Vec::new()
+            } else {
+                engine.swa_pages(&pages)?
+            };
+            spare.keep(pages);
+            let before = engine.stats().protected_tokens;
+            let lock = engine.lock(client, handle)?;
+            let after = engine.stats().protected_tokens;
+            Reply::LockedPaired {
+                lock: if lock.is_lock() {
+                    lock.to_raw()
+                } else {
+                    handle
+                },
+                delta: before as i64 - after as i64,
+                swa_pages,
+            }
+        }
+        Request::InsertPaired {
+            tokens,
+            pages,
+            lock,
+            mamba_state,
+            swa_evicted,
+            tail,
+        } => {
+            if tail > 0 && engine.components().swa.is_none() {
+                return Err(ComponentError::NotEnabled(Component::Swa).into());
+            }
+            let extra = InsertExtra {
+                mamba_state,
+                swa_evicted,
+            };
+            let r = engine.insert_with(client, &tokens, &pages, lock, extra);
+            spare.keep(pages);
+            let (r, ie) = match r {
+                Ok(done) => done,
+                Err(e) => {
+                    spare.keep(tokens);
+                    return Err(e.into());
+                }
+            };
+            // The key's pages as a `Walk` reads them now, and the pairing
+            // of the window's (which SWA tombstone recovery may have moved).
+            let mut key_pages = spare.list();
+            engine.peek(&tokens, &mut key_pages);
+            spare.keep(tokens);
+            let tail = key_pages.len().min(tail as usize);
+            let swa_pages = match tail {
+                0 => Vec::new(),
+                _ => engine.swa_pages(&key_pages[key_pages.len() - tail..])?,
+            };
+            Reply::InsertedPaired {
+                cached: r.cached as u64,
+                len: r.len as u64,
+                handle: r.handle.map(|h| h.to_raw()),
+                locked: lock,
+                mamba_exist: ie.mamba_exist,
+                pages: key_pages,
+                swa_pages,
+            }
+        }
+        Request::AllocStates { n } => Reply::States(engine.alloc_states(client, n)?),
+        Request::FreeStates { states } => {
+            let freed = engine.free_states(client, &states);
+            spare.keep(states);
+            freed?;
+            Reply::Done
+        }
+        Request::Counted(request) => {
+            if !request.takes_count() {
+                return Err(Rejection::new(
+                    ErrorKind::Malformed,
+                    format!("{} takes no count", request.name()),
+                ));
+            }
+            let reply = apply_with(engine, client, *request, spare)?;
+            Reply::Counted {
+                reply: Box::new(reply),
+                free: engine.free_counts(),
+            }
         }
     })
 }

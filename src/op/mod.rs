@@ -14,7 +14,9 @@ pub use store::{
     apply_store, check_key, KeyList, StoreAccess, StoreReply, StoreRequest, WithStore, NO_PARENT,
 };
 
-use crate::engine::{Anchor, ClientId, ComponentStats, Components, Engine, Region, Stats};
+use crate::engine::{
+    Anchor, ClientId, ComponentStats, Components, Engine, FreeCounts, Region, Stats,
+};
 
 /// A rank's `join`: the group's key (the same for every rank of one server,
 /// agreed among them; see the SGLang backend), this rank, the group's size
@@ -171,6 +173,49 @@ pub enum Request {
     /// of one tensor-parallel server share one tree, each step carried out
     /// once. Answers [`Reply::Joined`]. A daemon's business, as `Bind`.
     Join(Join),
+    /// `alloc` of `n` pages answering also the SWA page paired with each
+    /// ([`Reply::PagesPaired`]): what `alloc` and then `swa_pages` of its
+    /// pages answer, in one request (a hybrid scheduler maps the fresh
+    /// pages' SWA peers before it writes them).
+    AllocPaired {
+        n: u64,
+    },
+    /// `lock` of `handle` answering also the protected tokens it took and
+    /// the SWA page paired with each of `pages` ([`Reply::LockedPaired`]):
+    /// what `stats`, `lock`, `stats` and `swa_pages` answer in a row (SGLang's
+    /// `inc_lock_ref`, and the window's pairing the request reads next).
+    /// `pages` are checked before the lock: a bad one changes nothing.
+    LockPaired {
+        handle: u64,
+        pages: Vec<u32>,
+    },
+    /// `InsertWith` answering also the key's pages as the tree holds them
+    /// after (what a `Walk` of `tokens` answers) and the SWA page paired
+    /// with each of the last `tail` of them ([`Reply::InsertedPaired`]): a
+    /// checkpoint's insert, the node it locked and the window's pairing
+    /// (which SWA tombstone recovery may have moved), in one request.
+    InsertPaired {
+        tokens: Vec<u32>,
+        pages: Vec<u32>,
+        lock: bool,
+        mamba_state: Option<u32>,
+        swa_evicted: u64,
+        tail: u32,
+    },
+    /// `n` MAMBA state slots for the caller, all or none
+    /// ([`Reply::States`]): what `n` `alloc_state`s hand out.
+    AllocStates {
+        n: u64,
+    },
+    /// Gives back state slots the caller owns, all or none ([`Reply::Done`]).
+    FreeStates {
+        states: Vec<u32>,
+    },
+    /// `request` (one that [takes a count](Request::takes_count)) and the
+    /// pools' free counts after it ([`Reply::Counted`]): a scheduler that
+    /// keeps them from the answers that change them need not ask `stats`
+    /// before each allocation.
+    Counted(Box<Request>),
 }
 
 /// The answer to a successful request.
@@ -255,6 +300,37 @@ pub enum Reply {
         size: u32,
         board: Option<u32>,
     },
+    /// `AllocPaired`: the pages now owned by the caller and the SWA page
+    /// paired with each (none without SWA).
+    PagesPaired {
+        pages: Vec<u32>,
+        swa_pages: Vec<u32>,
+    },
+    /// `LockPaired`: the handle naming the lock (with SWA this lock's own,
+    /// for `unlock`; else the node's), protected tokens before minus after
+    /// (SGLang's `inc_lock_ref` delta, minus what the lock newly
+    /// protects), and one SWA page per page asked, `u32::MAX` for none.
+    LockedPaired {
+        lock: u64,
+        delta: i64,
+        swa_pages: Vec<u32>,
+    },
+    /// `InsertPaired`: `InsertedWith`, the key's pages as the tree holds
+    /// them, and the SWA page paired with each of the last `tail` of them
+    /// (`u32::MAX` for none).
+    InsertedPaired {
+        cached: u64,
+        len: u64,
+        handle: Option<u64>,
+        locked: bool,
+        mamba_exist: bool,
+        pages: Vec<u32>,
+        swa_pages: Vec<u32>,
+    },
+    /// `AllocStates`: the slots now owned by the caller.
+    States(Vec<u32>),
+    /// `Counted`: the request's answer and the pools' free counts after it.
+    Counted { reply: Box<Reply>, free: FreeCounts },
 }
 
 /// Longest session id, in bytes.
@@ -304,6 +380,11 @@ impl Reply {
             Self::Store(_) => "store",
             Self::Namespace { .. } => "namespace",
             Self::Joined { .. } => "joined",
+            Self::PagesPaired { .. } => "pages_paired",
+            Self::LockedPaired { .. } => "locked_paired",
+            Self::InsertedPaired { .. } => "inserted_paired",
+            Self::States(_) => "states",
+            Self::Counted { .. } => "counted",
         }
     }
 }
@@ -338,6 +419,12 @@ impl Request {
             Self::Namespace { .. } => "namespace",
             Self::Join(_) => "join",
             Self::Walk { .. } => "walk",
+            Self::AllocPaired { .. } => "alloc_paired",
+            Self::LockPaired { .. } => "lock_paired",
+            Self::InsertPaired { .. } => "insert_paired",
+            Self::AllocStates { .. } => "alloc_states",
+            Self::FreeStates { .. } => "free_states",
+            Self::Counted(request) => request.name(),
         }
     }
 
@@ -347,7 +434,7 @@ impl Request {
             Self::SessionCommit { session, .. }
             | Self::SessionRelease { session }
             | Self::SessionStatus { session } => Some(session),
-            Self::Namespaced { request, .. } => request.session(),
+            Self::Namespaced { request, .. } | Self::Counted(request) => request.session(),
             _ => None,
         }
     }
@@ -361,8 +448,28 @@ impl Request {
                 | Self::Insert { .. }
                 | Self::MatchWith { .. }
                 | Self::InsertWith { .. }
+                | Self::InsertPaired { .. }
                 | Self::SessionCommit { .. }
                 | Self::Walk { .. }
+        )
+    }
+
+    /// Whether the request can be [`Request::Counted`]: every one the
+    /// engine carries out for a scheduler, except the anchored ones
+    /// (internal to a reader), `reset` and `validate`, and what is not the
+    /// engine's (`bind`, `join`, the store, namespace ids).
+    pub fn takes_count(&self) -> bool {
+        !matches!(
+            self,
+            Self::Counted(_)
+                | Self::MatchAt { .. }
+                | Self::InsertAt { .. }
+                | Self::Reset
+                | Self::Validate
+                | Self::Bind { .. }
+                | Self::Join(_)
+                | Self::Store(_)
+                | Self::Namespace { .. }
         )
     }
 }

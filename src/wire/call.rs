@@ -4,7 +4,7 @@
 //! answer needs.
 
 use super::payload::{AnchorWords, EncodedRequest};
-use super::record::{opcode, WireRequest, FLAG_LOCK, FLAG_NS};
+use super::record::{opcode, WireRequest, FLAG_LOCK, FLAG_NS, FREE_BYTES};
 use super::record::{STATS_BYTES, STATS_WITH_BYTES};
 use super::{store, MAX_ERROR_MESSAGE, MIN_REPLY_WINDOW};
 use crate::engine::{Anchor, Handle};
@@ -86,6 +86,25 @@ pub enum Call<'a> {
     Join(&'a Join),
     /// See [`Request::Walk`].
     Walk(&'a [u32]),
+    /// See [`Request::AllocPaired`].
+    AllocPaired(u64),
+    /// See [`Request::LockPaired`]: the handle and the pages to pair.
+    LockPaired(u64, &'a [u32]),
+    /// See [`Request::InsertPaired`].
+    InsertPaired {
+        tokens: &'a [u32],
+        pages: &'a [u32],
+        lock: bool,
+        mamba_state: Option<u32>,
+        swa_evicted: u64,
+        tail: u32,
+    },
+    /// See [`Request::AllocStates`].
+    AllocStates(u64),
+    /// See [`Request::FreeStates`]: the slots travel as pages.
+    FreeStates(&'a [u32]),
+    /// See [`Request::Counted`]: the request's own encoding, flagged.
+    Counted(&'a Request),
 }
 
 impl<'a> Call<'a> {
@@ -171,6 +190,26 @@ impl<'a> Call<'a> {
             Request::Namespace { name } => Self::Namespace(name),
             Request::Join(join) => Self::Join(join),
             Request::Walk { tokens } => Self::Walk(tokens),
+            Request::AllocPaired { n } => Self::AllocPaired(*n),
+            Request::LockPaired { handle, pages } => Self::LockPaired(*handle, pages),
+            Request::InsertPaired {
+                tokens,
+                pages,
+                lock,
+                mamba_state,
+                swa_evicted,
+                tail,
+            } => Self::InsertPaired {
+                tokens,
+                pages,
+                lock: *lock,
+                mamba_state: *mamba_state,
+                swa_evicted: *swa_evicted,
+                tail: *tail,
+            },
+            Request::AllocStates { n } => Self::AllocStates(*n),
+            Request::FreeStates { states } => Self::FreeStates(states),
+            Request::Counted(request) => Self::Counted(request),
         }
     }
 
@@ -189,6 +228,18 @@ impl<'a> Call<'a> {
             Self::SwaPages(pages) => pages.len() * 4,
             Self::Store(r) => store::reply_need(r),
             Self::Namespaced(_, request) => Call::of(request).reply_need(page_size, capacity),
+            // The pages and their SWA peers.
+            Self::AllocPaired(n) => (*n).min(u64::from(capacity)) as usize * 8,
+            Self::LockPaired(_, pages) => pages.len() * 4,
+            // The pages' count, the key's pages, the tail's peers.
+            Self::InsertPaired { tokens, tail, .. } => {
+                let pages = tokens.len() / page_size.max(1) as usize;
+                (1 + pages + pages.min(*tail as usize)) * 4
+            }
+            Self::AllocStates(n) => usize::try_from(*n).unwrap_or(usize::MAX).saturating_mul(4),
+            Self::Counted(request) => {
+                Call::of(request).reply_need(page_size, capacity) + FREE_BYTES
+            }
             _ => 0,
         }
     }
@@ -199,6 +250,9 @@ impl<'a> Call<'a> {
     pub fn encode(self, page_size: u32, capacity: u32) -> EncodedRequest<'a> {
         if let Self::Store(r) = self {
             return store::encode(r);
+        }
+        if let Self::Counted(request) = self {
+            return Call::of(request).encode(page_size, capacity).counted();
         }
         if let Self::Namespaced(ns, request) = self {
             // The request's own encoding, the name after its payload. A
@@ -262,6 +316,24 @@ impl<'a> Call<'a> {
             Self::Store(_) => (0, 0, 0, none, none, ""),
             Self::Namespace(name) => (opcode::NAMESPACE, 0, 0, none, none, name),
             Self::Walk(tokens) => (opcode::WALK, 0, 0, tokens, none, ""),
+            Self::AllocPaired(n) => (opcode::ALLOC_PAIRED, n, 0, none, none, ""),
+            Self::LockPaired(handle, pages) => (opcode::LOCK_PAIRED, handle, 0, none, pages, ""),
+            Self::InsertPaired {
+                tokens,
+                pages,
+                lock: l,
+                swa_evicted,
+                ..
+            } => (
+                opcode::INSERT_PAIRED,
+                swa_evicted,
+                lock(l),
+                tokens,
+                pages,
+                "",
+            ),
+            Self::AllocStates(n) => (opcode::ALLOC_STATES, n, 0, none, none, ""),
+            Self::FreeStates(states) => (opcode::FREE_STATES, 0, 0, none, states, ""),
             Self::Join(j) => (
                 opcode::JOIN,
                 u64::from(j.rank) | u64::from(j.size) << 32,
@@ -271,7 +343,7 @@ impl<'a> Call<'a> {
                 j.group.as_str(),
             ),
             // Handled above.
-            Self::Namespaced(..) => (0, 0, 0, none, none, ""),
+            Self::Namespaced(..) | Self::Counted(_) => (0, 0, 0, none, none, ""),
         };
         let mut e = EncodedRequest {
             record: WireRequest {
@@ -321,6 +393,14 @@ impl<'a> Call<'a> {
                 e.anchor_words = AnchorWords {
                     words: [state, 0, 0, 0],
                     len: 1,
+                };
+            }
+            Self::InsertPaired {
+                tail, mamba_state, ..
+            } => {
+                e.anchor_words = AnchorWords {
+                    words: [tail, mamba_state.unwrap_or(0), 0, 0],
+                    len: 1 + usize::from(mamba_state.is_some()),
                 };
             }
             Self::Join(j) => {

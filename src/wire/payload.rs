@@ -7,7 +7,7 @@
 use radixd_ipc::{copy, Scratch, ScratchError};
 
 use super::malformed;
-use super::record::WireRequest;
+use super::record::{WireRequest, FLAG_COUNTED, FREE_BYTES};
 use crate::op::Rejection;
 
 /// A request's payload window in a client's scratch area, checked to lie
@@ -194,6 +194,16 @@ impl AnchorWords {
 }
 
 impl EncodedRequest<'_> {
+    /// This request counted ([`Request::Counted`](crate::op::Request::Counted)):
+    /// flagged, its answer carrying the pools' free counts after its own
+    /// (room for them added). What takes no count the daemon's decoder
+    /// refuses.
+    pub fn counted(mut self) -> Self {
+        self.record.flags |= FLAG_COUNTED;
+        self.reply_need += FREE_BYTES;
+        self
+    }
+
     /// Payload bytes: `tokens ++ pages ++ anchor words ++ session ++ ns`.
     pub fn payload_len(&self) -> usize {
         (self.tokens.len() + self.pages.len() + self.anchor_words.len) * 4

@@ -36,6 +36,11 @@ pub(super) mod opcode {
     pub const BIND: u32 = 24;
     pub const JOIN: u32 = 26;
     pub const WALK: u32 = 27;
+    pub const ALLOC_PAIRED: u32 = 28;
+    pub const LOCK_PAIRED: u32 = 29;
+    pub const INSERT_PAIRED: u32 = 30;
+    pub const ALLOC_STATES: u32 = 31;
+    pub const FREE_STATES: u32 = 32;
     pub const STORE_NAMESPACE: u32 = 40;
     pub const STORE_RESERVE: u32 = 41;
     pub const STORE_COMMIT: u32 = 42;
@@ -63,6 +68,10 @@ pub(super) mod kind {
     pub const BOUND: u32 = 15;
     pub const LOCKED: u32 = 16;
     pub const JOINED: u32 = 18;
+    pub const PAGES_PAIRED: u32 = 19;
+    pub const LOCKED_PAIRED: u32 = 20;
+    pub const INSERTED_PAIRED: u32 = 21;
+    pub const STATES: u32 = 22;
     pub const STORE_NAMESPACE: u32 = 40;
     pub const STORE_RESERVED: u32 = 41;
     pub const STORE_DONE: u32 = 42;
@@ -85,6 +94,14 @@ pub(super) const FLAG_EXTRA: u32 = 8;
 /// payload's last `aux[0]` bytes (after everything the op itself carries).
 pub(super) const FLAG_NS: u32 = 16;
 
+/// `flags` bit of a request: answer the pools' free counts after it too
+/// (`Request::Counted`); of a reply: they are the payload's last
+/// [`FREE_BYTES`], after the answer's own.
+pub(super) const FLAG_COUNTED: u32 = 32;
+
+/// Bytes of the free counts a counted reply carries (three words of 8).
+pub(super) const FREE_BYTES: usize = 24;
+
 /// The handle a request locks by itself (`lock`), whose lock a client
 /// must give back if the answer comes too late for its caller; locks taken
 /// by `match`/`insert` show in their answers instead.
@@ -98,9 +115,10 @@ pub fn asks_lock(record: &WireRequest) -> bool {
     record.flags & FLAG_LOCK != 0
 }
 
-/// The page count an `alloc` record asks for (`None`: not an `alloc`).
+/// The page count an `alloc` (or `alloc_paired`) record asks for
+/// (`None`: not an `alloc`).
 pub fn alloc_count(record: &WireRequest) -> Option<u64> {
-    (record.op == opcode::ALLOC).then_some(record.arg)
+    matches!(record.op, opcode::ALLOC | opcode::ALLOC_PAIRED).then_some(record.arg)
 }
 
 /// One request record in a ring.
@@ -111,10 +129,11 @@ pub struct WireRequest {
     pub seq: u64,
     pub op: u32,
     pub flags: u32,
-    /// `n` of alloc, handle of lock/unlock, tokens of evict (and of
-    /// evict_components), `swa_evicted` of insert_with, the slot of
-    /// free_state; for the anchored ops the anchor's node as a handle
-    /// (index | generation << 32).
+    /// `n` of alloc (and of alloc_paired and alloc_states), handle of
+    /// lock/unlock (and of lock_paired), tokens of evict (and of
+    /// evict_components), `swa_evicted` of insert_with (and of
+    /// insert_paired), the slot of free_state; for the anchored ops the
+    /// anchor's node as a handle (index | generation << 32).
     pub arg: u64,
     /// Payload window in the request scratch, in bytes.
     pub payload_off: u32,
@@ -122,9 +141,11 @@ pub struct WireRequest {
     /// The payload is `n_tokens` tokens, `n_pages` pages, then the session
     /// id, or for the anchored ops the anchor's words: matched pages, and
     /// for `MatchAt` the next page's hash when the reader had one; for
-    /// `InsertWith` the state slot when there is one; for
+    /// `InsertWith` the state slot when there is one; for `InsertPaired`
+    /// the tail's page count, then the state slot when there is one; for
     /// `EvictComponents` `swa_tokens` and `mamba_states` (two words each,
-    /// low first).
+    /// low first). `LockPaired`'s pages and `FreeStates`'s slots travel
+    /// as pages.
     pub n_tokens: u32,
     pub n_pages: u32,
     /// Window of the reply scratch the answer may use, in bytes.

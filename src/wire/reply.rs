@@ -4,10 +4,12 @@
 //! names a reply the daemon should never have sent.
 
 use super::payload::{push_u32s, u32s};
-use super::record::{kind, WireReply, FLAG_EXTRA, FLAG_HANDLE, FLAG_INLINE, FLAG_LOCK};
+use super::record::{
+    kind, WireReply, FLAG_COUNTED, FLAG_EXTRA, FLAG_HANDLE, FLAG_INLINE, FLAG_LOCK, FREE_BYTES,
+};
 use super::record::{STATS_BYTES, STATS_WITH_BYTES};
 use super::{store, BadReply, INLINE_BYTES, MAX_ERROR_MESSAGE};
-use crate::engine::{ComponentStats, Stats};
+use crate::engine::{ComponentStats, FreeCounts, Stats};
 use crate::op::{ErrorKind, Rejection, Reply};
 
 /// Encodes an answer into a reply record and `payload` (cleared first),
@@ -33,108 +35,122 @@ pub fn encode_reply(
             let message = utf8_prefix(&rejection.message, room.min(MAX_ERROR_MESSAGE));
             payload.extend_from_slice(message.as_bytes());
         }
-        Ok(Reply::Pages(pages)) => {
+        Ok(reply) => encode_answer(&mut w, reply, payload),
+    }
+    w.payload_len = payload.len() as u32;
+    if payload.len() <= INLINE_BYTES {
+        w.flags |= FLAG_INLINE;
+        w.inline[..payload.len()].copy_from_slice(payload);
+        payload.clear();
+    }
+    w
+}
+
+/// The record's fields and the payload (appended) of a successful answer.
+fn encode_answer(w: &mut WireReply, reply: &Reply, payload: &mut Vec<u8>) {
+    match reply {
+        Reply::Pages(pages) => {
             w.kind = kind::PAGES;
             push_u32s(payload, pages);
         }
-        Ok(Reply::SwaPages(pages)) => {
+        Reply::SwaPages(pages) => {
             w.kind = kind::SWA_PAGES;
             push_u32s(payload, pages);
         }
-        Ok(Reply::Done) => w.kind = kind::DONE,
-        Ok(Reply::Locked(handle)) => {
+        Reply::Done => w.kind = kind::DONE,
+        Reply::Locked(handle) => {
             w.kind = kind::LOCKED;
             w.a = *handle;
         }
-        Ok(Reply::Inserted {
+        Reply::Inserted {
             cached,
             len,
             handle,
             locked,
-        }) => {
+        } => {
             w.kind = kind::INSERTED;
             (w.a, w.b) = (*cached, *len);
-            set_handle(&mut w, *handle, *locked);
+            set_handle(w, *handle, *locked);
         }
-        Ok(Reply::Matched { len, pages, handle }) => {
+        Reply::Matched { len, pages, handle } => {
             w.kind = kind::MATCHED;
             w.a = *len;
-            set_handle(&mut w, *handle, false);
+            set_handle(w, *handle, false);
             push_u32s(payload, pages);
         }
-        Ok(Reply::Evicted(tokens)) => {
+        Reply::Evicted(tokens) => {
             w.kind = kind::EVICTED;
             w.a = *tokens;
         }
-        Ok(Reply::Session {
+        Reply::Session {
             resident_tokens,
             idle_ms,
-        }) => {
+        } => {
             w.kind = kind::SESSION;
             (w.a, w.b) = (*resident_tokens, *idle_ms);
         }
-        Ok(Reply::Stats { stats: s, sessions }) => {
+        Reply::Stats { stats: s, sessions } => {
             w.kind = kind::STATS;
             for x in s.to_array().into_iter().chain([*sessions]) {
                 payload.extend_from_slice(&x.to_ne_bytes());
             }
         }
-        Ok(Reply::MatchedWith {
+        Reply::MatchedWith {
             len,
             pages,
             handle,
             full_len,
             mamba_state,
-        }) => {
+        } => {
             w.kind = kind::MATCHED_WITH;
             (w.a, w.b) = (*len, *full_len);
-            set_handle(&mut w, *handle, false);
+            set_handle(w, *handle, false);
             push_u32s(payload, pages);
             if let Some(state) = mamba_state {
                 w.flags |= FLAG_EXTRA;
                 payload.extend_from_slice(&state.to_ne_bytes());
             }
         }
-        Ok(Reply::InsertedWith {
+        Reply::InsertedWith {
             cached,
             len,
             handle,
             locked,
             mamba_exist,
-        }) => {
+        } => {
             w.kind = kind::INSERTED_WITH;
             (w.a, w.b) = (*cached, *len);
-            set_handle(&mut w, *handle, *locked);
+            set_handle(w, *handle, *locked);
             if *mamba_exist {
                 w.flags |= FLAG_EXTRA;
             }
         }
-        Ok(Reply::EvictedComponents {
+        Reply::EvictedComponents {
             tokens,
             swa_tokens,
             mamba_states,
-        }) => {
+        } => {
             w.kind = kind::EVICTED_COMPONENTS;
             (w.a, w.b, w.c) = (*tokens, *swa_tokens, *mamba_states);
         }
-        Ok(Reply::State { state }) => {
+        Reply::State { state } => {
             w.kind = kind::STATE;
             w.a = u64::from(*state);
         }
-        Ok(Reply::SwaFreed { n }) => {
+        Reply::SwaFreed { n } => {
             w.kind = kind::SWA_FREED;
             w.a = *n;
         }
-        Ok(Reply::Store(r)) => store::encode_reply(&mut w, r, payload),
-        Ok(Reply::Namespace { id }) => {
+        Reply::Store(r) => store::encode_reply(w, r, payload),
+        Reply::Namespace { id } => {
             w.kind = kind::NAMESPACE;
             w.a = u64::from(*id);
         }
-        Ok(Reply::StatsWith {
+        Reply::StatsWith {
             stats: s,
             sessions,
             components,
-        }) => {
+        } => {
             w.kind = kind::STATS_WITH;
             let figures = components.as_ref().map(ComponentStats::to_array);
             if figures.is_some() {
@@ -145,27 +161,66 @@ pub fn encode_reply(
                 payload.extend_from_slice(&x.to_ne_bytes());
             }
         }
-        Ok(Reply::Bound { holders }) => {
+        Reply::Bound { holders } => {
             w.kind = kind::BOUND;
             w.a = *holders;
         }
-        Ok(Reply::Joined {
+        Reply::Joined {
             joined,
             size,
             board,
-        }) => {
+        } => {
             w.kind = kind::JOINED;
             (w.a, w.b) = (u64::from(*joined), u64::from(*size));
             w.c = board.map_or(u64::MAX, u64::from);
         }
+        Reply::PagesPaired { pages, swa_pages } => {
+            w.kind = kind::PAGES_PAIRED;
+            w.a = pages.len() as u64;
+            push_u32s(payload, pages);
+            push_u32s(payload, swa_pages);
+        }
+        Reply::LockedPaired {
+            lock,
+            delta,
+            swa_pages,
+        } => {
+            w.kind = kind::LOCKED_PAIRED;
+            (w.a, w.b) = (*lock, *delta as u64);
+            push_u32s(payload, swa_pages);
+        }
+        Reply::InsertedPaired {
+            cached,
+            len,
+            handle,
+            locked,
+            mamba_exist,
+            pages,
+            swa_pages,
+        } => {
+            w.kind = kind::INSERTED_PAIRED;
+            (w.a, w.b) = (*cached, *len);
+            set_handle(w, *handle, *locked);
+            if *mamba_exist {
+                w.flags |= FLAG_EXTRA;
+            }
+            // The key's page count first: the SWA peers follow its pages.
+            push_u32s(payload, &[pages.len() as u32]);
+            push_u32s(payload, pages);
+            push_u32s(payload, swa_pages);
+        }
+        Reply::States(states) => {
+            w.kind = kind::STATES;
+            push_u32s(payload, states);
+        }
+        Reply::Counted { reply, free } => {
+            encode_answer(w, reply, payload);
+            w.flags |= FLAG_COUNTED;
+            for x in free.to_array() {
+                payload.extend_from_slice(&x.to_ne_bytes());
+            }
+        }
     }
-    w.payload_len = payload.len() as u32;
-    if payload.len() <= INLINE_BYTES {
-        w.flags |= FLAG_INLINE;
-        w.inline[..payload.len()].copy_from_slice(payload);
-        payload.clear();
-    }
-    w
 }
 
 /// Where a reply's payload is: `Some(bytes)` in the record itself, `None`
@@ -213,6 +268,32 @@ pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Reject
         let kind = ErrorKind::from_code(w.status).ok_or(BadReply::UnknownError(w.status))?;
         return Ok(Err(Rejection::new(kind, String::from_utf8_lossy(payload))));
     }
+    decode_answer(w, payload).map(Ok)
+}
+
+/// The successful answer of record `w` whose payload is `payload`.
+fn decode_answer(w: &WireReply, payload: &[u8]) -> Result<Reply, BadReply> {
+    if w.flags & FLAG_COUNTED != 0 {
+        // The counts are the payload's last bytes, after the answer's own.
+        let at = payload
+            .len()
+            .checked_sub(FREE_BYTES)
+            .ok_or(BadReply::BadField("free counts"))?;
+        let (own, counts) = payload.split_at(at);
+        let mut free = [0u64; FreeCounts::LEN];
+        for (v, b) in free.iter_mut().zip(counts.chunks_exact(8)) {
+            *v = u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+        }
+        let inner = WireReply {
+            flags: w.flags & !FLAG_COUNTED,
+            payload_len: own.len() as u32,
+            ..*w
+        };
+        return Ok(Reply::Counted {
+            reply: Box::new(decode_answer(&inner, own)?),
+            free: FreeCounts::from_array(free),
+        });
+    }
     let handle = (w.flags & FLAG_HANDLE != 0).then_some(w.c);
     let locked = w.flags & FLAG_LOCK != 0;
     let extra = w.flags & FLAG_EXTRA != 0;
@@ -233,7 +314,7 @@ pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Reject
         figures.copy_from_slice(&x[..Stats::LEN]);
         (Stats::from_array(figures), x[Stats::LEN])
     };
-    Ok(Ok(match w.kind {
+    Ok(match w.kind {
         kind::PAGES => Reply::Pages(words()?),
         kind::SWA_PAGES => Reply::SwaPages(words()?),
         kind::DONE => Reply::Done,
@@ -324,6 +405,40 @@ pub fn decode_reply(w: &WireReply, window: &[u8]) -> Result<Result<Reply, Reject
             },
         },
         k if store::is_store_kind(k) => Reply::Store(store::decode_reply(w, payload)?),
+        kind::PAGES_PAIRED => {
+            let mut pages = words()?;
+            let n = usize::try_from(w.a).map_err(|_| BadReply::BadField("page count"))?;
+            // The SWA peers follow the pages: one each, or none.
+            if n > pages.len() || !(pages.len() == n || pages.len() == 2 * n) {
+                return Err(BadReply::BadField("page count"));
+            }
+            let swa_pages = pages.split_off(n);
+            Reply::PagesPaired { pages, swa_pages }
+        }
+        kind::LOCKED_PAIRED => Reply::LockedPaired {
+            lock: w.a,
+            delta: w.b as i64,
+            swa_pages: words()?,
+        },
+        kind::INSERTED_PAIRED => {
+            let mut words = words()?;
+            let n = match words.first() {
+                Some(&n) if (n as usize) < words.len() => n as usize,
+                _ => return Err(BadReply::BadField("page count")),
+            };
+            let swa_pages = words.split_off(1 + n);
+            words.remove(0);
+            Reply::InsertedPaired {
+                cached: w.a,
+                len: w.b,
+                handle,
+                locked,
+                mamba_exist: extra,
+                pages: words,
+                swa_pages,
+            }
+        }
+        kind::STATES => Reply::States(words()?),
         k => return Err(BadReply::UnknownKind(k)),
-    }))
+    })
 }

@@ -4,7 +4,7 @@
 //! because this is the code a hostile client aims at.
 
 use super::payload::{Payload, Prefix};
-use super::record::{opcode, WireRequest, FLAG_LOCK, FLAG_NS};
+use super::record::{opcode, WireRequest, FLAG_COUNTED, FLAG_LOCK, FLAG_NS};
 use super::MAX_POOL_IDENTITY;
 use super::{malformed, store};
 use crate::engine::{Anchor, Handle};
@@ -21,10 +21,31 @@ pub fn decode_request<P: Payload + ?Sized>(
     payload: &P,
     spare: &mut Spare,
 ) -> Result<Request, Rejection> {
+    if r.flags & FLAG_COUNTED != 0 {
+        return decode_counted(r, payload, spare);
+    }
     if r.flags & FLAG_NS != 0 {
         return decode_namespaced(r, payload, spare);
     }
     decode_op(r, payload, spare)
+}
+
+/// A request with [`FLAG_COUNTED`]: the request as if it had none (a
+/// namespaced one included), which must take a count.
+fn decode_counted<P: Payload + ?Sized>(
+    r: &WireRequest,
+    payload: &P,
+    spare: &mut Spare,
+) -> Result<Request, Rejection> {
+    let inner = WireRequest {
+        flags: r.flags & !FLAG_COUNTED,
+        ..*r
+    };
+    let request = decode_request(&inner, payload, spare)?;
+    if !request.takes_count() {
+        return Err(malformed(format!("{} takes no count", request.name())));
+    }
+    Ok(Request::Counted(Box::new(request)))
 }
 
 /// [`decode_request`] of a record without [`FLAG_NS`] (a namespace inside
@@ -271,6 +292,38 @@ fn decode_op<P: Payload + ?Sized>(
                 tokens: list(spare, 0, r.n_tokens)?,
             }
         }
+        opcode::ALLOC_PAIRED => none().map(|()| Request::AllocPaired { n: r.arg })?,
+        opcode::LOCK_PAIRED => {
+            exact(false, true, false)?;
+            Request::LockPaired {
+                handle: r.arg,
+                pages: list(spare, tokens_end, r.n_pages)?,
+            }
+        }
+        opcode::INSERT_PAIRED => {
+            exact(true, true, true)?;
+            // The tail's page count, then the state slot when there is one.
+            let n = match tail {
+                4 => 1,
+                _ => 2,
+            };
+            let [tail_pages, state, ..] = tail_words(spare, n)?;
+            Request::InsertPaired {
+                tokens: list(spare, 0, r.n_tokens)?,
+                pages: list(spare, tokens_end, r.n_pages)?,
+                lock,
+                mamba_state: (n == 2).then_some(state),
+                swa_evicted: r.arg,
+                tail: tail_pages,
+            }
+        }
+        opcode::ALLOC_STATES => none().map(|()| Request::AllocStates { n: r.arg })?,
+        opcode::FREE_STATES => {
+            exact(false, true, false)?;
+            Request::FreeStates {
+                states: list(spare, tokens_end, r.n_pages)?,
+            }
+        }
         opcode::JOIN => {
             exact(false, false, true)?;
             // The page size's word, then the key: its length checked
@@ -313,6 +366,7 @@ fn decode_op<P: Payload + ?Sized>(
             | Request::InsertAt { .. }
             | Request::MatchWith { .. }
             | Request::InsertWith { .. }
+            | Request::InsertPaired { .. }
     );
     if lock && !lockable {
         return Err(malformed("only insert and match take a lock flag"));
@@ -331,6 +385,10 @@ fn decode_op<P: Payload + ?Sized>(
             | Request::EvictComponents { .. }
             | Request::FreeState { .. }
             | Request::Join(_)
+            | Request::AllocPaired { .. }
+            | Request::LockPaired { .. }
+            | Request::InsertPaired { .. }
+            | Request::AllocStates { .. }
     );
     if r.arg != 0 && !takes_arg {
         return Err(malformed("arg set on an op that takes none"));

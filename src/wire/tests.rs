@@ -22,7 +22,7 @@ fn error_messages_are_cut_on_character_boundaries() {
     assert_eq!(bytes, "ééééé".as_bytes());
 }
 
-fn requests() -> Vec<Request> {
+pub(super) fn requests() -> Vec<Request> {
     vec![
         Request::Alloc { n: 7 },
         Request::Free { pages: vec![1, 2] },

@@ -19,6 +19,9 @@ rounds, µs per call). Run in the environment scripts/test-sglang builds:
    ``Req.init_next_round_input`` (match, Mamba copy-on-write),
    ``lock``, ``alloc_req_slots``, the prefill's allocation, ``release_kv_cache``
    (checkpoint insert, frees, unlock), then the new suffix evicted again.
+   Alternated with them, the same three models on SGLang's own caches
+   in-process (``RadixCache``, ``UnifiedRadixCache``): what SGLang's own
+   hybrid step costs over its full-attention one, the floor of the ratio.
 """
 
 from __future__ import annotations
@@ -187,7 +190,7 @@ def hybrid_step_bench(ps: int) -> None:
     """A scheduler step through daemons: full attention, FULL+SWA and
     FULL+MAMBA, alternated in rounds (median µs per step)."""
     import torch
-    from hybrid_sim import mamba_params, publish, swa_params
+    from hybrid_sim import mamba_params, publish, sglang_cache, swa_params
     from radixd.sglang_hybrid import RadixdHybridCache
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
     from sglang.srt.mem_cache.allocation import alloc_paged_token_slots_extend, alloc_req_slots, alloc_token_slots
@@ -211,13 +214,22 @@ def hybrid_step_bench(ps: int) -> None:
             ("--components", "full,mamba", "--mamba-capacity", "32"),
         ),
     }
+    # SGLang's own caches on the same pools, in-process.
+    own = {
+        "SGLang RadixCache": (params(ps, pages, rows=8, context=2 * n), None),
+        "SGLang UnifiedRadixCache FULL+SWA": (swa_params(ps, pages, pages, window, rows=8, context=2 * n), "swa"),
+        "SGLang UnifiedRadixCache FULL+MAMBA": (mamba_params(ps, pages, 32, rows=8, context=2 * n), "mamba"),
+    }
     runs, daemons = {}, []
     shared = list(range(100, 100 + cached))
     count = [0]
-    for name, (p, args) in setups.items():
-        d = Daemon(ps, pages, *args)
-        daemons.append(d)
-        cache = RadixdHybridCache(p, d.client) if args else RadixdPrefixCache(p, d.client)
+    for name, (p, args) in [*setups.items(), *own.items()]:
+        if name in own:
+            cache = RadixCache(p) if args is None else sglang_cache(args, p)
+        else:
+            d = Daemon(ps, pages, *args)
+            daemons.append(d)
+            cache = RadixdHybridCache(p, d.client) if args else RadixdPrefixCache(p, d.client)
         pool = p.req_to_token_pool
         mamba = "MAMBA" in name
 
@@ -260,6 +272,16 @@ def hybrid_step_bench(ps: int) -> None:
     print(f"scheduler step through a daemon, {n}-token prompt, {cached} cached, page size {ps} (median µs per step):")
     base = None
     for name, (_, times) in runs.items():
+        if name in own:
+            continue
+        v = statistics.median(times)
+        base = base or v
+        print(f"  {name:52s} {v:8.1f}  ({v / base:.2f}x)")
+    print(f"the same step on SGLang's own caches, in-process, page size {ps} (median µs per step):")
+    base = None
+    for name, (_, times) in runs.items():
+        if name not in own:
+            continue
         v = statistics.median(times)
         base = base or v
         print(f"  {name:52s} {v:8.1f}  ({v / base:.2f}x)")

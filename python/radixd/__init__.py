@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from . import _errors
 from ._errors import ERRORS, RadixdError, error_class
-from ._native import Client, Engine, EvictResult, InsertResult, KvIndex, MatchResult
+from ._native import NO_PAGE, Client, Engine, EvictResult, InsertResult, KvIndex, MatchResult
 from ._native import _error_kinds, _set_error_factory
 
 for _kind in _error_kinds():
@@ -49,6 +49,7 @@ __all__ = [
     "RadixdError",
     "ERRORS",
     "error_class",
+    "NO_PAGE",
 ] + [cls.__name__ for cls in ERRORS.values()]
 
 __version__ = "0.1.0"

@@ -25,6 +25,14 @@ tombstones, per-component LRU and eviction) and every pool live in radixd:
   slot 0 being SGLang's dummy), for the requests' own states, the ping-pong
   track buffers and the tree's checkpoints alike, so one pool serves all.
 
+A step asks the daemon no more than it must: the pairing comes back with
+the calls that make or read it (``alloc_paired``, ``lock_paired``,
+``insert_paired``), state slots go and come back together
+(``alloc_states``, ``free_states``), and the pools' free space, which
+SGLang asks before every allocation (FULL's and SWA's apart), is the
+client's ``free_counts``: the counts the last answer that changed them
+carried, asked again only when something else changed them.
+
 What the request hooks do to a request (which length to insert, which state
 to donate, the SWA slots that slid out of the window, the copy-on-write of
 a matched state) is SGLang's own code: the ``SWAComponent`` and
@@ -35,6 +43,7 @@ a matched state) is SGLang's own code: the ``SWAComponent`` and
 from __future__ import annotations
 
 import logging
+from array import array
 from typing import Any, Optional, Sequence
 
 import torch
@@ -132,6 +141,14 @@ def _pages_of(pages: Any) -> torch.Tensor:
     return torch.tensor(list(pages), dtype=torch.int64) + 1
 
 
+def _peers_of(peers: Any) -> torch.Tensor:
+    """SWA peers as a paired call answers them (``array('I')``,
+    ``radixd.NO_PAGE`` for none) as int64 radixd page ids, -1 for none."""
+    if len(peers) == 0:
+        return torch.empty((0,), dtype=torch.int64)
+    return torch.frombuffer(peers, dtype=torch.int32).to(torch.int64)
+
+
 def _tokens_of_pages(pages: torch.Tensor, ps: int) -> torch.Tensor:
     """Per-token KV indices of SGLang pages."""
     if ps == 1:
@@ -169,14 +186,24 @@ class RadixdSWAAllocatorMixin:
         if len(radixd_pages) == 0:
             return
         peers = self.radixd_backend.swa_pages(radixd_pages)
+        self.radixd_set_pairs(radixd_pages, array("I", (radixd.NO_PAGE if s is None else s for s in peers)))
+
+    def radixd_set_pairs(self, radixd_pages: Any, peers: Any) -> None:
+        """Writes the pairing a paired call answered into the mapping: each
+        of these (radixd) pages to its SWA peer in ``peers``
+        (``array('I')``, ``radixd.NO_PAGE``: none, mapped to 0). One
+        scatter, whatever the mix: a page without a peer is SGLang page 0
+        on the SWA side, whose tokens map to 0 as ``_radixd_unmap`` does."""
+        if len(radixd_pages) == 0:
+            return
+        ps = self.page_size
+        mapping = self.full_to_swa_index_mapping
         full = _pages_of(radixd_pages)
-        paired = [i for i, s in enumerate(peers) if s is not None]
-        if len(paired) < len(peers):
-            unpaired = torch.tensor([i for i, s in enumerate(peers) if s is None], dtype=torch.int64)
-            self._radixd_unmap(full[unpaired])
-        if paired:
-            sel = torch.tensor(paired, dtype=torch.int64)
-            self._radixd_map(full[sel], torch.tensor([peers[i] for i in paired], dtype=torch.int64) + 1)
+        swa = _peers_of(peers) + 1
+        if ps > 1:
+            full = _tokens_of_pages(full, ps)
+            swa = _tokens_of_pages(swa, ps) * (swa > 0).repeat_interleave(ps)
+        mapping[full.to(mapping.device)] = swa.to(mapping.device)
 
     # ----- allocation -----
 
@@ -188,24 +215,25 @@ class RadixdSWAAllocatorMixin:
         if n <= 0:
             return torch.empty((0,), dtype=torch.int64, device=self.device)
         try:
-            pages = self.radixd_backend.alloc(n)
+            pages, peers = self.radixd_backend.alloc_paired(n)
         except radixd.InsufficientPagesError:
             return None
-        self.radixd_sync_pairs(pages)
-        return _pages_of(pages).to(self.device)
+        full = _pages_of(pages)
+        self._radixd_map(full, _peers_of(peers) + 1)
+        return full.to(self.device)
 
     def _radixd_stats(self) -> dict:
         return self.radixd_backend.stats()
 
     def available_size(self) -> int:
-        s = self._radixd_stats()
-        return min(s["free_pages"], s["swa_free_pages"]) * self.page_size
+        free, swa, _ = self.radixd_backend.free_counts()
+        return min(free, swa) * self.page_size
 
     def full_available_size(self) -> int:
-        return self._radixd_stats()["free_pages"] * self.page_size
+        return self.radixd_backend.free_counts()[0] * self.page_size
 
     def swa_available_size(self) -> int:
-        return self._radixd_stats()["swa_free_pages"] * self.page_size
+        return self.radixd_backend.free_counts()[1] * self.page_size
 
     def _conserve_full_available_size(self) -> int:
         return self.full_available_size()
@@ -362,7 +390,7 @@ class RadixdMambaSlotMixin:
     ``MambaSlotAllocator``: slots are radixd's states (``s + 1``)."""
 
     def available_size(self) -> int:
-        return self.radixd_backend.stats()["mamba_free_states"]
+        return self.radixd_backend.free_counts()[2]
 
     def schedulable_available_size(self) -> int:
         return self.available_size()
@@ -374,19 +402,36 @@ class RadixdMambaSlotMixin:
             return torch.empty((0,), dtype=torch.int64, device=self.device)
         if need_size > self.available_size():
             return None
-        slots = [self.radixd_backend.alloc_state() + 1 for _ in range(need_size)]
-        return torch.tensor(slots, dtype=torch.int64, device=self.device)
+        slots = self.radixd_backend.alloc_states(need_size)
+        return torch.tensor(slots, dtype=torch.int64, device=self.device) + 1
 
     def free(self, free_index: torch.Tensor) -> None:
         if free_index.numel() == 0:
             return
-        for slot in free_index.reshape(-1).tolist():
-            self.radixd_backend.free_state(int(slot) - 1)
+        self.radixd_backend.free_states([int(slot) - 1 for slot in free_index.reshape(-1).tolist()])
 
     def clear(self) -> None:
         """Nothing local to clear: the slots live in radixd."""
         self.free_slots = torch.empty((0,), dtype=torch.int64, device=self.device)
         self._alloc_iter = None
+
+
+class RadixdCountedAllocatorMixin:
+    """What a FULL+MAMBA model's token allocator (:func:`install_allocator`'s)
+    gets on top: its free pages are the client's ``free_counts``, which the
+    step's answers carry, rather than a ``stats`` round trip each."""
+
+    def available_size(self) -> int:
+        return self.radixd_backend.free_counts()[0] * self.page_size
+
+
+def install_counted_allocator(allocator: Any, backend: Any) -> Any:
+    """:func:`install_allocator`, its free pages read from ``free_counts``."""
+    install_allocator(allocator, backend)
+    if not getattr(allocator, "radixd_counted", False):
+        _swap_class(allocator, RadixdCountedAllocatorMixin, prefix="Counted")
+        allocator.radixd_counted = True
+    return allocator
 
 
 def install_mamba_allocator(allocator: Any, backend: Any) -> Any:
@@ -451,7 +496,7 @@ class RadixdHybridCache(BasePrefixCache):
             if self.is_swa_enabled:
                 install_swa_allocator(allocator, backend)
             else:
-                install_allocator(allocator, backend)
+                install_counted_allocator(allocator, backend)
             if self.is_mamba_enabled:
                 install_mamba_allocator(self.req_to_token_pool.mamba_allocator, backend)
         self.token_to_kv_pool_allocator = allocator
@@ -572,7 +617,7 @@ class RadixdHybridCache(BasePrefixCache):
     def _window_pages(self, node: Any) -> Any:
         """The pages of ``node``'s path inside the SWA window: the ones the
         SWA layers read, whose peers the mapping must name."""
-        keep = -(-(self._sliding_window_size + self.page_size) // self.page_size)
+        keep = self._window_len()
         pages = node.pages
         return pages[max(0, len(pages) - keep) :]
 
@@ -587,9 +632,13 @@ class RadixdHybridCache(BasePrefixCache):
             return IncLockRefResult(delta=0)
         if skip_lock_components:
             raise ValueError("radixd locks every component of a node together")
-        lock, delta = self.backend._lock_receipt(node.handle)
-        if self.is_swa_enabled and self.token_to_kv_pool_allocator is not None:
-            self.token_to_kv_pool_allocator.radixd_sync_pairs(self._window_pages(node))
+        allocator = self.token_to_kv_pool_allocator
+        if self.is_swa_enabled and allocator is not None:
+            window = self._window_pages(node)
+            lock, delta, peers = self.backend.lock_paired(node.handle, window)
+            allocator.radixd_set_pairs(window, peers)
+        else:
+            lock, delta, _ = self.backend.lock_paired(node.handle)
         return IncLockRefResult(delta=delta, node_id=lock)
 
     def dec_lock_ref(self, node: Any, params: Optional[DecLockRefParams] = None, skip_swa: bool = False) -> DecLockRefResult:
@@ -623,6 +672,15 @@ class RadixdHybridCache(BasePrefixCache):
         n = len(tokens) // ps * ps
         if n == 0:
             return InsertResult(prefix_len=0, last_device_node=self.root_node), None
+        pages, extra = self._insert_args(n, params)
+        r = self.backend.insert(tokens[:n], pages, lock=lock, ns=ns, **extra)
+        return self._insert_result(n, r, params), r.handle
+
+    def _insert_args(self, n: int, params: InsertParams) -> tuple:
+        """The radixd pages of an insert of ``n`` tokens (one per page of
+        ``params.value``) and its hybrid extras (the state to donate, the
+        SWA evicted length)."""
+        ps = self.page_size
         value = params.value
         if value is None or len(value) < n:
             raise ValueError(f"radixd: an insert of {n} tokens needs {n} KV indices")
@@ -633,11 +691,17 @@ class RadixdHybridCache(BasePrefixCache):
         swa_evicted = params.get_evicted_seqlen(SWA) if self.is_swa_enabled else 0
         if swa_evicted:
             extra["swa_evicted"] = min(swa_evicted, n)
-        r = self.backend.insert(tokens[:n], pages, lock=lock, ns=ns, **extra)
+        return pages, extra
+
+    def _insert_result(self, n: int, r: Any, params: InsertParams) -> InsertResult:
         result = InsertResult(prefix_len=r.cached, total_len=r.len, mamba_exist=r.mamba_exist)
         if self.is_swa_enabled and params.swa_branching_seqlen is not None:
             result.swa_branch_inserted = n >= params.swa_branching_seqlen
-        return result, r.handle
+        return result
+
+    def _window_len(self) -> int:
+        """Pages of a path's end inside the SWA window (see ``_window_pages``)."""
+        return -(-(self._sliding_window_size + self.page_size) // self.page_size)
 
     def checkpoint(self, req: Any, *, up_to: int, **_: Any) -> None:
         """As ``UnifiedRadixCache.checkpoint_into_tree``: the components say
@@ -680,14 +744,19 @@ class RadixdHybridCache(BasePrefixCache):
         ns = _ns(req)
         insert_params.key = RadixKey(tokens, req.extra_key, cache_salt=req.cache_salt)
         insert_params.value = self.req_to_token_pool.req_to_token[kv.req_pool_idx, :aligned].to(dtype=torch.int64, copy=True)
-        result, handle = self._insert(tokens, insert_params, lock=True, ns=ns)
+        # One request: the insert, the new lock on the key's node, its FULL
+        # pages (the tree's walk, not a match, which components may cut
+        # back) and, under SWA, the window's pairing after it.
+        pages, extra = self._insert_args(aligned, insert_params)
+        tail = self._window_len() if self.is_swa_enabled else 0
+        r, key_pages, peers = self.backend.insert_paired(tokens, pages, lock=True, ns=ns, tail=tail, **extra)
+        result = self._insert_result(aligned, r, insert_params)
+        handle = r.handle
         kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
-        # The key's node, locked by the insert: its FULL pages (the tree's
-        # walk, not a match, which components may cut back).
-        got, pages = self.backend.peek_full(tokens, ns=ns)
+        got = len(key_pages) * self.page_size
         if got != aligned:
             raise RuntimeError(f"radixd: an insert of {aligned} tokens left {got} cached under its lock")
-        node = HybridNode(handle, aligned, pages, tokens)
+        node = HybridNode(handle, aligned, key_pages, tokens)
         new_indices = self.path_device_indices(node)
         start = kv.cache_protected_len
         if aligned > start:
@@ -695,7 +764,7 @@ class RadixdHybridCache(BasePrefixCache):
         if self.is_swa_enabled:
             # Tombstone recovery may have moved this request's SWA pages
             # onto the tree's; the window is what the request reads next.
-            self.token_to_kv_pool_allocator.radixd_sync_pairs(self._window_pages(node))
+            self.token_to_kv_pool_allocator.radixd_set_pairs(self._window_pages(node), peers)
         # SGLang releases the old lock and takes one on the key's node, whose
         # window covers the node as it is now: the insert took that one (its
         # handle names it under SWA), and the old one releases its own.
@@ -900,6 +969,8 @@ __all__ = [
     "RadixdMambaSlotMixin",
     "install_swa_allocator",
     "install_mamba_allocator",
+    "install_counted_allocator",
+    "RadixdCountedAllocatorMixin",
     "check_hybrid_model",
     "check_daemon",
     "hybrid_cache_factory",

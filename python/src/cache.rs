@@ -104,6 +104,84 @@ macro_rules! cache_methods {
                 reply::swa_pages(self.run(py, Request::SwaPages { pages })?)
             }
 
+            /// `alloc` of `n` pages answering also the SWA page paired with
+            /// each, in one round trip: `(pages, swa_pages)`, both
+            /// `array.array('I')` (`swa_pages` empty without SWA).
+            fn alloc_paired<'py>(
+                &self,
+                py: Python<'py>,
+                n: &Bound<'py, PyAny>,
+            ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+                let n = count(n, "n")?;
+                reply::pages_paired(py, self.run(py, Request::AllocPaired { n })?)
+            }
+
+            /// `lock` of `handle` answering also what `_lock_receipt` and
+            /// `swa_pages(pages)` would, in one round trip: `(lock, delta,
+            /// swa_pages)`, the lock's handle, protected tokens before minus
+            /// after, and the SWA page paired with each of `pages` as
+            /// `array.array('I')` (`NO_PAGE` where one has none). A bad page
+            /// raises before anything is locked.
+            #[pyo3(signature = (handle, pages = None))]
+            fn lock_paired<'py>(
+                &self,
+                py: Python<'py>,
+                handle: &Bound<'py, PyAny>,
+                pages: Option<&Bound<'py, PyAny>>,
+            ) -> PyResult<(u64, i64, Bound<'py, PyAny>)> {
+                let handle = count(handle, "handle")?;
+                let pages = match pages {
+                    Some(p) if !p.is_none() => input::u32s(p, "pages")?,
+                    _ => Vec::new(),
+                };
+                reply::locked_paired(py, self.run(py, Request::LockPaired { handle, pages })?)
+            }
+
+            /// `insert` (with `insert`'s arguments) answering also the key's
+            /// pages as the tree holds them now (what `peek_full` reads) and
+            /// the SWA page paired with each of the last `tail` of them (none
+            /// by default), in one round trip: `(result, pages, swa_pages)`,
+            /// the pages `array.array('I')` (`NO_PAGE` where one has none).
+            #[pyo3(signature = (tokens, pages, lock = false, mamba_state = None, swa_evicted = None, tail = None, ns = None))]
+            #[allow(clippy::too_many_arguments)]
+            fn insert_paired<'py>(
+                &self,
+                py: Python<'py>,
+                tokens: &Bound<'py, PyAny>,
+                pages: &Bound<'py, PyAny>,
+                lock: bool,
+                mamba_state: Option<&Bound<'py, PyAny>>,
+                swa_evicted: Option<&Bound<'py, PyAny>>,
+                tail: Option<&Bound<'py, PyAny>>,
+                ns: Option<String>,
+            ) -> PyResult<(InsertResult, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+                let tail = u32::try_from(opt_count(tail, "tail")?)
+                    .map_err(|_| PyValueError::new_err("tail must be below 2^32"))?;
+                let request = Request::InsertPaired {
+                    tokens: input::u32s(tokens, "tokens")?,
+                    pages: input::u32s(pages, "pages")?,
+                    lock,
+                    mamba_state: state_arg(mamba_state)?,
+                    swa_evicted: opt_count(swa_evicted, "swa_evicted")?,
+                    tail,
+                };
+                reply::inserted_paired(py, self.run(py, in_namespace(ns, request))?)
+            }
+
+            /// `n` MAMBA state slots, all or none, in one round trip (what
+            /// `n` calls of `alloc_state` hand out).
+            fn alloc_states(&self, py: Python<'_>, n: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+                let n = count(n, "n")?;
+                reply::states(self.run(py, Request::AllocStates { n })?)
+            }
+
+            /// Returns state slots this client holds to the pool, all or
+            /// none, in one round trip.
+            fn free_states(&self, py: Python<'_>, states: &Bound<'_, PyAny>) -> PyResult<()> {
+                let states = input::u32s(states, "states")?;
+                reply::done(self.run(py, Request::FreeStates { states })?)
+            }
+
             /// Evicts per component: `tokens` FULL tokens, then SWA tokens
             /// and MAMBA states until that many went: `.evicted`,
             /// `.swa_evicted`, `.mamba_evicted`.

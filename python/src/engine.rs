@@ -154,6 +154,13 @@ cache_methods! {
             Ok((named.unwrap_or(count(handle, "handle")?), delta))
         }
 
+        /// As `Client.free_counts`: `(free_pages, swa_free_pages,
+        /// mamba_free_states)`, read off the engine.
+        fn free_counts(&self) -> PyResult<(u64, u64, u64)> {
+            let f = guard(&self.inner)?.engine.free_counts();
+            Ok((f.pages, f.swa_pages, f.mamba_states))
+        }
+
         /// Nothing to release (symmetry with `Client`).
         fn close(&self) {}
 

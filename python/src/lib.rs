@@ -67,5 +67,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_error_kinds, m)?)?;
     m.add_function(wrap_pyfunction!(_read_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(_use_raw_buffers, m)?)?;
+    // What a paired call's `swa_pages` hold for a page without an SWA peer.
+    m.add("NO_PAGE", u32::MAX)?;
     Ok(())
 }

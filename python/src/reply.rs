@@ -231,6 +231,67 @@ pub fn inserted(reply: Reply) -> PyResult<InsertResult> {
     }
 }
 
+/// `alloc_paired`'s `(pages, swa_pages)`, each `array('I')`.
+pub fn pages_paired(
+    py: Python<'_>,
+    reply: Reply,
+) -> PyResult<(Bound<'_, PyAny>, Bound<'_, PyAny>)> {
+    match reply {
+        Reply::PagesPaired { pages, swa_pages } => Ok((
+            input::array_out(py, &pages)?,
+            input::array_out(py, &swa_pages)?,
+        )),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `lock_paired`'s `(lock, delta, swa_pages)`, the pages `array('I')`.
+pub fn locked_paired(py: Python<'_>, reply: Reply) -> PyResult<(u64, i64, Bound<'_, PyAny>)> {
+    match reply {
+        Reply::LockedPaired {
+            lock,
+            delta,
+            swa_pages,
+        } => Ok((lock, delta, input::array_out(py, &swa_pages)?)),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `insert_paired`'s `(result, pages, swa_pages)`, the pages `array('I')`.
+pub fn inserted_paired(
+    py: Python<'_>,
+    reply: Reply,
+) -> PyResult<(InsertResult, Bound<'_, PyAny>, Bound<'_, PyAny>)> {
+    match reply {
+        Reply::InsertedPaired {
+            cached,
+            len,
+            handle,
+            locked,
+            mamba_exist,
+            pages,
+            swa_pages,
+        } => Ok((
+            InsertResult {
+                cached,
+                len,
+                handle: handle.filter(|_| locked),
+                mamba_exist,
+            },
+            input::array_out(py, &pages)?,
+            input::array_out(py, &swa_pages)?,
+        )),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub fn states(reply: Reply) -> PyResult<Vec<u32>> {
+    match reply {
+        Reply::States(states) => Ok(states),
+        other => Err(unexpected(other)),
+    }
+}
+
 pub fn pages(py: Python<'_>, reply: Reply) -> PyResult<Bound<'_, PyAny>> {
     match reply {
         Reply::Pages(pages) => input::array_out(py, &pages),

@@ -322,6 +322,22 @@ cache_methods! {
             Ok((named.unwrap_or(count(handle, "handle")?), delta))
         }
 
+        /// `(free_pages, swa_free_pages, mamba_free_states)`: what each of
+        /// the daemon's pools has free (0 for a component that is off), as
+        /// a scheduler sizes its next allocation by. Answered without a
+        /// round trip from the counts the last answer that carried them
+        /// said, while they are current (no call of this client, nor any
+        /// other client's, nor the daemon's own work, changed them since;
+        /// a rank of a group keeps what its steps answered); else asked.
+        /// The first call turns the keeping on: from then on every call of
+        /// this client that may change them carries them back.
+        fn free_counts(&self, py: Python<'_>) -> PyResult<(u64, u64, u64)> {
+            let f = self
+                .with(py, |c| c.free_counts())?
+                .map_err(|e| rejected(py, client_error(e)))?;
+            Ok((f.pages, f.swa_pages, f.mamba_states))
+        }
+
         /// Whether the daemon runs with a store (`radixd serve --store`).
         #[getter]
         fn has_store(&self) -> PyResult<bool> {

@@ -82,14 +82,15 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
     if let Some(known) = known_fields(op) {
         if let Some(field) = obj
             .keys()
-            .find(|k| k.as_str() != "op" && !known.contains(&k.as_str()))
+            .find(|k| !matches!(k.as_str(), "op" | "counted") && !known.contains(&k.as_str()))
         {
             return Err(malformed(format!("unknown field {field:?} for op {op:?}")));
         }
     }
     let f = Fields(&obj);
+    let counted = f.flag("counted")?;
     let ns = f.namespace()?;
-    if ns.is_some() && !matches!(op, "match" | "insert" | "session_commit") {
+    if ns.is_some() && !matches!(op, "match" | "insert" | "insert_paired" | "session_commit") {
         return Err(malformed(format!("op {op:?} takes no \"ns\"")));
     }
     let request = match op {
@@ -143,6 +144,26 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
                 Request::Evict { tokens }
             }
         }
+        "alloc_paired" => Request::AllocPaired { n: f.u64("n")? },
+        "lock_paired" => Request::LockPaired {
+            handle: f.u64("handle")?,
+            pages: f.pages()?,
+        },
+        "insert_paired" => Request::InsertPaired {
+            tokens: f.tokens()?,
+            pages: f.pages()?,
+            lock: f.flag("lock")?,
+            mamba_state: f.state_opt("mamba_state")?,
+            swa_evicted: f.u64_or_zero("swa_evicted")?,
+            tail: match f.u64_or_zero("tail")? {
+                0 => 0,
+                _ => f.u32("tail")?,
+            },
+        },
+        "alloc_states" => Request::AllocStates { n: f.u64("n")? },
+        "free_states" => Request::FreeStates {
+            states: f.states()?,
+        },
         "alloc_state" => Request::AllocState,
         "free_state" => Request::FreeState {
             state: f.u64("state")?,
@@ -188,13 +209,22 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
             ))
         }
     };
-    Ok(match ns {
+    let request = match ns {
         Some(ns) => Request::Namespaced {
             ns,
             request: Box::new(request),
         },
         None => request,
-    })
+    };
+    // `"counted": true`: the answer carries the pools' free counts after
+    // it (`Request::Counted`), for the requests that take a count.
+    if !counted {
+        return Ok(request);
+    }
+    if !request.takes_count() {
+        return Err(malformed(format!("op {op:?} takes no \"counted\"")));
+    }
+    Ok(Request::Counted(Box::new(request)))
 }
 
 /// The fields `op` takes besides `"op"` (`None`: an unknown op, answered
@@ -203,7 +233,18 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
 /// never be answered as if it were not there.
 fn known_fields(op: &str) -> Option<&'static [&'static str]> {
     Some(match op {
-        "alloc" => &["n"],
+        "alloc" | "alloc_paired" | "alloc_states" => &["n"],
+        "lock_paired" => &["handle", "pages"],
+        "insert_paired" => &[
+            "tokens",
+            "pages",
+            "lock",
+            "mamba_state",
+            "swa_evicted",
+            "tail",
+            "ns",
+        ],
+        "free_states" => &["states"],
         "free" | "free_swa" | "swa_pages" => &["pages"],
         "insert" => &[
             "tokens",
@@ -290,6 +331,24 @@ impl Fields<'_> {
             .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
             .collect::<Option<_>>()
             .ok_or_else(|| malformed("\"tokens\" must hold integers in 0..2^32"))
+    }
+
+    /// State slots; one beyond any pool is a slot the client cannot own.
+    fn states(&self) -> Result<Vec<u32>, Rejection> {
+        self.array("states")?
+            .iter()
+            .map(|p| {
+                let slot = p
+                    .as_u64()
+                    .ok_or_else(|| malformed("\"states\" must hold non-negative integers"))?;
+                u32::try_from(slot).map_err(|_| {
+                    Rejection::new(
+                        ErrorKind::StateNotOwned,
+                        format!("state slot {slot} is not owned by this client"),
+                    )
+                })
+            })
+            .collect()
     }
 
     /// Page ids; one too large for any pool is out of range, not malformed.
@@ -431,8 +490,7 @@ fn value_for(result: Result<Reply, Rejection>, components: &Components) -> Value
             json!({"ok": true, "joined": joined, "size": size})
         }
         Ok(Reply::SwaPages(pages)) => json!({"ok": true, "swa_pages": peers(&pages)}),
-        // The hybrid step's paired answers (the Python and Rust clients'
-        // calls; `exec` has no op of them): their fields, as the plain
+        // The hybrid step's paired answers: their fields, as the plain
         // answers name them.
         Ok(Reply::PagesPaired { pages, swa_pages }) => {
             json!({"ok": true, "pages": pages, "swa_pages": peers(&swa_pages)})

@@ -49,8 +49,10 @@ class RadixdAllocatorMixin:
     a time, through the daemon, so every scheduler sharing the daemon
     allocates from one pool. ``available_size`` is radixd's free pages (the
     scheduler adds ``tree_cache.evictable_size()``, radixd's evictable
-    tokens, itself: SGLang's ``PrefillBudget``); an allocation that needs
-    more evicts in the daemon."""
+    tokens, itself: SGLang's ``PrefillBudget``), read from the client's
+    ``free_counts`` (the counts the step's answers carry, no ``stats`` round
+    trip while nobody else changed them); an allocation that needs more
+    evicts in the daemon."""
 
     def _radixd_pages(self, n: int) -> Optional[torch.Tensor]:
         """``n`` fresh SGLang page ids, or ``None`` when radixd has not that
@@ -70,7 +72,7 @@ class RadixdAllocatorMixin:
     # ----- BaseTokenToKVPoolAllocator -----
 
     def available_size(self) -> int:
-        return self.radixd_backend.stats()["free_pages"] * self.page_size
+        return self.radixd_backend.free_counts()[0] * self.page_size
 
     def alloc(self, need_size: int) -> Optional[torch.Tensor]:
         ps = self.page_size

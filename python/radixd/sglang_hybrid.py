@@ -416,24 +416,6 @@ class RadixdMambaSlotMixin:
         self._alloc_iter = None
 
 
-class RadixdCountedAllocatorMixin:
-    """What a FULL+MAMBA model's token allocator (:func:`install_allocator`'s)
-    gets on top: its free pages are the client's ``free_counts``, which the
-    step's answers carry, rather than a ``stats`` round trip each."""
-
-    def available_size(self) -> int:
-        return self.radixd_backend.free_counts()[0] * self.page_size
-
-
-def install_counted_allocator(allocator: Any, backend: Any) -> Any:
-    """:func:`install_allocator`, its free pages read from ``free_counts``."""
-    install_allocator(allocator, backend)
-    if not getattr(allocator, "radixd_counted", False):
-        _swap_class(allocator, RadixdCountedAllocatorMixin, prefix="Counted")
-        allocator.radixd_counted = True
-    return allocator
-
-
 def install_mamba_allocator(allocator: Any, backend: Any) -> Any:
     """Makes SGLang's ``MambaSlotAllocator`` hand out radixd's state slots, in place."""
     if getattr(allocator, "radixd_backend", None) is None:
@@ -496,7 +478,7 @@ class RadixdHybridCache(BasePrefixCache):
             if self.is_swa_enabled:
                 install_swa_allocator(allocator, backend)
             else:
-                install_counted_allocator(allocator, backend)
+                install_allocator(allocator, backend)
             if self.is_mamba_enabled:
                 install_mamba_allocator(self.req_to_token_pool.mamba_allocator, backend)
         self.token_to_kv_pool_allocator = allocator
@@ -969,8 +951,6 @@ __all__ = [
     "RadixdMambaSlotMixin",
     "install_swa_allocator",
     "install_mamba_allocator",
-    "install_counted_allocator",
-    "RadixdCountedAllocatorMixin",
     "check_hybrid_model",
     "check_daemon",
     "hybrid_cache_factory",

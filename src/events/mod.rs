@@ -37,6 +37,8 @@ pub mod publisher;
 pub mod store;
 #[cfg(feature = "kv-events")]
 pub mod subscriber;
+#[cfg(feature = "kv-events")]
+mod wake;
 
 #[cfg(feature = "kv-events")]
 pub use feed::Feed;

@@ -16,7 +16,7 @@
 //! its parent page.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -24,23 +24,31 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_queue::ArrayQueue;
 
 use super::encode::EventEncoder;
+use super::wake::Sleep;
 use super::{CacheEvent, StoreEvent};
 
 /// vLLM's `END_SEQ`: `(-1).to_bytes(8, "big", signed=True)`.
 pub const END_SEQ: [u8; 8] = [0xff; 8];
 /// Events per batch at most (a batch per drain of the queue otherwise).
 pub const MAX_BATCH_EVENTS: usize = 512;
-/// The shortest time between two batches. The thread wakes on data (the
-/// daemon unparks it after a push), so an event after a quiet spell leaves
-/// at once; while events keep coming it sends at most one batch per gap,
-/// the events of the gap together. A batch per push would cost the request
-/// path: on 2 cores every wake-up of this thread (and of libzmq's I/O
-/// thread and of the subscriber it sends to) competes with the spinning
-/// daemon and clients (measured with polling naps: at 200 µs `match` p99
-/// went from 3 to 270 µs; the gap, unlike a nap, passes only while events
-/// flow). The queue holds what the daemon records meanwhile (about 250
-/// events at 500k requests/s, of 65,536 by default).
-const GAP: Duration = Duration::from_micros(500);
+/// The shortest time between two batches, and so the longest an event
+/// waits for its batch while events flow. After each batch the thread naps
+/// for the rest of the gap (awake as far as the daemon knows, so a push
+/// needs no wake-up: while events flow the daemon makes no syscall for
+/// them), sends what came meanwhile, and parks only after a nap that
+/// brought nothing; the daemon's next push wakes it ([`super::wake`]), so
+/// an event after a quiet spell leaves at once. One batch per gap at most:
+/// each batch wakes libzmq's I/O thread and every subscriber, and on
+/// 2 cores each wake-up competes with the spinning daemon and clients
+/// (docs/kv-events.md measures both sides). 200 µs: about 50 events at
+/// 250k inserts/s (the queue holds 65,536 by default).
+pub(crate) const GAP: Duration = Duration::from_micros(200);
+/// Timer slack of the publisher thread: its nap ends within this of the
+/// gap, not the default 50 µs.
+const SLACK_NS: libc::c_ulong = 10_000;
+/// Slice the publisher thread (and libzmq's threads it starts) asks of
+/// the scheduler: see [`event_priority`].
+const SLICE_NS: u64 = 100_000;
 /// Longest park with the queue empty: how long a replay request may wait
 /// while no event flows. A push wakes the thread at once.
 pub(crate) const PARK: Duration = Duration::from_millis(50);
@@ -64,8 +72,9 @@ pub(crate) enum Msg {
 /// State the daemon and the publisher thread share.
 pub(crate) struct Shared {
     pub queue: ArrayQueue<Msg>,
-    /// Set by the publisher before it parks; the daemon unparks it when set.
-    pub asleep: AtomicBool,
+    /// Announced by the publisher before it parks; the daemon unparks it
+    /// then only.
+    pub sleep: Sleep,
     /// Set by the daemon when it shuts down.
     pub stop: AtomicBool,
     /// Batches sent (the next sequence number).
@@ -78,34 +87,18 @@ impl Shared {
     pub fn new(capacity: usize) -> Self {
         Self {
             queue: ArrayQueue::new(capacity.max(2)),
-            asleep: AtomicBool::new(false),
+            sleep: Sleep::new(),
             stop: AtomicBool::new(false),
             batches: AtomicU64::new(0),
             spares: ArrayQueue::new(crate::engine::SPARE_BUFFERS * 2),
         }
     }
 
-    /// Called by the daemon after pushing: wakes a parked publisher.
-    ///
-    /// No wake-up is lost. The daemon pushes, then (fence) loads `asleep`;
-    /// the publisher, in [`Publisher::idle`], stores `asleep`, then (fence)
-    /// looks at the queue. The two SeqCst fences are totally ordered: if
-    /// this one comes first, the publisher's look sees the push and it does
-    /// not park; if its fence comes first, the load below sees `asleep` set
-    /// and unparks, and an unpark that lands before `park_timeout` makes it
-    /// return at once (the thread's token). A push the publisher would see
-    /// anyway costs at most one spurious unpark, which ends a later park
-    /// early. The queue's own atomics (SeqCst in `crossbeam_queue`) are
-    /// the "push" and the "look".
-    pub fn wake(&self, thread: &thread::Thread) {
-        // SeqCst fence: orders the push before the load of `asleep`; pairs
-        // with the fence in `Publisher::idle` between its store of `asleep`
-        // and its look at the queue (Dekker: one of the two sees the other).
-        fence(Ordering::SeqCst);
-        // Relaxed: ordered by the fence above (pairs with `idle`'s fence).
-        if self.asleep.load(Ordering::Relaxed) {
-            thread.unpark();
-        }
+    /// Called by the daemon after pushing: wakes the publisher if it
+    /// parks (see [`Sleep::wake`]); whether it did.
+    #[inline]
+    pub fn wake(&self, thread: &thread::Thread) -> bool {
+        self.sleep.wake(|| thread.unpark())
     }
 }
 
@@ -120,6 +113,9 @@ pub(crate) struct Publisher {
     pub buffer: VecDeque<(u64, Vec<u8>)>,
     /// Hashes pages and builds the batch.
     pub encoder: EventEncoder,
+    /// Shortest time between two batches ([`GAP`]; a test makes it long,
+    /// to push while the thread naps).
+    pub gap: Duration,
     /// Longest park with the queue empty ([`PARK`]; a test makes it
     /// endless to show that data, not a timeout, wakes the thread).
     pub park: Duration,
@@ -127,12 +123,16 @@ pub(crate) struct Publisher {
 
 impl Publisher {
     /// The thread's body: until the daemon stops and the queue is empty.
-    /// Parks while the queue is empty (a push wakes it: no timer decides
-    /// when an event leaves); sends two batches less than [`GAP`] apart
-    /// only when behind (queue half full) or past [`MAX_BATCH_EVENTS`].
+    /// Sends what the queue holds, naps for the rest of [`GAP`] since the
+    /// last batch, and parks if that brought nothing (the daemon's next
+    /// push wakes it: no timer decides when an event after a quiet spell
+    /// leaves); sends two batches less than [`GAP`] apart only when behind
+    /// (queue half full) or past [`MAX_BATCH_EVENTS`].
     pub fn run(mut self) {
         // When the last batch left (long ago: the first goes at once).
-        let mut sent = Instant::now().checked_sub(GAP).unwrap_or_else(Instant::now);
+        let mut sent = Instant::now()
+            .checked_sub(self.gap)
+            .unwrap_or_else(Instant::now);
         loop {
             self.serve_replay();
             let mut got = false;
@@ -159,37 +159,30 @@ impl Publisher {
             if self.shared.queue.len() > self.shared.queue.capacity() / 2 {
                 continue;
             }
-            // Nothing waiting: park until the daemon pushes (or `park`
-            // passes, for replay requests).
-            if self.shared.queue.is_empty() && !self.idle() {
-                continue;
-            }
-            // Events are waiting: let the rest of the gap since the last
-            // batch gather into the next one.
-            if let Some(left) = GAP.checked_sub(sent.elapsed()) {
+            // Let the rest of the gap since the last batch gather into the
+            // next one, without announcing a park: the daemon's pushes
+            // meanwhile cost it no wake-up.
+            if let Some(left) = self.gap.checked_sub(sent.elapsed()) {
                 thread::sleep(left);
+            }
+            // Nothing came: park until the daemon pushes (or `park` passes,
+            // for replay requests).
+            if self.shared.queue.is_empty() {
+                self.idle();
             }
         }
     }
 
-    /// Parks until a push or `park`; whether the queue then holds events.
-    fn idle(&self) -> bool {
-        // Relaxed: ordered before the look at the queue by the fence below,
-        // which pairs with the fence in `Shared::wake`.
-        self.shared.asleep.store(true, Ordering::Relaxed);
-        // SeqCst fence: pairs with the fence in `Shared::wake` (Dekker: the
-        // daemon sees `asleep` and unparks, or this thread sees its push).
-        fence(Ordering::SeqCst);
+    /// Parks until a push, an unpark by `Feed::drop`, or `park`.
+    fn idle(&self) {
+        let shared = &self.shared;
         // Relaxed `stop`: a missed store costs one park of at most `PARK`
         // (`Feed::drop` also unparks); the Acquire load in `run` orders
         // the final drain.
-        if self.shared.queue.is_empty() && !self.shared.stop.load(Ordering::Relaxed) {
-            thread::park_timeout(self.park);
-        }
-        // Relaxed: a spurious unpark by a daemon that still sees `true`
-        // only shortens the next park.
-        self.shared.asleep.store(false, Ordering::Relaxed);
-        !self.shared.queue.is_empty()
+        let nothing = || shared.queue.is_empty() && !shared.stop.load(Ordering::Relaxed);
+        shared
+            .sleep
+            .park(nothing, || thread::park_timeout(self.park));
     }
 
     fn apply(&mut self, msg: Msg) {
@@ -290,15 +283,54 @@ impl Publisher {
     }
 }
 
-/// Puts the calling thread under `SCHED_BATCH`: the scheduler never lets
-/// its wake-ups preempt a running thread, so the publisher runs in the
-/// gaps of the request path instead of cutting into it. Threads it starts
-/// afterwards inherit the policy (glibc's default `PTHREAD_INHERIT_SCHED`),
-/// libzmq's I/O thread among them. Best effort: the thread runs as it is if
-/// the call fails.
-pub fn batch_priority() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: sched_setscheduler(2) with pid 0 changes only the calling
-    // thread's policy and reads `param`, a valid local, during the call.
-    let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+/// Gives the calling thread a prompt wake-up and a short run: asks the
+/// scheduler for a [`SLICE_NS`] slice, and sets its timer slack to
+/// [`SLACK_NS`]. Threads it starts afterwards inherit both (glibc's
+/// default `PTHREAD_INHERIT_SCHED`), libzmq's I/O thread among them.
+///
+/// From Linux 6.12 (EEVDF's custom slices, `sched_setattr(2)`'s
+/// `sched_runtime` for `SCHED_OTHER`) a thread asking for a shorter slice
+/// than the running one's preempts it on wake-up, and yields after that
+/// long; older kernels ignore the request. This replaces `SCHED_BATCH`,
+/// under which no wake-up preempts: with the daemon and clients spinning
+/// on every core, each of the publisher's and libzmq's wake-ups then
+/// waited for the next scheduler tick (4 ms at 250 Hz), and events took
+/// milliseconds to leave (docs/kv-events.md). A thread under another
+/// policy (a daemon started under `chrt`) keeps it. Best effort: the
+/// thread runs as it is if a call fails.
+pub fn event_priority() {
+    // SAFETY: prctl(2) PR_SET_TIMERSLACK changes only the calling thread's
+    // timer slack; no memory is involved.
+    let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, SLACK_NS) };
+    let mut attr = SchedAttr::default();
+    let size = std::mem::size_of::<SchedAttr>() as u32;
+    // SAFETY: sched_getattr(2) for the calling thread (pid 0) writes at
+    // most `size` bytes into `attr`, a valid local of that size.
+    let got = unsafe { libc::syscall(libc::SYS_sched_getattr, 0, &mut attr, size, 0) };
+    if got != 0 || attr.policy != libc::SCHED_OTHER as u32 {
+        return;
+    }
+    attr.size = size;
+    attr.runtime = SLICE_NS;
+    // SAFETY: sched_setattr(2) for the calling thread (pid 0) reads `attr`,
+    // a valid local whose `size` says its length, during the call.
+    let _ = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr, 0) };
 }
+
+/// `struct sched_attr` of `sched_setattr(2)`, its first version (48
+/// bytes), which every kernel since 3.14 takes.
+#[repr(C)]
+#[derive(Default)]
+struct SchedAttr {
+    size: u32,
+    policy: u32,
+    flags: u64,
+    nice: i32,
+    priority: u32,
+    /// For `SCHED_OTHER` (Linux 6.12 on): the slice asked for, in ns.
+    runtime: u64,
+    deadline: u64,
+    period: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<SchedAttr>() == 48);

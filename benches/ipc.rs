@@ -202,6 +202,7 @@ fn four_processes(c: &mut Criterion) {
                     kv_events: false,
                     kv_events_compare: false,
                     kv_events_no_subscriber: false,
+                    kv_events_latency: false,
                     readers: 0,
                     tp: None,
                     locked: 0,

@@ -192,6 +192,38 @@ fn kv_events_compare_runs_off_then_on_with_a_subscriber() {
     assert_eq!(runs[0]["hit_rate"], runs[1]["hit_rate"]);
 }
 
+#[cfg(feature = "kv-events")]
+#[test]
+fn kv_events_latency_pairs_every_insert_with_its_event() {
+    // Alone it turns events on; with --kv-events-compare it times the run
+    // with events on.
+    for args in [
+        &["--kv-events-latency"][..],
+        &["--kv-events-compare", "--kv-events-latency"],
+    ] {
+        let runs = small_json_runs(args);
+        let on = runs.last().unwrap();
+        let ev = &on["kv_events"];
+        assert_eq!(ev["gaps"], 0, "{ev}");
+        let lat = &ev["latency"];
+        assert!(lat["matched"].as_u64().unwrap() > 0, "{lat}");
+        // Every insert that cached pages was paired, and every event.
+        assert_eq!(lat["unmatched_inserts"], 0, "{lat}");
+        assert_eq!(lat["unmatched_events"], 0, "{lat}");
+        for part in ["change_to_event", "change_to_batch", "batch_to_event"] {
+            let (p50, p99, max) = (
+                lat[part]["p50_us"].as_f64().unwrap(),
+                lat[part]["p99_us"].as_f64().unwrap(),
+                lat[part]["max_us"].as_f64().unwrap(),
+            );
+            assert!(p50 <= p99 && p99 <= max, "{part}: {lat}");
+        }
+    }
+    // It needs a subscriber.
+    let out = bench(&["--kv-events-latency", "--kv-events-no-subscriber"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
 #[test]
 fn locked_prompts_are_held_through_the_run() {
     // 1,000 of the 4,096 pages stay locked; the workload still runs whole

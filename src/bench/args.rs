@@ -108,6 +108,14 @@ pub struct BenchArgs {
     /// measures the daemon and publisher side alone.
     #[arg(long)]
     pub kv_events_no_subscriber: bool,
+    /// With KV events on (implies `--kv-events` without
+    /// `--kv-events-compare`), also measure change to event: from a
+    /// client's answer to an insert that cached pages until the bench's
+    /// subscriber (ZeroMQ SUB, msgpack, as a router) receives the
+    /// `BlockStored` naming them; p50, p99 and max, split at the batch's
+    /// `ts` stamp into the daemon's side and the wire's (docs/kv-events.md).
+    #[arg(long, conflicts_with = "kv_events_no_subscriber")]
+    pub kv_events_latency: bool,
     /// Components of the daemon this bench starts (a hybrid model):
     /// full, full,swa or full,mamba. With MAMBA each step also takes a
     /// state slot and checkpoints it with the insert (shm only).
@@ -173,6 +181,10 @@ pub struct WorkerArgs {
     pub rank: u32,
     #[arg(long, default_value_t = 1)]
     pub group_size: u32,
+    /// Note when each insert that cached pages was answered
+    /// (`--kv-events-latency`).
+    #[arg(long)]
+    pub stamp_inserts: bool,
 }
 
 impl BenchArgs {

@@ -10,6 +10,8 @@
 
 mod args;
 pub mod baseline;
+mod events;
+mod latency;
 mod plot;
 mod stats;
 pub mod store;
@@ -32,12 +34,14 @@ use crate::daemon::{serve, ServeConfig};
 use crate::engine::Config;
 use crate::op::{Backend, Reply, Request};
 use crate::Client;
+use events::{await_subscriber, consume, events_config, Flags};
 use stats::{merge, reader_figures};
 use table::{print_event_ratios, print_ratios, print_table};
 use workload::load_prompts;
 
 pub use args::{BenchArgs, Transport, WorkerArgs};
 pub use baseline::Baseline;
+pub use latency::{EventLatency, Spread};
 pub use uds::{UdsClient, UdsServer};
 pub use worker::worker;
 pub use workload::Rng;
@@ -96,6 +100,10 @@ pub struct WorkerReport {
     /// Peeks that kept colliding with writes (reader workers).
     #[serde(default)]
     pub contended: u64,
+    /// `--kv-events-latency`: `[page key, answered at]` of every insert
+    /// that cached pages (see [`latency`]).
+    #[serde(default)]
+    pub answered: Vec<[u64; 2]>,
 }
 
 /// Latency figures of one operation, in microseconds.
@@ -164,6 +172,10 @@ pub struct EventFigures {
     /// Resyncs after a queue overflow (the bench never resets, so each
     /// `AllBlocksCleared` is one).
     pub resyncs: u64,
+    /// `--kv-events-latency`: how long after an insert was answered its
+    /// `BlockStored` arrived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<EventLatency>,
 }
 
 /// Runs `radixd bench`.
@@ -176,7 +188,7 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
             "--clients needs counts of at least 1".into(),
         ));
     }
-    if (args.kv_events || args.kv_events_compare)
+    if (args.kv_events || args.kv_events_compare || args.kv_events_latency)
         && (args.connect.is_some() || args.transport == Transport::Uds || args.compare)
     {
         return Err(BenchError::Args(
@@ -235,6 +247,11 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), BenchError> {
         Some(b)
     } else {
         None
+    };
+    // `--kv-events-latency` measures a run with events on.
+    let args = &BenchArgs {
+        kv_events: args.kv_events || (args.kv_events_latency && !args.kv_events_compare),
+        ..args.clone()
     };
     let mut reports = Vec::new();
     let variants: Vec<BenchArgs> = if args.kv_events_compare {
@@ -332,11 +349,14 @@ pub fn run_once(
     let name = format!("radixd-bench-{}-{clients}", std::process::id());
     let socket = std::env::temp_dir().join(format!("{name}.sock"));
     let sub_stop = AtomicU32::new(0);
+    let sub_seen = AtomicU32::new(0);
     std::thread::scope(|scope| {
         let mut _uds = None;
         let mut daemon = None;
         let mut subscriber = None;
-        let sub_stop = &sub_stop;
+        // The page keys of the probes that found the subscriber listening.
+        let mut probes = Ok(Vec::new());
+        let (sub_stop, sub_seen) = (&sub_stop, &sub_seen);
         let target = match (transport, &args.connect) {
             (Transport::Shm, Some(name)) => name.clone(),
             (Transport::Shm, None) => {
@@ -356,9 +376,19 @@ pub fn run_once(
                 wait_for_daemon(&name)?;
                 if args.kv_events && !args.kv_events_no_subscriber {
                     let ev = events_config(&name);
-                    subscriber = Some(scope.spawn(move || consume(ev, sub_stop)));
-                    // Let the subscription reach the publisher.
-                    std::thread::sleep(Duration::from_millis(200));
+                    let timed = args.kv_events_latency;
+                    subscriber = Some(scope.spawn(move || {
+                        consume(
+                            ev,
+                            Flags {
+                                stop: sub_stop,
+                                seen: sub_seen,
+                            },
+                            timed,
+                        )
+                    }));
+                    // An error stops the daemon below, like the workers'.
+                    probes = await_subscriber(&name, args.page_size(), sub_seen);
                 }
                 name.clone()
             }
@@ -369,20 +399,34 @@ pub fn run_once(
         };
         // The holder (if any) lets go before the daemon is stopped, and a
         // refused hold stops the daemon like any other failure.
-        let mut result = hold_locked(args, transport, &target, config)
-            .and_then(|_held| run_workers(args, transport, clients, &target, exe));
-        if let Ok(report) = result.as_mut() {
+        let mut result = probes.and_then(|probes| {
+            hold_locked(args, transport, &target, config)
+                .and_then(|_held| run_workers(args, transport, clients, &target, exe))
+                .map(|(report, answered)| (report, answered, probes))
+        });
+        if let Ok((report, ..)) = result.as_mut() {
             report.kv_events_on = args.kv_events;
         }
         if let Some(sub) = subscriber {
             // Relaxed: a lone stop flag; the subscriber drains what is left.
             sub_stop.store(1, Ordering::Relaxed);
-            let figures = sub
+            let got = sub
                 .join()
-                .map_err(|_| BenchError::Server("the subscriber thread panicked".into()))?;
-            if let Ok(report) = result.as_mut() {
-                report.kv_events = Some(figures?);
-            }
+                .map_err(|_| BenchError::Server("the subscriber thread panicked".into()))
+                .and_then(|got| got);
+            // A failure here, too, stops the daemon below.
+            result = result.and_then(|(mut report, answered, probes)| {
+                let (mut figures, arrivals) = got?;
+                if args.kv_events_latency {
+                    let arrivals: Vec<_> = arrivals
+                        .into_iter()
+                        .filter(|a| !probes.contains(&a.key))
+                        .collect();
+                    figures.latency = Some(latency::pair(&answered, &arrivals));
+                }
+                report.kv_events = Some(figures);
+                Ok((report, answered, probes))
+            });
         }
         // Relaxed: a lone stop flag, polled by the daemon loop.
         stop.store(1, Ordering::Relaxed);
@@ -393,67 +437,8 @@ pub fn run_once(
                 Err(_) => return Err(BenchError::Server("the daemon thread panicked".into())),
             }
         }
-        result
+        result.map(|(report, ..)| report)
     })
-}
-
-/// The KV event endpoint of the bench daemon `name`.
-fn events_config(name: &str) -> crate::events::EventsConfig {
-    let ep = std::env::temp_dir().join(format!("{name}.kv-events"));
-    crate::events::EventsConfig::new(format!("ipc://{}", ep.display()))
-}
-
-/// Subscribes to the bench daemon's events until `stop`, then until 0.5 s
-/// pass without a batch.
-fn consume(
-    config: crate::events::EventsConfig,
-    stop: &AtomicU32,
-) -> Result<EventFigures, BenchError> {
-    #[cfg(feature = "kv-events")]
-    {
-        use crate::events::batch::KvEvent;
-        // The router runs on its own host in a deployment; here it shares
-        // the cores, so keep it out of the request path's way.
-        crate::events::publisher::batch_priority();
-        let mut sub = crate::events::subscriber::Subscriber::connect(&config.endpoint, "", None)
-            .map_err(|e| BenchError::Server(e.to_string()))?;
-        let mut f = EventFigures::default();
-        let mut idle = Instant::now();
-        loop {
-            match sub
-                .recv(Duration::from_millis(50))
-                .map_err(|e| BenchError::Server(e.to_string()))?
-            {
-                Some(r) => {
-                    idle = Instant::now();
-                    f.batches += 1;
-                    f.events += r.batch.events.len() as u64;
-                    f.resyncs += r
-                        .batch
-                        .events
-                        .iter()
-                        .filter(|e| matches!(e, KvEvent::AllBlocksCleared))
-                        .count() as u64;
-                }
-                // Relaxed: a lone stop flag.
-                None if stop.load(Ordering::Relaxed) != 0
-                    && idle.elapsed() > Duration::from_millis(500) =>
-                {
-                    break
-                }
-                None => {}
-            }
-        }
-        f.gaps = sub.gaps();
-        Ok(f)
-    }
-    #[cfg(not(feature = "kv-events"))]
-    {
-        let _ = (config, stop);
-        Err(BenchError::Server(
-            crate::events::EventsError::NotBuilt.to_string(),
-        ))
-    }
 }
 
 /// `--locked`: a client of `target` that caches `args.locked` one-page
@@ -499,13 +484,15 @@ fn wait_for_daemon(name: &str) -> Result<(), BenchError> {
         .map_err(|e| BenchError::Server(format!("the daemon did not start: {e}")))
 }
 
+/// Runs the workers; their report, and `[page key, answered at]` of every
+/// insert that cached pages (`--kv-events-latency`).
 fn run_workers(
     args: &BenchArgs,
     transport: Transport,
     clients: u32,
     target: &str,
     exe: &Path,
-) -> Result<RunReport, BenchError> {
+) -> Result<(RunReport, Vec<[u64; 2]>), BenchError> {
     let readers = if transport == Transport::Shm {
         args.readers
     } else {
@@ -559,6 +546,10 @@ fn run_workers(
         if args.full_requests {
             cmd.arg("--full-requests");
         }
+        // Both runs of `--kv-events-compare` alike: the same work.
+        if args.kv_events_latency {
+            cmd.arg("--stamp-inserts");
+        }
         if let Some(group) = &group {
             cmd.args(["--group", group, "--rank", &worker.to_string()])
                 .args(["--group-size", &clients.to_string()]);
@@ -574,7 +565,11 @@ fn run_workers(
     let peeks = reports.split_off(clients as usize);
     let mut report = merge(transport, clients, args.busy_poll, &reports, seconds);
     report.readers = (readers > 0).then(|| reader_figures(readers, &peeks));
-    Ok(report)
+    let answered = reports
+        .iter_mut()
+        .flat_map(|r| r.answered.drain(..))
+        .collect();
+    Ok((report, answered))
 }
 
 /// Waits for every worker to be ready, releases them together, and reads

@@ -74,6 +74,24 @@ pub(super) fn print_table(out: &mut impl Write, r: &RunReport) -> io::Result<()>
             e.batches, e.events, e.gaps, e.resyncs
         )?;
     }
+    if let Some(l) = r.kv_events.as_ref().and_then(|e| e.latency.as_ref()) {
+        let spread = |s: &super::Spread| {
+            format!(
+                "p50 {:.1}, p99 {:.1}, max {:.1} µs",
+                s.p50_us, s.p99_us, s.max_us
+            )
+        };
+        writeln!(
+            out,
+            "  change to event ({} inserts; {} events missing, {} unpaired): {}\n    answered → batch stamped {}\n    stamped → received {}",
+            l.matched,
+            l.unmatched_inserts,
+            l.unmatched_events,
+            spread(&l.change_to_event),
+            spread(&l.change_to_batch),
+            spread(&l.batch_to_event)
+        )?;
+    }
     Ok(())
 }
 

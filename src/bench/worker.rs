@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use radixd_ipc::copy;
 
+use super::latency::{monotonic_ns, page_key};
 use super::workload::{load_prompts, synthetic_prompt, Rng};
 use super::{BenchError, Transport, UdsClient, WorkerArgs, WorkerReport, EVICT_EVERY};
 use crate::engine::Config;
@@ -64,7 +65,10 @@ pub fn worker(args: &WorkerArgs) -> Result<(), BenchError> {
             &prompt,
             args.page_size,
             step,
-            mamba,
+            Step {
+                mamba,
+                stamp: args.stamp_inserts,
+            },
             &mut report,
         );
     }
@@ -72,15 +76,25 @@ pub fn worker(args: &WorkerArgs) -> Result<(), BenchError> {
     send(&mut stdout, &report)
 }
 
+/// What a step does besides the plain one.
+#[derive(Clone, Copy)]
+struct Step {
+    /// Take a state slot and checkpoint it with the insert.
+    mamba: bool,
+    /// Note when an insert that cached pages is answered
+    /// (`WorkerReport::answered`).
+    stamp: bool,
+}
+
 /// One step of a scheduler: match+lock, alloc the rest, insert, unlock
-/// (with `mamba`, a state slot taken and checkpointed with the insert, and
+/// (with MAMBA, a state slot taken and checkpointed with the insert, and
 /// freed when the prompt's node held one already).
 fn scheduler_step(
     backend: &mut dyn Backend,
     prompt: &[u32],
     page_size: u32,
     step: u32,
-    mamba: bool,
+    Step { mamba, stamp }: Step,
     report: &mut WorkerReport,
 ) {
     let mut timed = |op: &str, request: Request| {
@@ -135,6 +149,19 @@ fn scheduler_step(
             },
         };
         let inserted = timed("insert", insert);
+        // The answer is in: the change it reports is acknowledged.
+        let answered = stamp.then(monotonic_ns);
+        let fresh = match &inserted {
+            Some(Reply::Inserted { cached, len, .. } | Reply::InsertedWith { cached, len, .. }) => {
+                *cached < *len
+            }
+            _ => false,
+        };
+        if let (Some(at), true) = (answered, fresh) {
+            if let Some(key) = page_key(prompt, page_size as usize) {
+                report.answered.push([key, at]);
+            }
+        }
         if let (
             Some(state),
             Some(Reply::InsertedWith {

@@ -101,7 +101,7 @@ pub struct WorkerReport {
     #[serde(default)]
     pub contended: u64,
     /// `--kv-events-latency`: `[page key, answered at]` of every insert
-    /// that cached pages (see [`latency`]).
+    /// that cached pages (see [`EventLatency`]).
     #[serde(default)]
     pub answered: Vec<[u64; 2]>,
 }

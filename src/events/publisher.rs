@@ -43,8 +43,7 @@ pub const MAX_BATCH_EVENTS: usize = 512;
 /// (docs/kv-events.md measures both sides). 200 µs: about 50 events at
 /// 250k inserts/s (the queue holds 65,536 by default).
 pub(crate) const GAP: Duration = Duration::from_micros(200);
-/// Timer slack of the publisher thread: its nap ends within this of the
-/// gap, not the default 50 µs.
+/// Timer slack of the publisher thread (see [`event_priority`]).
 const SLACK_NS: libc::c_ulong = 10_000;
 /// Slice the publisher thread (and libzmq's threads it starts) asks of
 /// the scheduler: see [`event_priority`].
@@ -284,8 +283,9 @@ impl Publisher {
 }
 
 /// Gives the calling thread a prompt wake-up and a short run: asks the
-/// scheduler for a [`SLICE_NS`] slice, and sets its timer slack to
-/// [`SLACK_NS`]. Threads it starts afterwards inherit both (glibc's
+/// scheduler for a 100 µs slice, and sets its timer slack to 10 µs (the
+/// publisher's nap between batches ends that close to its time, not the
+/// default 50 µs). Threads it starts afterwards inherit both (glibc's
 /// default `PTHREAD_INHERIT_SCHED`), libzmq's I/O thread among them.
 ///
 /// From Linux 6.12 (EEVDF's custom slices, `sched_setattr(2)`'s

@@ -37,7 +37,9 @@ impl Sleep {
     /// `asleep` set and unparks, and an unpark that lands before the park
     /// makes it return at once (the thread's token). A push the publisher
     /// would see anyway costs at most one spurious unpark, which ends a
-    /// later park early.
+    /// later park early. The push and the look are the queue's own atomic
+    /// accesses (crossbeam's `ArrayQueue`); the fences order them whatever
+    /// their orderings (the loom model pushes and looks Relaxed).
     #[inline]
     pub fn wake(&self, unpark: impl FnOnce()) -> bool {
         // SeqCst fence: orders the caller's push before the load of

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{Daemon, Exec, Hybrid};
+use common::{error_kind, refused, Daemon, Exec, Hybrid};
 use serde_json::{json, Value};
 
 /// The flags of a configuration with a secondary component.
@@ -324,12 +324,6 @@ fn session_ids_follow_one_rule(x: &mut Exec) {
     assert_eq!(error_kind(&answer), "malformed");
     let answer = x.call(json!({"op":"session_commit","session":longest,"tokens":[],"pages":[]}));
     assert_eq!(answer["ok"], true, "{answer}");
-}
-
-fn error_kind(answer: &Value) -> &str {
-    assert_eq!(answer["ok"], false, "expected an error, got {answer}");
-    assert!(answer["message"].as_str().is_some_and(|m| !m.is_empty()));
-    answer["error"].as_str().expect("error kind")
 }
 
 /// A full session: every op and its exact answer.
@@ -700,15 +694,6 @@ with_args!(
 );
 
 const P12: [u32; 12] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
-
-/// Asserts each `(request, error kind)` fails so and changes nothing.
-fn refused(x: &mut Exec, cases: &[(Value, &str)]) {
-    let before = x.call(json!({"op":"stats"}));
-    for (request, kind) in cases {
-        assert_eq!(error_kind(&x.call(request.clone())), *kind, "{request}");
-        assert_eq!(x.call(json!({"op":"stats"})), before, "{request} changed");
-    }
-}
 
 /// `free_swa`, `insert` with `swa_evicted`, a tombstone cutting a match
 /// back, `evict` of SWA tokens, the SWA stats, and the errors of both.

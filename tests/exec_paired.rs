@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::{Daemon, Exec};
-use serde_json::{json, Value};
+use common::{refused, Daemon, Exec};
+use serde_json::json;
 
 /// Runs `$scenario(&mut Exec)` in-process and through a daemon, both
 /// started with `$args`.
@@ -60,20 +60,6 @@ with_args!(
     full_only_paired_ops,
     ["--page-size", "2", "--capacity", "8"]
 );
-
-fn error_kind(answer: &Value) -> &str {
-    assert_eq!(answer["ok"], false, "{answer}");
-    answer["error"].as_str().expect("an error kind")
-}
-
-/// Asserts each `(request, error kind)` fails so and changes nothing.
-fn refused(x: &mut Exec, cases: &[(Value, &str)]) {
-    let before = x.call(json!({"op":"stats"}));
-    for (request, kind) in cases {
-        assert_eq!(error_kind(&x.call(request.clone())), *kind, "{request}");
-        assert_eq!(x.call(json!({"op":"stats"})), before, "{request} changed");
-    }
-}
 
 /// `alloc_paired`, `insert_paired` and `lock_paired` answer the SWA
 /// pairing `swa_pages` answers; `"counted"` adds the free counts `stats`

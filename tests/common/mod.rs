@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// Two engine client ids.
 pub const A: u32 = 1;
@@ -527,5 +527,21 @@ impl Rng {
     /// The next number in `0..n`.
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
+    }
+}
+
+/// The kind of an `exec` error answer (which must carry a message).
+pub fn error_kind(answer: &Value) -> &str {
+    assert_eq!(answer["ok"], false, "expected an error, got {answer}");
+    assert!(answer["message"].as_str().is_some_and(|m| !m.is_empty()));
+    answer["error"].as_str().expect("error kind")
+}
+
+/// Asserts each `(request, error kind)` fails so and changes nothing.
+pub fn refused(x: &mut Exec, cases: &[(Value, &str)]) {
+    let before = x.call(json!({"op":"stats"}));
+    for (request, kind) in cases {
+        assert_eq!(error_kind(&x.call(request.clone())), *kind, "{request}");
+        assert_eq!(x.call(json!({"op":"stats"})), before, "{request} changed");
     }
 }

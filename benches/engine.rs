@@ -14,13 +14,17 @@
 //!   the O(M + K) scan is visible next to the timings.
 //! - `evict/locked/{0,1k,10k,50k}`: `evict(1)` (P = 1) with L locked
 //!   two-token prompts inserted before 5,000 unlocked ones: eviction never
-//!   visits a locked node, so the time per call does not grow with L.
+//!   visits a locked node, so the time per call does not grow with L;
+//! - `evict/locked_policy/{policy}/{0,50k}`: the same under each eviction
+//!   policy (its heap holds the unlocked leaves only).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use radixd::engine::{Components, Config, Engine, InsertExtra, MambaConfig, SwaConfig};
+use radixd::engine::{
+    Components, Config, Engine, InsertExtra, InsertHints, MambaConfig, Policy, SwaConfig,
+};
 
 const PAGE_SIZES: [u32; 3] = [1, 16, 64];
 const LENGTHS: [usize; 3] = [1024, 4096, 32768];
@@ -332,6 +336,62 @@ fn bench_evict_locked(c: &mut Criterion) {
     g.finish();
 }
 
+/// `evict(1)` past L locked nodes under each eviction policy (seed 000
+/// for every policy): the candidates are the unlocked leaves only, in a
+/// heap by the policy's key, so the cost does not grow with L. The
+/// prompts carry priorities 0..4 (round robin) so that `priority` orders
+/// by more than recency.
+fn bench_evict_locked_policies(c: &mut Criterion) {
+    const UNLOCKED: u32 = 5_000;
+    let mut g = c.benchmark_group("evict/locked_policy");
+    let mut policies: Vec<Policy> = Policy::NAMES.iter().map(|n| n.parse().unwrap()).collect();
+    // T-LRU as a server runs it (its defaults are plain LRU).
+    policies[6] = Policy::Tlru {
+        threshold: 3,
+        next_prompt_estimate: 1,
+    };
+    for policy in policies {
+        for (label, locked) in [("0", 0u32), ("50k", 50_000)] {
+            let pages = 2 * (locked + UNLOCKED);
+            let mut e = engine(1, pages);
+            e.set_policy(policy);
+            let fill = |e: &mut Engine| {
+                e.reset();
+                for i in 0..locked + UNLOCKED {
+                    let key = [i, i];
+                    let pages = e.alloc(CLIENT, 2).unwrap();
+                    let hints = InsertHints {
+                        priority: i64::from(i % 4),
+                        inserted_len: 0,
+                    };
+                    e.insert_hinted(CLIENT, &key, &pages, i < locked, hints)
+                        .unwrap();
+                }
+            };
+            fill(&mut e);
+            let mut left = 2 * u64::from(UNLOCKED);
+            g.bench_function(format!("{}/{label}", policy.name()), |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        if left == 0 {
+                            fill(&mut e);
+                            left = 2 * u64::from(UNLOCKED);
+                        }
+                        let t = Instant::now();
+                        let freed = e.evict(black_box(1));
+                        total += t.elapsed();
+                        assert_eq!(freed, 1);
+                        left -= 1;
+                    }
+                    total
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
 /// A cached 4K prompt, built as eight 512-token turns (a path of eight
 /// nodes, SWA leaves capped at one window), matched at P=16: FULL alone
 /// against FULL+SWA (W = 512 and 4096 tokens) and FULL+MAMBA (a state at
@@ -403,6 +463,7 @@ criterion_group!(
     bench_peek,
     bench_insert,
     bench_evict,
-    bench_evict_locked
+    bench_evict_locked,
+    bench_evict_locked_policies
 );
 criterion_main!(benches);

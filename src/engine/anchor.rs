@@ -8,6 +8,7 @@ use super::cache::{ClientId, Engine};
 use super::error::AnchorError;
 use super::hybrid::InsertExtra;
 use super::layout::{NIL, NODE_LIVE, ROOT};
+use super::policy::InsertHints;
 use super::prefix::{Inserted, Matched};
 use super::reader::{Anchor, Peeked, TreeReader, Usable};
 use super::region::Region;
@@ -224,6 +225,23 @@ impl<R: Region> Engine<R> {
         pages: &[u32],
         lock: bool,
     ) -> Result<Inserted, AnchorError> {
+        let hints = InsertHints::default();
+        self.insert_at_hinted(client, anchor, matched_pages, tokens, pages, lock, hints)
+    }
+
+    /// [`Engine::insert_at`] with the eviction policy's hints (see
+    /// [`Engine::insert_hinted`]).
+    #[allow(clippy::too_many_arguments)] // insert_at's, and the hints
+    pub fn insert_at_hinted(
+        &mut self,
+        client: ClientId,
+        anchor: &Anchor,
+        matched_pages: usize,
+        tokens: &[u32],
+        pages: &[u32],
+        lock: bool,
+        hints: InsertHints,
+    ) -> Result<Inserted, AnchorError> {
         let start = self.anchored_walk(anchor, matched_pages)?;
         let p = self.page_size() as usize;
         let len = self.aligned(tokens.len());
@@ -242,6 +260,7 @@ impl<R: Region> Engine<R> {
             matched_pages,
             pages,
             InsertExtra::default(),
+            hints,
         )?;
         let handle = lock.then(|| self.lock_node(client, node));
         Ok(Inserted {

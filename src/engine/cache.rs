@@ -13,6 +13,7 @@ use super::event::CacheEvent;
 use super::hybrid::{Components, ComponentsError, Hybrid};
 use super::layout::{EngineLayout, PAGE_OWNED};
 use super::lru::Recency;
+use super::policy::Policy;
 use super::region::{HeapRegion, Region};
 
 /// Identifies the client that owns pages and locks.
@@ -97,6 +98,21 @@ impl<R: Region> Engine<R> {
     /// What a split counts as a use of.
     pub fn recency(&self) -> Recency {
         self.arena.lru.recency()
+    }
+
+    /// Empties the cache and from now on evicts by `policy` (SGLang's
+    /// `--radix-eviction-policy`; LRU by default). The recency rule applies
+    /// to every policy's last use, and under [`Recency::Sglang`] a split's
+    /// upper half is also made anew (its creation is the split's), as in
+    /// SGLang's `RadixCache`.
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.arena.lru.set_policy(policy);
+        self.reset();
+    }
+
+    /// The eviction policy.
+    pub fn policy(&self) -> Policy {
+        self.arena.lru.policy()
     }
 
     /// The components this engine caches.

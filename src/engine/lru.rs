@@ -29,14 +29,21 @@
 //! so seed 000's resumable scan is the list's head moving on, with the heap
 //! for what a list cannot place.
 //!
+//! Under another eviction policy than LRU (`policy`), the candidates are
+//! the same unlocked leaves, in one heap by the policy's key; stamps are
+//! kept as under LRU (every policy but FIFO/FILO reads them).
+//!
 //! The order is the writer's private memory (readers never need it): 20
 //! bytes per node slot (stamp, position, list links), committed by the
-//! operating system as slots are first used.
+//! operating system as slots are first used; 40 more under a policy (its
+//! facts, of which only those the policy reads are ever written).
 
 use std::fmt;
 use std::str::FromStr;
 
+use super::heap::{Entry, Heap};
 use super::layout::NIL;
+use super::policy::{Keyed, Policy};
 
 /// What a split counts as a use of.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -93,7 +100,8 @@ impl FromStr for Recency {
     }
 }
 
-/// Last uses and the candidates: a list in stamp order and a heap.
+/// Last uses and the candidates: a list in stamp order and a heap; under
+/// another policy than LRU, a heap by the policy's key instead (`keyed`).
 #[derive(Debug)]
 pub(crate) struct Lru {
     /// The last stamp handed out.
@@ -101,30 +109,22 @@ pub(crate) struct Lru {
     /// Each node slot's last use.
     stamps: Vec<u64>,
     /// Where each node slot is: [`NOWHERE`], [`LISTED`], or its index in
-    /// `heap` plus one.
+    /// `heap` (or `keyed`'s) plus one.
     slot: Vec<u32>,
     /// List neighbours `[older, newer]` of each listed node.
     links: Vec<[u32; 2]>,
     /// The list's ends (`NIL` when empty).
     head: u32,
     tail: u32,
-    /// Out-of-order candidates with their stamps, a 4-ary min-heap: oldest
-    /// at 0, the children of `i` at `4i + 1 ..= 4i + 4`.
-    heap: Vec<Entry>,
+    /// Out-of-order candidates by stamp.
+    heap: Heap<u64>,
     /// What a split counts as a use of.
     recency: Recency,
+    /// Under a policy other than LRU: every candidate, by the policy's
+    /// key, and the facts the keys read (the list and `heap` stay empty).
+    pub(crate) keyed: Option<Box<Keyed>>,
 }
 
-/// A heap entry: a node and its stamp, kept together so that a sift
-/// compares neighbouring memory, not stamps scattered by node index.
-#[derive(Clone, Copy, Debug)]
-struct Entry {
-    stamp: u64,
-    node: u32,
-}
-
-/// Children per heap node.
-const ARITY: usize = 4;
 /// `Lru::slot` of a node that is not a candidate.
 const NOWHERE: u32 = 0;
 /// `Lru::slot` of a node in the list.
@@ -140,8 +140,9 @@ impl Lru {
             links: vec![[NIL; 2]; nodes as usize],
             head: NIL,
             tail: NIL,
-            heap: Vec::new(),
+            heap: Heap::new(),
             recency: Recency::default(),
+            keyed: None,
         }
     }
 
@@ -155,6 +156,20 @@ impl Lru {
         self.recency = recency;
     }
 
+    /// The eviction policy.
+    pub fn policy(&self) -> Policy {
+        self.keyed.as_deref().map_or(Policy::Lru, |k| k.policy)
+    }
+
+    /// Orders candidates by `policy` from now on, forgetting every
+    /// candidate: the caller empties the tree (the facts a key reads are
+    /// kept only under a policy that reads them).
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.clear();
+        let nodes = self.stamps.len() as u32;
+        self.keyed = (!policy.is_lru()).then(|| Box::new(Keyed::new(policy, nodes)));
+    }
+
     /// Forgets every candidate (the region was formatted). Stamps stay:
     /// each node is stamped again before it matters.
     pub fn clear(&mut self) {
@@ -162,15 +177,33 @@ impl Lru {
             let node = self.head;
             self.unlist(node);
         }
-        for e in &self.heap {
-            self.slot[e.node as usize] = NOWHERE;
+        self.heap.clear(&mut self.slot);
+        if let Some(k) = self.keyed.as_deref_mut() {
+            k.heap.clear(&mut self.slot);
         }
-        self.heap.clear();
+    }
+
+    /// A fresh stamp, newer than every stamp before.
+    pub fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
     }
 
     /// Marks `node` as used just now: newer than every node before (a
-    /// candidate moves to the list's end).
+    /// candidate moves to the list's end, or to its key's place).
     pub fn stamp(&mut self, node: u32) {
+        if let Some(k) = self.keyed.as_deref_mut() {
+            self.clock += 1;
+            self.stamps[node as usize] = self.clock;
+            match self.slot[node as usize] {
+                NOWHERE | LISTED => {}
+                at => {
+                    let key = k.key(node, self.clock);
+                    k.heap.rekey(&mut self.slot, at as usize - 1, key);
+                }
+            }
+            return;
+        }
         let candidate = self.contains(node);
         if candidate {
             self.remove(node);
@@ -179,6 +212,22 @@ impl Lru {
         self.stamps[node as usize] = self.clock;
         if candidate {
             self.insert(node);
+        }
+    }
+
+    /// Moves the candidate `node` (if it is one) to its key's place after a
+    /// fact its key reads changed; nothing under LRU, whose key is the
+    /// stamp.
+    pub fn rekey(&mut self, node: u32) {
+        let Some(k) = self.keyed.as_deref_mut() else {
+            return;
+        };
+        match self.slot[node as usize] {
+            NOWHERE | LISTED => {}
+            at => {
+                let key = k.key(node, self.stamps[node as usize]);
+                k.heap.rekey(&mut self.slot, at as usize - 1, key);
+            }
         }
     }
 
@@ -192,12 +241,17 @@ impl Lru {
         self.slot[node as usize] != NOWHERE
     }
 
-    /// The least recently used candidate.
+    /// The candidate eviction takes first: the least recently used, or
+    /// the least by the policy's key.
+    #[inline]
     pub fn oldest(&self) -> Option<u32> {
-        match (self.head, self.heap.first()) {
+        if let Some(k) = self.keyed.as_deref() {
+            return k.heap.top().map(|e| e.node);
+        }
+        match (self.head, self.heap.top()) {
             (NIL, None) => None,
             (NIL, Some(top)) => Some(top.node),
-            (head, Some(top)) if top.stamp < self.stamps[head as usize] => Some(top.node),
+            (head, Some(top)) if top.key < self.stamps[head as usize] => Some(top.node),
             (head, _) => Some(head),
         }
     }
@@ -215,19 +269,23 @@ impl Lru {
 
     /// The heap's nodes and keys in heap order, for the invariant checker.
     pub fn heaped(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        self.heap.iter().map(|e| (e.node, e.stamp))
+        self.heap.entries().iter().map(|e| (e.node, e.key))
     }
 
     /// The heap index of the parent of heap index `at` (> 0).
     pub fn parent_of(at: usize) -> usize {
-        (at - 1) / ARITY
+        Heap::<u64>::parent_of(at)
     }
 
     /// Adds `node` (not a candidate): to the list if it is newer than all
-    /// listed, else to the heap.
+    /// listed, else to the heap; under another policy, to its key's place.
     pub fn insert(&mut self, node: u32) {
         debug_assert!(!self.contains(node));
         let stamp = self.stamps[node as usize];
+        if let Some(k) = self.keyed.as_deref_mut() {
+            k.push(&mut self.slot, node, stamp);
+            return;
+        }
         if self.tail == NIL || stamp > self.stamps[self.tail as usize] {
             self.links[node as usize] = [self.tail, NIL];
             match self.tail {
@@ -238,10 +296,7 @@ impl Lru {
             self.slot[node as usize] = LISTED;
             return;
         }
-        let e = Entry { stamp, node };
-        self.heap.push(e);
-        let at = self.heap.len() - 1;
-        self.sift_up(at, e);
+        self.heap.push(&mut self.slot, Entry { key: stamp, node });
     }
 
     /// Takes `node` out of the candidates, if it is one.
@@ -249,7 +304,10 @@ impl Lru {
         match self.slot[node as usize] {
             NOWHERE => {}
             LISTED => self.unlist(node),
-            at => self.unheap(at as usize - 1),
+            at => match self.keyed.as_deref_mut() {
+                Some(k) => k.heap.remove_at(&mut self.slot, at as usize - 1),
+                None => self.heap.remove_at(&mut self.slot, at as usize - 1),
+            },
         }
     }
 
@@ -265,64 +323,5 @@ impl Lru {
         }
         self.links[node as usize] = [NIL; 2];
         self.slot[node as usize] = NOWHERE;
-    }
-
-    fn unheap(&mut self, at: usize) {
-        let node = self.heap[at].node;
-        self.slot[node as usize] = NOWHERE;
-        let last = self.heap.pop();
-        if let Some(last) = last.filter(|_| at < self.heap.len()) {
-            if !self.sift_up(at, last) {
-                self.sift_down(at);
-            }
-        }
-    }
-
-    #[inline]
-    fn place(&mut self, at: usize, e: Entry) {
-        self.heap[at] = e;
-        self.slot[e.node as usize] = at as u32 + 1;
-    }
-
-    /// Puts `e` at `at` and moves it up while it is older than its parent;
-    /// whether it moved.
-    fn sift_up(&mut self, mut at: usize, e: Entry) -> bool {
-        let start = at;
-        while at > 0 {
-            let up = Self::parent_of(at);
-            let parent = self.heap[up];
-            if e.stamp >= parent.stamp {
-                break;
-            }
-            self.place(at, parent);
-            at = up;
-        }
-        self.place(at, e);
-        at != start
-    }
-
-    /// Moves the entry at `at` down while a child is older.
-    fn sift_down(&mut self, mut at: usize) {
-        let e = self.heap[at];
-        let len = self.heap.len();
-        loop {
-            let first = ARITY * at + 1;
-            if first >= len {
-                break;
-            }
-            let end = (first + ARITY).min(len);
-            let mut child = first;
-            for c in first + 1..end {
-                if self.heap[c].stamp < self.heap[child].stamp {
-                    child = c;
-                }
-            }
-            if self.heap[child].stamp >= e.stamp {
-                break;
-            }
-            self.place(at, self.heap[child]);
-            at = child;
-        }
-        self.place(at, e);
     }
 }

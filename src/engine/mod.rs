@@ -25,7 +25,9 @@ mod cache;
 mod config;
 mod error;
 mod event;
+mod facts;
 mod grace;
+mod heap;
 mod hybrid;
 pub mod layout;
 mod limbo;
@@ -33,6 +35,7 @@ mod lock;
 mod lru;
 mod mem;
 mod namespace;
+mod policy;
 mod pool;
 mod prefix;
 mod reader;
@@ -64,6 +67,7 @@ pub use namespace::{
     check_namespace, check_namespace_len, NamespaceError, NamespaceSize, MAX_NAMESPACES,
     MAX_NAMESPACE_LEN,
 };
+pub use policy::{InsertHints, Policy, PolicyError};
 pub use prefix::{Inserted, Matched};
 pub use reader::{Anchor, Peeked, TreeReader, Usable};
 pub use record::{SPARE_BUFFERS, SPARE_BUFFER_LEN};

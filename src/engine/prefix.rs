@@ -7,6 +7,7 @@ use super::error::PageError;
 use super::hybrid::{Component, ComponentError, InsertExtra, InsertedExtra, MatchExtra};
 use super::layout::{NIL, PAGE_OWNED, ROOT};
 use super::lock::Handle;
+use super::policy::InsertHints;
 use super::region::Region;
 use super::tree::Walk;
 
@@ -46,8 +47,26 @@ impl<R: Region> Engine<R> {
         pages: &[u32],
         lock: bool,
     ) -> Result<Inserted, PageError> {
-        self.insert_with(client, tokens, pages, lock, InsertExtra::default())
-            .map(|(inserted, _)| inserted)
+        self.insert_hinted(client, tokens, pages, lock, InsertHints::default())
+    }
+
+    /// [`Engine::insert`] with what the eviction policy reads of an insert
+    /// (SGLang's `InsertParams.priority` and `inserted_len`); `insert` is
+    /// this with the default hints (priority 0, nothing inserted before).
+    pub fn insert_hinted(
+        &mut self,
+        client: ClientId,
+        tokens: &[u32],
+        pages: &[u32],
+        lock: bool,
+        hints: InsertHints,
+    ) -> Result<Inserted, PageError> {
+        let (node, mut inserted, _) =
+            self.insert_node(client, tokens, pages, InsertExtra::default(), hints)?;
+        if lock && node != ROOT {
+            inserted.handle = Some(self.lock_node(client, node));
+        }
+        Ok(inserted)
     }
 
     /// [`Engine::insert`] with the extras of a hybrid engine: a state to
@@ -62,7 +81,8 @@ impl<R: Region> Engine<R> {
         lock: bool,
         extra: InsertExtra,
     ) -> Result<(Inserted, InsertedExtra), PageError> {
-        let (node, mut inserted, ie) = self.insert_node(client, tokens, pages, extra)?;
+        let (node, mut inserted, ie) =
+            self.insert_node(client, tokens, pages, extra, InsertHints::default())?;
         if lock && node != ROOT {
             inserted.handle = Some(self.lock_node(client, node));
         }
@@ -76,6 +96,7 @@ impl<R: Region> Engine<R> {
         tokens: &[u32],
         pages: &[u32],
         extra: InsertExtra,
+        hints: InsertHints,
     ) -> Result<(u32, Inserted, InsertedExtra), PageError> {
         let len = self.aligned(tokens.len());
         let key = &tokens[..len];
@@ -84,7 +105,7 @@ impl<R: Region> Engine<R> {
         walked.clear();
         let walk = self.arena.walk(key, &mut walked);
         let cached = walk.pages * self.page_size() as usize;
-        let (node, ie) = self.insert_walked(client, walk, walked, key, 0, pages, extra)?;
+        let (node, ie) = self.insert_walked(client, walk, walked, key, 0, pages, extra, hints)?;
         Ok((
             node,
             Inserted {
@@ -122,6 +143,7 @@ impl<R: Region> Engine<R> {
         base: usize,
         pages: &[u32],
         extra: InsertExtra,
+        hints: InsertHints,
     ) -> Result<(u32, InsertedExtra), PageError> {
         let cached = walk.pages;
         let same = |i: usize, page: u32| i < cached && walked[i] == page;
@@ -156,7 +178,8 @@ impl<R: Region> Engine<R> {
                 self.arena.hy_swa_commit_leaf(node, live_from as u32);
             }
         }
-        self.arena.touch(node);
+        let end = (pages.len() * p) as u64;
+        self.arena.touch_insert(node, end, hints);
         let mut ie = InsertedExtra::default();
         if hybrid {
             if let Some(state) = extra.mamba_state {

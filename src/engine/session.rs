@@ -68,7 +68,13 @@ impl<R: Region> Engine<R> {
             Some(s) => Some((s.node, s.serial)),
             None => None,
         };
-        let (node, inserted, _) = self.insert_node(client, tokens, pages, Default::default())?;
+        let (node, inserted, _) = self.insert_node(
+            client,
+            tokens,
+            pages,
+            Default::default(),
+            Default::default(),
+        )?;
         let serial = if node != ROOT {
             self.arena.lock_path(node)
         } else {

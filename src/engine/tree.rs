@@ -168,6 +168,7 @@ impl<R: Region> Arena<R> {
     fn split(&mut self, child: u32, at: u32, upper: u32) -> u32 {
         let m = self.node_change(child, |a| a.split_inner(child, at, upper));
         self.hy_split(m, child);
+        self.facts_split(m, child, upper);
         m
     }
 
@@ -292,6 +293,7 @@ impl<R: Region> Arena<R> {
         self.version(leaf).end();
         self.table_insert(leaf);
         self.nodes_mut()[parent as usize].children += 1;
+        self.facts_leaf(leaf, parent);
         self.lru.stamp(leaf);
         self.refile(leaf);
         self.refile(parent);

@@ -5,9 +5,11 @@ use std::collections::HashMap;
 
 use super::cache::Engine;
 use super::error::InvariantError;
+use super::heap::Heap;
 use super::layout::{
     NIL, NODE_FREE, NODE_LIVE, PAGE_CACHED, PAGE_CLAIMED, PAGE_FREE, PAGE_OWNED, PAGE_RETIRED, ROOT,
 };
+use super::policy::Key;
 use super::region::Region;
 use super::table::child_hash;
 
@@ -284,10 +286,12 @@ impl<R: Region> Engine<R> {
                 );
             }
         }
+        let keyed = self.validate_policy()?;
         let candidates: Vec<u32> = listed
             .iter()
             .copied()
             .chain(heap.iter().map(|&(node, _)| node))
+            .chain(keyed)
             .collect();
         for &node in &candidates {
             ensure!((node as usize) < nodes.len(), "LRU holds node {node}");
@@ -305,6 +309,66 @@ impl<R: Region> Engine<R> {
             heap.len()
         );
         self.validate_components()
+    }
+
+    /// The eviction policy's heap (none under LRU): every key as the
+    /// node's facts give it, in heap order, and under T-LRU each live
+    /// node's tokens above it as its path counts them and its branch's
+    /// high-water mark no shallower than its end nor deeper than its
+    /// parent's. Returns the heap's nodes, which the caller checks are the
+    /// unlocked leaves.
+    fn validate_policy(&self) -> Result<Vec<u32>, InvariantError> {
+        let a = &self.arena;
+        let Some(k) = a.lru.keyed.as_deref() else {
+            return Ok(Vec::new());
+        };
+        let entries = k.heap.entries();
+        for (at, e) in entries.iter().enumerate() {
+            ensure!(
+                e.key == k.key(e.node, a.lru.stamp_of(e.node)),
+                "policy heap key of node {} is stale",
+                e.node
+            );
+            if at > 0 {
+                let up = &entries[Heap::<Key>::parent_of(at)];
+                ensure!(
+                    up.key <= e.key,
+                    "policy heap order broken at node {} (under {})",
+                    e.node,
+                    up.node
+                );
+            }
+        }
+        if k.tlru() {
+            let nodes = a.nodes();
+            let p = u64::from(a.layout.page_size);
+            for (i, n) in nodes.iter().enumerate() {
+                if i as u32 == ROOT || n.state != NODE_LIVE {
+                    continue;
+                }
+                let (mut above, mut at) = (0, n.parent);
+                while at != ROOT {
+                    above += u64::from(nodes[at as usize].num_pages) * p;
+                    at = nodes[at as usize].parent;
+                }
+                ensure!(
+                    k.above[i] == above,
+                    "node {i}: T-LRU counts {} tokens above it, its path {above}",
+                    k.above[i]
+                );
+                let end = above + u64::from(n.num_pages) * p;
+                ensure!(
+                    k.history[i] >= end,
+                    "node {i}: T-LRU history {} short of its end {end}",
+                    k.history[i]
+                );
+                ensure!(
+                    n.parent == ROOT || k.history[n.parent as usize] >= k.history[i],
+                    "node {i}: T-LRU history deeper than its parent's"
+                );
+            }
+        }
+        Ok(entries.iter().map(|e| e.node).collect())
     }
 
     /// The secondary components' invariants: SWA pages paired with exactly

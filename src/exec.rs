@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 
 pub mod store;
 
-use crate::engine::Components;
+use crate::engine::{Components, InsertHints};
 use crate::op::{Backend, ErrorKind, Rejection, Reply, Request};
 
 /// Reads requests from `input` until it ends, answering each on `output`.
@@ -100,7 +100,27 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
             let (tokens, pages, lock) = (f.tokens()?, f.pages()?, f.flag("lock")?);
             let mamba_state = f.state_opt("mamba_state")?;
             let swa_evicted = f.u64_or_zero("swa_evicted")?;
-            if hybrid || mamba_state.is_some() || swa_evicted > 0 {
+            // The eviction policy's hints (`Request::Hinted`): a plain
+            // insert's only.
+            let hints = InsertHints {
+                priority: f.i64_or_zero("priority")?,
+                inserted_len: f.u64_or_zero("inserted_len")?,
+            };
+            if hints != InsertHints::default() {
+                if hybrid || mamba_state.is_some() || swa_evicted > 0 {
+                    return Err(malformed(
+                        "\"priority\" and \"inserted_len\" take a full-attention insert",
+                    ));
+                }
+                Request::Hinted {
+                    hints,
+                    request: Box::new(Request::Insert {
+                        tokens,
+                        pages,
+                        lock,
+                    }),
+                }
+            } else if hybrid || mamba_state.is_some() || swa_evicted > 0 {
                 Request::InsertWith {
                     tokens,
                     pages,
@@ -252,6 +272,8 @@ fn known_fields(op: &str) -> Option<&'static [&'static str]> {
             "lock",
             "mamba_state",
             "swa_evicted",
+            "priority",
+            "inserted_len",
             "ns",
         ],
         "match" => &["tokens", "lock", "ns"],
@@ -286,6 +308,16 @@ impl Fields<'_> {
     fn u32(&self, name: &str) -> Result<u32, Rejection> {
         u32::try_from(self.u64(name)?)
             .map_err(|_| malformed(format!("{name:?} must be below 2^32")))
+    }
+
+    /// An optional signed integer: absent or `null` is 0.
+    fn i64_or_zero(&self, name: &str) -> Result<i64, Rejection> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => Ok(0),
+            Some(v) => v
+                .as_i64()
+                .ok_or_else(|| malformed(format!("{name:?} must be an integer"))),
+        }
     }
 
     /// An optional count: absent or `null` is 0.

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use radixd::bench::{self, BenchArgs, WorkerArgs};
 use radixd::daemon::{self, ServeConfig, Started};
-use radixd::engine::{Components, Config, Engine, Recency};
+use radixd::engine::{Components, Config, Engine, Policy, Recency};
 use radixd::exec;
 use radixd::op::Local;
 use radixd::replay::{self, ReplayArgs};
@@ -124,9 +124,46 @@ struct ComponentArgs {
     /// exact].
     #[arg(long, value_name = "exact|sglang")]
     recency: Option<Recency>,
+    /// Which unlocked leaf eviction takes first, as SGLang's
+    /// --radix-eviction-policy: lru, lfu, fifo, mru, filo, priority, tlru
+    /// or slru [default: lru].
+    #[arg(long, value_name = "POLICY")]
+    eviction_policy: Option<String>,
+    /// The policy's parameters as SGLang's --radix-eviction-policy-config
+    /// takes them, a JSON object: tlru takes threshold and
+    /// next_prompt_estimate (tokens), slru protected_threshold.
+    #[arg(long, value_name = "JSON", requires = "eviction_policy")]
+    eviction_policy_config: Option<String>,
 }
 
 impl ComponentArgs {
+    /// The eviction policy the flags name (`None`: neither given), checked
+    /// as SGLang's server checks `--radix-eviction-policy-config`.
+    fn policy(&self) -> Result<Option<Policy>, String> {
+        let Some(name) = &self.eviction_policy else {
+            return Ok(None);
+        };
+        let mut params: Vec<(String, i64)> = Vec::new();
+        if let Some(json) = &self.eviction_policy_config {
+            let bad = |why: String| format!("--eviction-policy-config {json}: {why}");
+            let value: serde_json::Value =
+                serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+            let serde_json::Value::Object(map) = value else {
+                return Err(bad("not a JSON object".to_owned()));
+            };
+            for (key, v) in map {
+                let n = v
+                    .as_i64()
+                    .ok_or_else(|| bad(format!("{key} is not an integer")))?;
+                params.push((key, n));
+            }
+        }
+        let params: Vec<(&str, i64)> = params.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let policy = Policy::with_parameters(name, &params).map_err(|e| e.to_string())?;
+        policy.check().map_err(|e| e.to_string())?;
+        Ok(Some(policy))
+    }
+
     /// Whether any of the flags was given.
     fn given(&self) -> bool {
         self.components.is_some()
@@ -245,6 +282,12 @@ fn exec(args: ExecArgs) -> Result<(), String> {
                 "--recency is the daemon's (radixd serve --name {name} --recency ...); leave it out"
             ));
         }
+        if args.components.eviction_policy.is_some() {
+            return Err(format!(
+                "--eviction-policy is the daemon's (radixd serve --name {name} --eviction-policy ...); \
+                 leave it out"
+            ));
+        }
         if args.components.given() {
             let asked = args.components.parse(client.capacity())?;
             if asked != client.components() {
@@ -265,6 +308,9 @@ fn exec(args: ExecArgs) -> Result<(), String> {
     let components = args.components.parse(config.capacity)?;
     let mut engine = Engine::with_components(config, components).map_err(|e| e.to_string())?;
     engine.set_recency(args.components.recency.unwrap_or_default());
+    if let Some(policy) = args.components.policy()? {
+        engine.set_policy(policy);
+    }
     let local = Local {
         engine,
         client: 0,
@@ -286,6 +332,7 @@ fn exec(args: ExecArgs) -> Result<(), String> {
 
 fn serve(args: ServeArgs) -> Result<(), String> {
     let components = args.components.parse(args.capacity)?;
+    let policy = args.components.policy()?.unwrap_or_default();
     let config = ServeConfig {
         name: args.name,
         page_size: args.page_size,
@@ -300,6 +347,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         events: args.events.config(),
         components,
         recency: args.components.recency.unwrap_or_default(),
+        policy,
         store: args.store,
         store_reset: args.store_reset,
     };
@@ -308,7 +356,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     // error is never preceded by a "serving" line.
     let announce = |started: &Started| {
         eprintln!(
-            "radixd: serving {} ({}; page size {}, {} pages, {} clients{}{}{}{})",
+            "radixd: serving {} ({}; page size {}, {} pages, {} clients{}{}{}{}{})",
             started.path.display(),
             human_bytes(started.bytes),
             config.page_size,
@@ -319,6 +367,11 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 ", sglang recency"
             } else {
                 ""
+            },
+            if config.policy.is_lru() {
+                String::new()
+            } else {
+                format!(", eviction policy {}", config.policy)
             },
             if config.busy_poll { ", busy-poll" } else { "" },
             if config.allow_reset {

@@ -26,8 +26,8 @@ use radixd_ipc::{
 pub use crate::binding::{BindingBoard, BINDING_BYTES};
 use crate::engine::layout::ENGINE_VERSION;
 use crate::engine::{
-    ComponentStats, Components, EngineLayout, MambaConfig, Recency, Region, Stats, SwaConfig,
-    REGION_ALIGN,
+    ComponentStats, Components, EngineLayout, MambaConfig, Policy, Recency, Region, Stats,
+    SwaConfig, REGION_ALIGN,
 };
 pub use crate::readers::{SharedGrace, ShmGrace};
 use crate::wire::{WireReply, WireRequest};
@@ -71,7 +71,12 @@ pub struct Info {
     /// (0, what a daemon that predates the field leaves) or
     /// [`RECENCY_SGLANG`]. Backends that answer as SGLang read it.
     pub recency: AtomicU64,
-    pub _reserved: [AtomicU64; 19],
+    /// The eviction policy (`--eviction-policy`, with
+    /// `--eviction-policy-config`): [`Policy::to_words`], its index in
+    /// [`Policy::NAMES`] then its parameters. All zero (what a daemon
+    /// that predates the field leaves) is LRU.
+    pub policy: [AtomicU64; 3],
+    pub _reserved: [AtomicU64; 16],
 }
 
 /// Bit of [`Info::components`]: SWA is on.
@@ -500,6 +505,22 @@ pub fn read_recency(info: &Info) -> Option<Recency> {
         RECENCY_SGLANG => Some(Recency::Sglang),
         _ => None,
     }
+}
+
+/// Writes the engine's eviction `policy` into `info` (before `serving`).
+pub fn write_policy(info: &Info, policy: Policy) {
+    for (word, value) in info.policy.iter().zip(policy.to_words()) {
+        // Relaxed: published by the Release store of `serving`.
+        word.store(value, Ordering::Relaxed);
+    }
+}
+
+/// Reads the eviction policy from a serving `info`; `None` for words that
+/// name none.
+pub fn read_policy(info: &Info) -> Option<Policy> {
+    // Relaxed: the caller's Acquire load of `serving` ordered them.
+    let words = info.policy.each_ref().map(|w| w.load(Ordering::Relaxed));
+    Policy::from_words(words)
 }
 
 /// The engine region inside a mapped segment (daemon side).

@@ -10,7 +10,8 @@ use radixd_ipc::{Offset, Segment, INFO_OFFSET};
 use crate::binding::{BindingBoard, BoardError};
 use crate::engine::{Recency, TreeReader};
 use crate::shared::{
-    bucket_floor, read_components, read_info, read_recency, Info, LiveStats, SharedLayout,
+    bucket_floor, read_components, read_info, read_policy, read_recency, Info, LiveStats,
+    SharedLayout,
 };
 
 /// Why the figures could not be read.
@@ -136,6 +137,7 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
     let config = read_info(info).ok_or_else(|| unreadable(&"bad configuration"))?;
     let components = read_components(info).ok_or_else(|| unreadable(&"bad components"))?;
     let recency = read_recency(info).ok_or_else(|| unreadable(&"bad recency"))?;
+    let policy = read_policy(info).ok_or_else(|| unreadable(&"bad eviction policy"))?;
     let layout = SharedLayout::new(config).map_err(|e| unreadable(&e))?;
     if layout.ipc.hash != segment.info().layout_hash {
         return Err(unreadable(&"layout mismatch"));
@@ -177,8 +179,14 @@ pub fn run(name: &str, interval: Duration) -> Result<(), StatError> {
         Recency::Exact => "",
         Recency::Sglang => ", sglang recency",
     };
+    // LRU, the default, prints as it always did.
+    let evicts = if policy.is_lru() {
+        String::new()
+    } else {
+        format!(", eviction policy {policy}")
+    };
     println!(
-        "config      page size {}, {} pages, {} client slots{named}{rule}",
+        "config      page size {}, {} pages, {} client slots{named}{rule}{evicts}",
         config.page_size, config.capacity, config.clients
     );
     println!("pool        {}", pool_line(&segment, &layout));

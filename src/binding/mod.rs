@@ -293,7 +293,9 @@ pub fn fills_pool(request: &Request) -> bool {
         | Request::AllocPaired { .. }
         | Request::InsertPaired { .. }
         | Request::AllocStates { .. } => true,
-        Request::Namespaced { request, .. } | Request::Counted(request) => fills_pool(request),
+        Request::Namespaced { request, .. }
+        | Request::Counted(request)
+        | Request::Hinted { request, .. } => fills_pool(request),
         // Reads (a lock included: it keeps cached pages, it adds none),
         // what gives back, evictions, and what is not the pool's.
         Request::Free { .. }

@@ -6,8 +6,8 @@
 //! answers.
 
 use super::{inserted, unexpected, Client, ClientError, InsertResult, MatchResult};
-use crate::engine::{Handle, Peeked};
-use crate::op::{ErrorKind, Reply};
+use crate::engine::{Handle, InsertHints, Peeked};
+use crate::op::{ErrorKind, Reply, Request};
 use crate::wire::{self, Call};
 
 /// See [`Client::set_anchoring`].
@@ -166,6 +166,7 @@ impl Client {
         tokens: &[u32],
         pages: &[u32],
         lock: bool,
+        hints: InsertHints,
     ) -> Result<Option<InsertResult>, ClientError> {
         let Some(anchor) = self.last_match.take() else {
             return Ok(None);
@@ -184,12 +185,28 @@ impl Client {
                 room: half,
             });
         }
-        let call = Call::InsertAt {
-            anchor,
-            matched_pages: (len / p) as u32,
-            tokens: &tokens[len..],
-            pages,
-            lock,
+        let matched_pages = (len / p) as u32;
+        let hinted;
+        let call = if hints == InsertHints::default() {
+            Call::InsertAt {
+                anchor,
+                matched_pages,
+                tokens: &tokens[len..],
+                pages,
+                lock,
+            }
+        } else {
+            hinted = Request::Hinted {
+                hints,
+                request: Box::new(Request::InsertAt {
+                    anchor,
+                    matched_pages,
+                    tokens: tokens[len..].to_vec(),
+                    pages: pages.to_vec(),
+                    lock,
+                }),
+            };
+            Call::of(&hinted)
         };
         match self.call_anchored(call)? {
             None => Ok(None),

@@ -7,9 +7,9 @@ use super::{
     inserted, unexpected, Client, ClientError, InsertPaired, InsertResult, LockPaired, MatchResult,
 };
 use crate::engine::{
-    ComponentStats, Evicted, Handle, InsertExtra, InsertedExtra, MatchExtra, Stats,
+    ComponentStats, Evicted, Handle, InsertExtra, InsertHints, InsertedExtra, MatchExtra, Stats,
 };
-use crate::op::Reply;
+use crate::op::{Reply, Request};
 use crate::wire::Call;
 
 impl Client {
@@ -108,14 +108,40 @@ impl Client {
         pages: &[u32],
         lock: bool,
     ) -> Result<InsertResult, ClientError> {
+        self.insert_hinted(tokens, pages, lock, InsertHints::default())
+    }
+
+    /// [`Client::insert`] with what the daemon's eviction policy reads of
+    /// an insert (see [`crate::engine::Engine::insert_hinted`]): the
+    /// request's priority and the tokens it inserted before. With the
+    /// default hints, exactly `insert`; else the request carries them
+    /// ([`Request::Hinted`]), by anchor too.
+    pub fn insert_hinted(
+        &mut self,
+        tokens: &[u32],
+        pages: &[u32],
+        lock: bool,
+        hints: InsertHints,
+    ) -> Result<InsertResult, ClientError> {
         // A hybrid engine's anchored insert does what the full one does
         // (SWA tombstone recovery and pairing checks walk the same path).
         if self.anchoring.on {
-            if let Some(r) = self.insert_anchored(tokens, pages, lock)? {
+            if let Some(r) = self.insert_anchored(tokens, pages, lock, hints)? {
                 return Ok(r);
             }
         }
-        inserted(self.send(Call::Insert(tokens, pages, lock))?)
+        if hints == InsertHints::default() {
+            return inserted(self.send(Call::Insert(tokens, pages, lock))?);
+        }
+        let request = Request::Hinted {
+            hints,
+            request: Box::new(Request::Insert {
+                tokens: tokens.to_vec(),
+                pages: pages.to_vec(),
+                lock,
+            }),
+        };
+        inserted(self.send(Call::of(&request))?)
     }
 
     /// [`Client::insert`] with the extras of a hybrid engine (see

@@ -53,7 +53,7 @@ fn keeps_counts(call: &Call<'_>) -> bool {
         | Call::Validate
         | Call::Namespace(_)
         | Call::Store(_) => true,
-        Call::Namespaced(_, request) => keeps_counts(&Call::of(request)),
+        Call::Namespaced(_, request) | Call::Hinted(_, request) => keeps_counts(&Call::of(request)),
         _ => false,
     }
 }
@@ -61,6 +61,9 @@ fn keeps_counts(call: &Call<'_>) -> bool {
 /// Whether `call` changes the counts and can go counted (see
 /// [`Request::takes_count`]).
 fn goes_counted(call: &Call<'_>) -> bool {
+    if let Call::Hinted(_, request) = call {
+        return goes_counted(&Call::of(request));
+    }
     !keeps_counts(call)
         && !matches!(
             call,

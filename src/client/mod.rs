@@ -34,10 +34,10 @@ use std::time::{Duration, Instant};
 use radixd_ipc::sync::Ordering;
 use radixd_ipc::{ClaimError, LoadSensor, Offset, OpenError, Segment, INFO_OFFSET};
 
-use crate::engine::{Anchor, Components, Handle, Recency};
+use crate::engine::{Anchor, Components, Handle, Policy, Recency};
 use crate::op::{ErrorKind, Rejection, Reply, Request};
 use crate::shared::{
-    read_components, read_info, read_recency, Info, SharedLayout, PROTOCOL_VERSION,
+    read_components, read_info, read_policy, read_recency, Info, SharedLayout, PROTOCOL_VERSION,
 };
 
 use anchor::Anchoring;
@@ -103,6 +103,8 @@ pub struct Client {
     components: Components,
     /// What a split counts as a use of in the daemon's engine (from `Info`).
     recency: Recency,
+    /// The daemon's eviction policy (from `Info`).
+    policy: Policy,
     slot: u32,
     /// Generation of this client's claim: the high half of every `seq`, so
     /// the daemon drops records of another holder of the slot.
@@ -197,6 +199,7 @@ impl Client {
         let config = read_info(info).ok_or(ClientError::LayoutMismatch)?;
         let components = read_components(info).ok_or(ClientError::LayoutMismatch)?;
         let recency = read_recency(info).ok_or(ClientError::LayoutMismatch)?;
+        let policy = read_policy(info).ok_or(ClientError::LayoutMismatch)?;
         let layout = SharedLayout::new(config).map_err(|_| ClientError::LayoutMismatch)?;
         if layout.ipc.hash != segment.info().layout_hash || layout.ipc.total_size != segment.len() {
             return Err(ClientError::LayoutMismatch);
@@ -219,6 +222,7 @@ impl Client {
             layout,
             components,
             recency,
+            policy,
             slot: claim.index,
             generation: claim.generation,
             next: 0,
@@ -296,6 +300,13 @@ impl Client {
     /// (`radixd serve --recency`): SGLang's rule answers as SGLang's trees.
     pub fn recency(&self) -> Recency {
         self.recency
+    }
+
+    /// The daemon's eviction policy (`radixd serve --eviction-policy`,
+    /// with its parameters): a backend that answers as SGLang checks it is
+    /// the server's `--radix-eviction-policy`.
+    pub fn eviction_policy(&self) -> Policy {
+        self.policy
     }
 }
 
@@ -385,6 +396,27 @@ impl crate::op::Backend for Client {
                 handle: r.handle.map(Handle::to_raw),
                 locked: lock,
             }),
+            Request::Hinted { hints, request } if self.anchoring.on => match *request {
+                Request::Insert {
+                    tokens,
+                    pages,
+                    lock,
+                } => self
+                    .insert_hinted(&tokens, &pages, lock, hints)
+                    .map(|r| Reply::Inserted {
+                        cached: r.cached as u64,
+                        len: r.len as u64,
+                        handle: r.handle.map(Handle::to_raw),
+                        locked: lock,
+                    }),
+                request => Client::call(
+                    self,
+                    &Request::Hinted {
+                        hints,
+                        request: Box::new(request),
+                    },
+                ),
+            },
             Request::MatchWith { tokens, lock } if self.anchoring.on => self
                 .match_with(&tokens, lock)
                 .map(|(m, x)| Reply::MatchedWith {

@@ -279,6 +279,29 @@ impl Client {
         inserted(self.call(&request)?)
     }
 
+    /// [`Client::insert_hinted`] in namespace `ns`.
+    pub fn insert_hinted_in(
+        &mut self,
+        ns: &str,
+        tokens: &[u32],
+        pages: &[u32],
+        lock: bool,
+        hints: crate::engine::InsertHints,
+    ) -> Result<InsertResult, ClientError> {
+        let request = Request::Namespaced {
+            ns: ns.to_owned(),
+            request: Box::new(Request::Hinted {
+                hints,
+                request: Box::new(Request::Insert {
+                    tokens: tokens.to_vec(),
+                    pages: pages.to_vec(),
+                    lock,
+                }),
+            }),
+        };
+        inserted(self.call(&request)?)
+    }
+
     /// [`Client::session_commit`] in namespace `ns`.
     pub fn session_commit_in(
         &mut self,

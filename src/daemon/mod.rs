@@ -102,6 +102,9 @@ pub struct ServeConfig {
     pub components: Components,
     /// What a split counts as a use of (`--recency`; exact by default).
     pub recency: crate::engine::Recency,
+    /// Which unlocked leaf eviction takes first (`--eviction-policy`,
+    /// `--eviction-policy-config`; LRU by default).
+    pub policy: crate::engine::Policy,
     /// Bytes of the node-wide KV store (`--store SIZE`; `None`: no store).
     pub store: Option<u64>,
     /// Discard the store file a previous daemon left (`--store-reset`).
@@ -125,6 +128,7 @@ impl Default for ServeConfig {
             events: None,
             components: Components::full(),
             recency: crate::engine::Recency::default(),
+            policy: crate::engine::Policy::default(),
             store: None,
             store_reset: false,
         }
@@ -245,6 +249,9 @@ pub fn serve_reporting(
             .map_err(ServeError::Components)?;
     }
     engine.set_recency(config.recency);
+    if !config.policy.is_lru() {
+        engine.set_policy(config.policy);
+    }
     // SAFETY: this daemon created the segment and is its only collector;
     // `engine`, which owns the grace, is declared after `segment` and so
     // dropped before it.
@@ -273,6 +280,7 @@ pub fn serve_reporting(
     write_info(info, &seg_config);
     write_components(info, &engine.components());
     crate::shared::write_recency(info, engine.recency());
+    crate::shared::write_policy(info, engine.policy());
     publish_figures(live, &engine);
     // Release: publishes the configuration and the formatted engine; pairs
     // with the Acquire load of `ready` in `Client::connect`.

@@ -6,6 +6,7 @@
 
 use std::fmt::Write as _;
 
+use crate::engine::InsertHints;
 use crate::op::Request;
 
 /// Bytes of a name (group key, session id, namespace) a message quotes.
@@ -109,7 +110,15 @@ pub fn first_difference(ours: &Request, led: &Request, leader: u32) -> String {
             r => (counted, None, r),
         }
     }
+    // Hints sit inside a namespace (see `Request::Hinted`).
+    fn hints(r: &Request) -> (Option<InsertHints>, &Request) {
+        match r {
+            Request::Hinted { hints, request } => (Some(*hints), &**request),
+            r => (None, r),
+        }
+    }
     let ((counted, ns, ours), (led_counted, led_ns, led)) = (unwrap(ours), unwrap(led));
+    let ((hinted, ours), (led_hinted, led)) = (hints(ours), hints(led));
     if ns != led_ns {
         let shown = |ns: Option<&str>| ns.map_or_else(|| "none".to_owned(), clipped);
         return format!(
@@ -125,6 +134,17 @@ pub fn first_difference(ours: &Request, led: &Request, leader: u32) -> String {
             ours.name(),
             said(counted),
             said(led_counted)
+        );
+    }
+    if hinted != led_hinted {
+        let shown = |h: Option<InsertHints>| {
+            let h = h.unwrap_or_default();
+            format!("priority {}, inserted_len {}", h.priority, h.inserted_len)
+        };
+        return format!(
+            "the insert hints differ: {} here, {} at rank {leader}",
+            shown(hinted),
+            shown(led_hinted)
         );
     }
     if std::mem::discriminant(ours) != std::mem::discriminant(led) {
@@ -245,6 +265,12 @@ pub fn describe(request: &Request) -> String {
         Request::AllocStates { n } => format!("alloc_states of {n}"),
         Request::FreeStates { states } => format!("free_states of {} states", states.len()),
         Request::Counted(request) => format!("{}, counted", describe(request)),
+        Request::Hinted { hints, request } => format!(
+            "{} with priority {} and inserted_len {}",
+            describe(request),
+            hints.priority,
+            hints.inserted_len
+        ),
         other => other.name().to_owned(),
     }
 }

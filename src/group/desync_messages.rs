@@ -122,3 +122,32 @@ fn a_desync_fits_a_reply_window_whatever_the_names() {
     );
     assert!(err.message.ends_with("..."), "{err}");
 }
+
+#[test]
+fn differing_insert_hints_are_named() {
+    use crate::engine::InsertHints;
+    let insert = Request::Insert {
+        tokens: vec![1, 2],
+        pages: vec![3, 4],
+        lock: false,
+    };
+    let hinted = |priority, inserted_len| Request::Hinted {
+        hints: InsertHints {
+            priority,
+            inserted_len,
+        },
+        request: Box::new(insert.clone()),
+    };
+    assert_eq!(
+        first_difference(&hinted(2, 0), &hinted(1, 0), 3),
+        "the insert hints differ: priority 2, inserted_len 0 here, priority 1, inserted_len 0 at rank 3"
+    );
+    assert_eq!(
+        first_difference(&insert, &hinted(0, 4), 0),
+        "the insert hints differ: priority 0, inserted_len 0 here, priority 0, inserted_len 4 at rank 0"
+    );
+    assert_eq!(
+        describe(&hinted(-1, 2)),
+        "insert of 2 tokens [1, 2] with 2 pages with priority -1 and inserted_len 2"
+    );
+}

@@ -614,6 +614,7 @@ fn payload_words(request: &Request) -> usize {
         | Request::FreeStates { states: pages } => pages.len(),
         Request::Namespaced { ns, request } => ns.len() / 4 + 1 + payload_words(request),
         Request::Counted(request) => payload_words(request),
+        Request::Hinted { request, .. } => 4 + payload_words(request),
         _ => 0,
     }
 }

@@ -362,6 +362,37 @@ pub fn apply_with<R: Region>(
             freed?;
             Reply::Done
         }
+        Request::Hinted { hints, request } => match *request {
+            Request::Insert {
+                tokens,
+                pages,
+                lock,
+            } => {
+                let r = engine.insert_hinted(client, &tokens, &pages, lock, hints);
+                spare.keep(tokens);
+                spare.keep(pages);
+                inserted(r?, lock)
+            }
+            Request::InsertAt {
+                anchor,
+                matched_pages,
+                tokens,
+                pages,
+                lock,
+            } => {
+                let m = matched_pages as usize;
+                let r = engine.insert_at_hinted(client, &anchor, m, &tokens, &pages, lock, hints);
+                spare.keep(tokens);
+                spare.keep(pages);
+                inserted(r?, lock)
+            }
+            other => {
+                return Err(Rejection::new(
+                    ErrorKind::Malformed,
+                    format!("{} takes no insert hints", other.name()),
+                ))
+            }
+        },
         Request::Counted(request) => {
             if !request.takes_count() {
                 return Err(Rejection::new(

@@ -15,7 +15,7 @@ pub use store::{
 };
 
 use crate::engine::{
-    Anchor, ClientId, ComponentStats, Components, Engine, FreeCounts, Region, Stats,
+    Anchor, ClientId, ComponentStats, Components, Engine, FreeCounts, InsertHints, Region, Stats,
 };
 
 /// A rank's `join`: the group's key (the same for every rank of one server,
@@ -216,6 +216,15 @@ pub enum Request {
     /// keeps them from the answers that change them need not ask `stats`
     /// before each allocation.
     Counted(Box<Request>),
+    /// `request` (an `insert` or its anchored form: see
+    /// [`Request::takes_hints`]) with what the eviction policy reads of it
+    /// ([`InsertHints`]: SGLang's `InsertParams.priority` and
+    /// `inserted_len`; [`Engine::insert_hinted`]). Answers what `request`
+    /// answers. Inside a `Namespaced`, outside nothing but `Counted`.
+    Hinted {
+        hints: InsertHints,
+        request: Box<Request>,
+    },
 }
 
 /// The answer to a successful request.
@@ -424,7 +433,7 @@ impl Request {
             Self::InsertPaired { .. } => "insert_paired",
             Self::AllocStates { .. } => "alloc_states",
             Self::FreeStates { .. } => "free_states",
-            Self::Counted(request) => request.name(),
+            Self::Counted(request) | Self::Hinted { request, .. } => request.name(),
         }
     }
 
@@ -434,7 +443,9 @@ impl Request {
             Self::SessionCommit { session, .. }
             | Self::SessionRelease { session }
             | Self::SessionStatus { session } => Some(session),
-            Self::Namespaced { request, .. } | Self::Counted(request) => request.session(),
+            Self::Namespaced { request, .. }
+            | Self::Counted(request)
+            | Self::Hinted { request, .. } => request.session(),
             _ => None,
         }
     }
@@ -442,16 +453,25 @@ impl Request {
     /// Whether the request walks from the root and so can be in a
     /// namespace (`Namespaced` wraps only these).
     pub fn takes_namespace(&self) -> bool {
-        matches!(
-            self,
-            Self::Match { .. }
-                | Self::Insert { .. }
-                | Self::MatchWith { .. }
-                | Self::InsertWith { .. }
-                | Self::InsertPaired { .. }
-                | Self::SessionCommit { .. }
-                | Self::Walk { .. }
-        )
+        match self {
+            Self::Hinted { request, .. } => request.takes_namespace(),
+            _ => matches!(
+                self,
+                Self::Match { .. }
+                    | Self::Insert { .. }
+                    | Self::MatchWith { .. }
+                    | Self::InsertWith { .. }
+                    | Self::InsertPaired { .. }
+                    | Self::SessionCommit { .. }
+                    | Self::Walk { .. }
+            ),
+        }
+    }
+
+    /// Whether the request can be [`Request::Hinted`]: an `insert`, or
+    /// its anchored form.
+    pub fn takes_hints(&self) -> bool {
+        matches!(self, Self::Insert { .. } | Self::InsertAt { .. })
     }
 
     /// Whether the request can be [`Request::Counted`]: every one the
@@ -459,6 +479,9 @@ impl Request {
     /// (internal to a reader), `reset` and `validate`, and what is not the
     /// engine's (`bind`, `join`, the store, namespace ids).
     pub fn takes_count(&self) -> bool {
+        if let Self::Hinted { request, .. } = self {
+            return request.takes_count();
+        }
         !matches!(
             self,
             Self::Counted(_)

@@ -4,10 +4,10 @@
 //! answer needs.
 
 use super::payload::{AnchorWords, EncodedRequest};
-use super::record::{opcode, WireRequest, FLAG_LOCK, FLAG_NS, FREE_BYTES};
+use super::record::{opcode, WireRequest, FLAG_HINTS, FLAG_LOCK, FLAG_NS, FREE_BYTES};
 use super::record::{STATS_BYTES, STATS_WITH_BYTES};
 use super::{store, MAX_ERROR_MESSAGE, MIN_REPLY_WINDOW};
-use crate::engine::{Anchor, Handle};
+use crate::engine::{Anchor, Handle, InsertHints};
 use crate::group::Join;
 use crate::op::{Request, StoreRequest};
 
@@ -105,6 +105,9 @@ pub enum Call<'a> {
     FreeStates(&'a [u32]),
     /// See [`Request::Counted`]: the request's own encoding, flagged.
     Counted(&'a Request),
+    /// See [`Request::Hinted`]: the insert's own encoding, flagged, the
+    /// hints after its payload.
+    Hinted(InsertHints, &'a Request),
 }
 
 impl<'a> Call<'a> {
@@ -210,6 +213,7 @@ impl<'a> Call<'a> {
             Request::AllocStates { n } => Self::AllocStates(*n),
             Request::FreeStates { states } => Self::FreeStates(states),
             Request::Counted(request) => Self::Counted(request),
+            Request::Hinted { hints, request } => Self::Hinted(*hints, request),
         }
     }
 
@@ -227,7 +231,9 @@ impl<'a> Call<'a> {
             Self::StatsWith => STATS_WITH_BYTES,
             Self::SwaPages(pages) => pages.len() * 4,
             Self::Store(r) => store::reply_need(r),
-            Self::Namespaced(_, request) => Call::of(request).reply_need(page_size, capacity),
+            Self::Namespaced(_, request) | Self::Hinted(_, request) => {
+                Call::of(request).reply_need(page_size, capacity)
+            }
             // The pages and their SWA peers.
             Self::AllocPaired(n) => (*n).min(u64::from(capacity)) as usize * 8,
             Self::LockPaired(_, pages) => pages.len() * 4,
@@ -253,6 +259,19 @@ impl<'a> Call<'a> {
         }
         if let Self::Counted(request) = self {
             return Call::of(request).encode(page_size, capacity).counted();
+        }
+        if let Self::Hinted(hints, request) = self {
+            // The insert's own encoding, the hints after its payload. What
+            // takes none the daemon's decoder refuses, never misreads.
+            let mut e = Call::of(request).encode(page_size, capacity);
+            e.record.flags |= FLAG_HINTS;
+            let words = [split64(hints.priority as u64), split64(hints.inserted_len)];
+            e.bytes.reserve(super::record::HINTS_BYTES);
+            for w in words.iter().flatten() {
+                e.bytes.extend_from_slice(&w.to_ne_bytes());
+            }
+            e.record.payload_len = e.payload_len() as u32;
+            return e;
         }
         if let Self::Namespaced(ns, request) = self {
             // The request's own encoding, the name after its payload. A
@@ -343,7 +362,7 @@ impl<'a> Call<'a> {
                 j.group.as_str(),
             ),
             // Handled above.
-            Self::Namespaced(..) | Self::Counted(_) => (0, 0, 0, none, none, ""),
+            Self::Namespaced(..) | Self::Counted(_) | Self::Hinted(..) => (0, 0, 0, none, none, ""),
         };
         let mut e = EncodedRequest {
             record: WireRequest {

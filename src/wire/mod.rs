@@ -72,6 +72,8 @@ fn malformed(message: impl Into<String>) -> Rejection {
 }
 
 #[cfg(test)]
+mod hint_tests;
+#[cfg(test)]
 mod step_tests;
 #[cfg(test)]
 mod tests;

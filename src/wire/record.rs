@@ -99,6 +99,15 @@ pub(super) const FLAG_NS: u32 = 16;
 /// [`FREE_BYTES`], after the answer's own.
 pub(super) const FLAG_COUNTED: u32 = 32;
 
+/// `flags` bit of a request: an insert's hints for the eviction policy
+/// (`Request::Hinted`) are the last [`HINTS_BYTES`] of its payload, after
+/// everything the insert itself carries (and before a namespace's name):
+/// the priority and `inserted_len`, two words of 8 each, low word first.
+pub(super) const FLAG_HINTS: u32 = 64;
+
+/// Bytes of an insert's hints on the wire.
+pub(super) const HINTS_BYTES: usize = 16;
+
 /// Bytes of the free counts a counted reply carries (three words of 8).
 pub(super) const FREE_BYTES: usize = 24;
 

@@ -4,10 +4,11 @@
 //! because this is the code a hostile client aims at.
 
 use super::payload::{Payload, Prefix};
-use super::record::{opcode, WireRequest, FLAG_COUNTED, FLAG_LOCK, FLAG_NS};
+use super::record::HINTS_BYTES;
+use super::record::{opcode, WireRequest, FLAG_COUNTED, FLAG_HINTS, FLAG_LOCK, FLAG_NS};
 use super::MAX_POOL_IDENTITY;
 use super::{malformed, store};
-use crate::engine::{Anchor, Handle};
+use crate::engine::{Anchor, Handle, InsertHints};
 use crate::group::{Join, MAX_GROUP_KEY};
 use crate::op::{check_session_id, check_session_len, ErrorKind, Rejection, Request, Spare};
 
@@ -27,7 +28,50 @@ pub fn decode_request<P: Payload + ?Sized>(
     if r.flags & FLAG_NS != 0 {
         return decode_namespaced(r, payload, spare);
     }
-    decode_op(r, payload, spare)
+    decode_hinted_or_op(r, payload, spare)
+}
+
+/// [`decode_request`] of a record without [`FLAG_COUNTED`] or [`FLAG_NS`]:
+/// the insert's hints off the payload's end under [`FLAG_HINTS`], then the
+/// op.
+fn decode_hinted_or_op<P: Payload + ?Sized>(
+    r: &WireRequest,
+    payload: &P,
+    spare: &mut Spare,
+) -> Result<Request, Rejection> {
+    if r.flags & FLAG_HINTS == 0 {
+        return decode_op(r, payload, spare);
+    }
+    let len = payload.len();
+    if len != r.payload_len as usize || len < HINTS_BYTES {
+        return Err(malformed("insert hints outside the payload"));
+    }
+    let at = len - HINTS_BYTES;
+    let mut words = spare.list();
+    let read = payload.words(at, HINTS_BYTES / 4, &mut words);
+    let w = |i: usize| u64::from(words.get(i).copied().unwrap_or(0));
+    let hints = InsertHints {
+        priority: (w(0) | w(1) << 32) as i64,
+        inserted_len: w(2) | w(3) << 32,
+    };
+    spare.keep(words);
+    read?;
+    let inner = WireRequest {
+        flags: r.flags & !FLAG_HINTS,
+        payload_len: at as u32,
+        ..*r
+    };
+    let request = decode_op(&inner, &Prefix { payload, len: at }, spare)?;
+    if !request.takes_hints() {
+        return Err(malformed(format!(
+            "{} takes no insert hints",
+            request.name()
+        )));
+    }
+    Ok(Request::Hinted {
+        hints,
+        request: Box::new(request),
+    })
 }
 
 /// A request with [`FLAG_COUNTED`]: the request as if it had none (a
@@ -427,7 +471,7 @@ fn decode_namespaced<P: Payload + ?Sized>(
         payload_len: at as u32,
         ..*r
     };
-    let request = decode_op(&inner, &Prefix { payload, len: at }, spare)?;
+    let request = decode_hinted_or_op(&inner, &Prefix { payload, len: at }, spare)?;
     if !request.takes_namespace() {
         return Err(malformed(
             "only match, insert and session_commit take a namespace",

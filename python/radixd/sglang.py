@@ -63,8 +63,11 @@ from .sglang_base import (
     RadixdAllocatorMixin,
     _pages_tensor,
     _token_ids,
+    check_eviction_policy,
     check_recency,
+    eviction_policy,
     install_allocator,
+    policy_flags,
 )
 
 logger = logging.getLogger(__name__)
@@ -72,6 +75,8 @@ logger = logging.getLogger(__name__)
 BACKEND_NAME = "radixd"
 
 _EMPTY_PAGES = array("I")
+
+_INT64_MAX = (1 << 63) - 1
 
 
 class RadixdNode:
@@ -150,6 +155,11 @@ class RadixdPrefixCache(BasePrefixCache):
         if backend is None:
             raise TypeError("RadixdPrefixCache(params, backend): backend is a radixd.Client or radixd.Engine")
         self.backend = backend
+        # Under a policy other than LRU every insert carries the request's
+        # priority and what it inserted before (the policy's keys read
+        # them), and a checkpoint re-inserts the prompt as SGLang's does;
+        # LRU reads neither, and its inserts stay as they were.
+        self._hinted = getattr(backend, "eviction_policy", "lru") != "lru"
         self.disable = params.disable
         self.req_to_token_pool = params.req_to_token_pool
         self.page_size = params.page_size
@@ -249,13 +259,22 @@ class RadixdPrefixCache(BasePrefixCache):
         if n == 0:
             return InsertResult(prefix_len=0)
         value = params.value
+        hints = self._hints(params.priority, params.inserted_len)
         if value is None:
-            return self._insert_allocating(tokens[:n], ns)
+            return self._insert_allocating(tokens[:n], ns, hints)
         pages = self._value_pages(value, n)
-        r = self.backend.insert(tokens[:n], pages, ns=ns)
+        r = self.backend.insert(tokens[:n], pages, ns=ns, **hints)
         return InsertResult(prefix_len=r.cached, total_len=r.len)
 
-    def _insert_allocating(self, tokens: Any, ns: Optional[str]) -> InsertResult:
+    def _hints(self, priority: Optional[int], inserted_len: int) -> dict:
+        """An insert's keywords for the eviction policy (SGLang's
+        ``InsertParams.priority`` and ``inserted_len``): none under LRU."""
+        if not self._hinted:
+            return {}
+        p = int(priority or 0)
+        return {"priority": max(min(p, _INT64_MAX), -_INT64_MAX - 1), "inserted_len": max(int(inserted_len or 0), 0)}
+
+    def _insert_allocating(self, tokens: Any, ns: Optional[str], hints: dict) -> InsertResult:
         """``insert`` without a value (``RadixCache`` then uses the token ids
         as values, for tests): pages for the uncached part come from radixd,
         the cached prefix locked meanwhile so allocating cannot evict it."""
@@ -265,7 +284,7 @@ class RadixdPrefixCache(BasePrefixCache):
             need = len(tokens) // self.page_size - len(pages)
             if need > 0:
                 pages.extend(self.backend.alloc(need))
-            r = self.backend.insert(tokens, pages, ns=ns)
+            r = self.backend.insert(tokens, pages, ns=ns, **hints)
         finally:
             if m.handle is not None:
                 self.backend.unlock(m.handle)
@@ -289,8 +308,12 @@ class RadixdPrefixCache(BasePrefixCache):
         insert, so the free of ``[cache_protected_len, prefix_len)`` that
         ``RadixCache`` does here is radixd's already. ``RadixCache``'s extra
         insert at the prompt boundary (``split_prompt``, which only changes
-        topology) is not needed: radixd evicts leaves page by page from the
-        end, so output pages go before the prompt's anyway."""
+        topology) is not needed under LRU: radixd evicts leaves page by page
+        from the end, so output pages go before the prompt's anyway. Under
+        another policy it is made, after the match (its pages are then the
+        tree's), with the request's priority plus one, as ``RadixCache``
+        makes it: the prompt's part of the path then outranks the output's
+        and is a node of its own."""
         if self.disable:
             return
         kv = req.kv
@@ -298,13 +321,22 @@ class RadixdPrefixCache(BasePrefixCache):
         ns = _ns(req)
         ps = self.page_size
         n = len(token_ids) // ps * ps
+        inserted_before = kv.cache_inserted_len
         kv.cache_inserted_len = max(kv.cache_inserted_len, n)
         if n == 0:
             return
         row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
         tokens = token_ids[:n]
-        r = self.backend.insert(tokens, self._value_pages(row[:n], n), lock=True, ns=ns)
+        priority = getattr(req, "priority", None) or 0
+        hints = self._hints(priority, inserted_before)
+        r = self.backend.insert(tokens, self._value_pages(row[:n], n), lock=True, ns=ns, **hints)
         m = self.backend.match_prefix(tokens, ns=ns)
+        if self._hinted:
+            prompt = len(req.origin_input_ids) // ps * ps
+            if 0 < prompt < n:
+                self.backend.insert(
+                    tokens[:prompt], m.pages[: prompt // ps], ns=ns, **self._hints(priority + 1, prompt)
+                )
         node = RadixdNode(m.handle, m.len, m.pages, tokens, ns)
         new_indices = self.path_device_indices(node)
         start = kv.cache_protected_len
@@ -418,7 +450,6 @@ def _refuse(option: str, why: str) -> None:
     raise ValueError(f"--radix-cache-backend radixd does not support {option}: {why}")
 
 
-
 def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
     """SGLang's ``RadixCacheFactory`` for ``--radix-cache-backend radixd``:
     refuses what radixd does not support, connects to the daemon named by
@@ -434,8 +465,18 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
         _refuse("EAGLE speculative decoding (--speculative-algorithm)", "its bigram keys are not radixd's")
     if getattr(params, "enable_session_radix_cache", False):
         _refuse("--enable-session-radix-cache", "radixd keeps no per-session trees")
-    if params.eviction_policy.lower() != "lru":
-        _refuse(f"--radix-eviction-policy {params.eviction_policy}", "radixd evicts LRU")
+    policy, policy_config = eviction_policy(params)
+    if policy == "tlru":
+        _refuse(
+            "--radix-eviction-policy tlru",
+            "SGLang's create_tree_cache takes tlru only from a UnifiedRadixCache, which this backend is not "
+            "(radixd's engine evicts by T-LRU: `radixd serve --eviction-policy tlru`, radixd.Engine)",
+        )
+    if policy != "lru" and (ctx.is_hybrid_swa or ctx.is_hybrid_ssm):
+        _refuse(
+            f"--radix-eviction-policy {policy} with a hybrid model",
+            "radixd's hybrid backend evicts by LRU only, as its twins against UnifiedRadixCache check",
+        )
     if params.enable_kv_cache_events:
         _refuse("--kv-events-config", "the daemon publishes KV events itself: radixd serve --kv-events ENDPOINT")
     if getattr(params, "pp_size", 1) > 1:
@@ -472,7 +513,8 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
         num_pages = params.token_to_kv_pool_allocator.size // params.page_size
         raise RuntimeError(
             f"--radix-cache-backend radixd: no radixd daemon named {name!r} ({e}). Start one first: "
-            f"`radixd serve --name {name} --page-size {params.page_size} --capacity {num_pages} {RECENCY_FLAG}`, "
+            f"`radixd serve --name {name} --page-size {params.page_size} --capacity {num_pages} {RECENCY_FLAG}"
+            f"{policy_flags(policy, policy_config)}`, "
             "or set RADIXD_NAME to the name of the running one"
         ) from e
     if client.components != "full":
@@ -481,9 +523,14 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
             f"a daemon started with --components {client.components}",
             "this model is full-attention only: its matches must not be cut back by a second component",
         )
+    try:
+        check_eviction_policy(client, name, policy, policy_config)
+    except BaseException:
+        client.close()
+        raise
     logger.info(
-        "radixd: connected to %r (page size %d, %d pages, recency %s), its pool bound to %s%s",
-        name, client.page_size, client.capacity, client.recency, client.pool,
+        "radixd: connected to %r (page size %d, %d pages, recency %s, eviction policy %s), its pool bound to %s%s",
+        name, client.page_size, client.capacity, client.recency, client.eviction_policy, client.pool,
         "" if group is None else f", rank {group.rank} of {group.size} of group {group.key}",
     )
     check_recency(client, name)

@@ -1,7 +1,8 @@
 """What both SGLang backends build on (:mod:`radixd.sglang` for
 full-attention models, :mod:`radixd.sglang_hybrid` for SWA and Mamba ones):
 the tokens of SGLang's keys, the token-to-KV allocator that takes its slots
-from radixd's pool, and the recency check every factory makes. Both import
+from radixd's pool, and the recency and eviction-policy checks every
+factory makes. Both import
 it; it imports neither, so the two backends stand in one direction
 (``sglang`` may dispatch to ``sglang_hybrid``, never the other way back).
 
@@ -11,6 +12,7 @@ SGLang page ``p + 1``.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Optional
 
@@ -232,10 +234,63 @@ def check_recency(client: Any, name: str) -> bool:
     return False
 
 
+def eviction_policy(params: Any) -> tuple:
+    """The server's ``--radix-eviction-policy`` and its
+    ``--radix-eviction-policy-config`` with SGLang's defaults filled in:
+    ``(name, {parameter: int})``. The config goes through SGLang's own
+    ``get_eviction_strategy`` first, so what SGLang refuses at start-up (an
+    unknown policy, a key the policy does not take) is refused here alike."""
+    from sglang.srt.mem_cache.utils import get_eviction_strategy
+
+    policy = str(getattr(params, "eviction_policy", "lru") or "lru").lower()
+    config = dict(getattr(params, "eviction_policy_config", None) or {})
+    strategy = get_eviction_strategy(policy, config)
+    full = {k: getattr(strategy, k) for k in POLICY_PARAMETERS.get(policy, ())}
+    return policy, full
+
+
+#: The parameters each policy takes, as ``radixd serve
+#: --eviction-policy-config`` and SGLang's strategies name them.
+POLICY_PARAMETERS = {"tlru": ("threshold", "next_prompt_estimate"), "slru": ("protected_threshold",)}
+
+
+def policy_flags(policy: str, config: dict) -> str:
+    """The ``radixd serve`` flags of ``policy`` with ``config`` (nothing for
+    LRU, the daemon's default)."""
+    if policy == "lru":
+        return ""
+    flags = f" --eviction-policy {policy}"
+    if config:
+        flags += f" --eviction-policy-config '{json.dumps(config, separators=(', ', ': '))}'"
+    return flags
+
+
+def check_eviction_policy(client: Any, name: str, policy: str, config: dict) -> None:
+    """Refuses a daemon whose eviction policy (``radixd serve
+    --eviction-policy``, with its parameters) is not the server's
+    ``--radix-eviction-policy`` (with ``--radix-eviction-policy-config``):
+    its victims would not be SGLang's. The message names both."""
+    theirs = client.eviction_policy
+    their_config = dict(client.eviction_policy_config)
+    if (theirs, their_config) == (policy, config):
+        return
+    ours = policy + (f" {config}" if config else "")
+    daemon = theirs + (f" {their_config}" if their_config else "")
+    raise ValueError(
+        f"--radix-cache-backend radixd: daemon {name!r} evicts by --eviction-policy {daemon}, this server by "
+        f"--radix-eviction-policy {ours}: its victims would not be SGLang's. Restart the daemon with"
+        f"{policy_flags(policy, config) or ' --eviction-policy lru'}, or start the server with the daemon's policy"
+    )
+
+
 __all__ = [
     "RadixdAllocatorMixin",
     "install_allocator",
     "check_recency",
+    "check_eviction_policy",
+    "eviction_policy",
+    "policy_flags",
+    "POLICY_PARAMETERS",
     "SGLANG_RECENCY",
     "RECENCY_FLAG",
 ]

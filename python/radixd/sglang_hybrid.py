@@ -68,7 +68,7 @@ from sglang.srt.utils import get_num_new_pages
 
 import radixd
 
-from .sglang_base import RECENCY_FLAG, _token_ids, check_recency, install_allocator
+from .sglang_base import RECENCY_FLAG, _token_ids, check_eviction_policy, check_recency, install_allocator
 
 
 def _ns(key: Any) -> Optional[str]:
@@ -932,6 +932,9 @@ def hybrid_cache_factory(ctx: Any, name: str, pool: Optional[dict] = None, group
             f"`{_serve_line(name, params, is_swa)}`, or set RADIXD_NAME to the name of the running one"
         ) from e
     try:
+        # The backend evicts by LRU only (the factory refuses other policies
+        # for hybrid models): a daemon on another policy is refused.
+        check_eviction_policy(client, name, "lru", {})
         check_daemon(client, name, params, is_swa)
     except ValueError:
         client.close()

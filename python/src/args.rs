@@ -1,16 +1,18 @@
 //! Python arguments made into what a request takes: counts (a negative or
 //! too large int is a `ValueError`, anything else a `TypeError`, before
 //! anything is sent), state slots, pool identities, namespaces, ordering
-//! policies, and the `_lock_delta` batch.
+//! policies, eviction policies and an insert's hints, and the
+//! `_lock_delta` batch.
 //!
 //! Apart because `Client` and `Engine` read their arguments alike, through
 //! these and `input` (tokens and pages).
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyInt, PyMapping};
+use pyo3::types::{PyDict, PyInt, PyMapping};
 
 use radixd::binding::{IdentityError, PoolIdentity};
+use radixd::engine::{InsertHints, Policy as EvictionPolicy};
 use radixd::op::Request;
 use radixd::order::{order_matched, Policy};
 
@@ -114,5 +116,60 @@ pub(crate) fn in_namespace(ns: Option<String>, request: Request) -> Request {
             request: Box::new(request),
         },
         None => request,
+    }
+}
+
+/// The eviction policy `name` with `config`, SGLang's
+/// `--radix-eviction-policy` and `--radix-eviction-policy-config` (a
+/// mapping of parameter names to ints; `None`: SGLang's defaults).
+pub(crate) fn eviction_policy(
+    name: &str,
+    config: Option<&Bound<'_, PyAny>>,
+) -> PyResult<EvictionPolicy> {
+    let mut params: Vec<(String, i64)> = Vec::new();
+    if let Some(config) = config.filter(|c| !c.is_none()) {
+        let map = config.downcast::<PyMapping>().map_err(|_| {
+            PyTypeError::new_err("eviction_policy_config must be a mapping of names to ints")
+        })?;
+        for item in map.items()?.iter() {
+            let (key, value): (String, Bound<'_, PyAny>) = item.extract()?;
+            let v = value.extract::<i64>().map_err(|_| {
+                PyValueError::new_err(format!(
+                    "eviction_policy_config: {key} must be an int, not {value}"
+                ))
+            })?;
+            params.push((key, v));
+        }
+    }
+    let params: Vec<(&str, i64)> = params.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    EvictionPolicy::with_parameters(name, &params).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// `policy`'s parameters as SGLang's config spells them (empty for a
+/// policy that takes none).
+pub(crate) fn eviction_policy_config(
+    py: Python<'_>,
+    policy: EvictionPolicy,
+) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in policy.parameters() {
+        d.set_item(k, v)?;
+    }
+    Ok(d)
+}
+
+/// An insert's hints for the eviction policy (`priority`, `inserted_len`)
+/// around `request`, when they are not the default.
+pub(crate) fn hinted(priority: i64, inserted_len: u64, request: Request) -> Request {
+    let hints = InsertHints {
+        priority,
+        inserted_len,
+    };
+    if hints == InsertHints::default() {
+        return request;
+    }
+    Request::Hinted {
+        hints,
+        request: Box::new(request),
     }
 }

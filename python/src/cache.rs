@@ -43,8 +43,11 @@ macro_rules! cache_methods {
             /// `alloc_state` to checkpoint at the key's end (the tree takes
             /// it); `swa_evicted`: leading tokens whose SWA pages
             /// `free_swa` freed (page-aligned). `ns`: the namespace, as
-            /// `match_prefix`'s.
-            #[pyo3(signature = (tokens, pages, lock = false, mamba_state = None, swa_evicted = None, ns = None))]
+            /// `match_prefix`'s. `priority` and `inserted_len`: what the
+            /// eviction policy reads of the insert (SGLang's
+            /// `InsertParams.priority`, and the tokens of the key this
+            /// request inserted before), a full-attention insert's only.
+            #[pyo3(signature = (tokens, pages, lock = false, mamba_state = None, swa_evicted = None, ns = None, priority = 0, inserted_len = 0))]
             #[allow(clippy::too_many_arguments)]
             fn insert(
                 &self,
@@ -55,15 +58,22 @@ macro_rules! cache_methods {
                 mamba_state: Option<&Bound<'_, PyAny>>,
                 swa_evicted: Option<&Bound<'_, PyAny>>,
                 ns: Option<String>,
+                priority: i64,
+                inserted_len: u64,
             ) -> PyResult<InsertResult> {
                 let mamba_state = state_arg(mamba_state)?;
                 let swa_evicted = opt_count(swa_evicted, "swa_evicted")?;
                 // Without extras an insert is the plain one on any engine
                 // (and a client's may go by anchor).
                 let plain = mamba_state.is_none() && swa_evicted == 0;
+                if !plain && (priority, inserted_len) != (0, 0) {
+                    return Err(PyValueError::new_err(
+                        "priority and inserted_len take an insert without mamba_state or swa_evicted",
+                    ));
+                }
                 insert_like(tokens, pages, |tokens, pages| {
                     let request = if plain {
-                        Request::Insert { tokens, pages, lock }
+                        hinted(priority, inserted_len, Request::Insert { tokens, pages, lock })
                     } else {
                         Request::InsertWith {
                             tokens,

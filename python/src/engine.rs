@@ -12,9 +12,13 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use radixd::engine::{Components, Config, Engine as RustEngine, HeapRegion, Recency};
+use radixd::engine::Policy as EvictionPolicy;
 use radixd::op::{apply, Backend, Local, Reply, Request};
 
-use crate::args::{count, in_namespace, lock_delta_batch, opt_count, order, policy, state_arg};
+use crate::args::{
+    count, eviction_policy, eviction_policy_config, hinted, in_namespace, lock_delta_batch,
+    opt_count, order, policy, state_arg,
+};
 use crate::cache::cache_methods;
 use crate::errors::{guard, rejected};
 use crate::input;
@@ -48,9 +52,12 @@ cache_methods! {
         /// flags of `radixd exec` (`components` is `"full"`, `"full,swa"`
         /// or `"full,mamba"`; `swa_capacity` defaults to `capacity`;
         /// `recency="sglang"` makes a split a use of both halves, as
-        /// SGLang's tree does).
+        /// SGLang's tree does; `eviction_policy` and
+        /// `eviction_policy_config` are `radixd serve`'s
+        /// `--eviction-policy` and `--eviction-policy-config`, SGLang's
+        /// names and parameters as a mapping).
         #[new]
-        #[pyo3(signature = (page_size, capacity, components = "full", swa_window = None, swa_capacity = None, mamba_capacity = None, recency = "exact"))]
+        #[pyo3(signature = (page_size, capacity, components = "full", swa_window = None, swa_capacity = None, mamba_capacity = None, recency = "exact", eviction_policy = "lru", eviction_policy_config = None))]
         #[allow(clippy::too_many_arguments)] // the flags of `radixd exec`, by keyword
         fn new(
             page_size: u32,
@@ -60,6 +67,8 @@ cache_methods! {
             swa_capacity: Option<u32>,
             mamba_capacity: Option<u32>,
             recency: &str,
+            eviction_policy: &str,
+            eviction_policy_config: Option<&Bound<'_, PyAny>>,
         ) -> PyResult<Self> {
             let config = Config {
                 page_size,
@@ -70,8 +79,12 @@ cache_methods! {
                 Components::parse(components, swa_window, swa_capacity, mamba_capacity, capacity)
                     .map_err(|e| bad(&e))?;
             let recency: Recency = recency.parse().map_err(|e| bad(&e))?;
+            let policy = self::eviction_policy(eviction_policy, eviction_policy_config)?;
             let mut engine = RustEngine::with_components(config, comps).map_err(|e| bad(&e))?;
             engine.set_recency(recency);
+            if !policy.is_lru() {
+                engine.set_policy(policy);
+            }
             Ok(Self {
                 inner: Mutex::new(Local {
                     engine,
@@ -115,6 +128,20 @@ cache_methods! {
         #[getter]
         fn recency(&self) -> PyResult<&'static str> {
             Ok(guard(&self.inner)?.engine.recency().name())
+        }
+
+        /// The eviction policy's name, as `Client.eviction_policy`.
+        #[getter]
+        fn eviction_policy(&self) -> PyResult<&'static str> {
+            Ok(guard(&self.inner)?.engine.policy().name())
+        }
+
+        /// The eviction policy's parameters, as
+        /// `Client.eviction_policy_config`.
+        #[getter]
+        fn eviction_policy_config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            let policy: EvictionPolicy = guard(&self.inner)?.engine.policy();
+            eviction_policy_config(py, policy)
         }
 
         /// As `Client.order`, from the engine's own tree.

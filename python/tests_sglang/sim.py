@@ -37,15 +37,30 @@ def publish_runtime() -> None:
     runtime_context.publish(ServerArgs(model_path="dummy", radix_cache_backend="radixd"), role="scheduler")
 
 
-def params(page_size: int, pages: int, rows: int = 64, context: int = MAX_CONTEXT) -> CacheInitParams:
+def params(
+    page_size: int,
+    pages: int,
+    rows: int = 64,
+    context: int = MAX_CONTEXT,
+    eviction_policy: str = "lru",
+    eviction_policy_config: Optional[dict] = None,
+) -> CacheInitParams:
     """SGLang's pools for one scheduler: ``pages`` KV pages, ``rows`` request
-    rows of ``context`` tokens."""
+    rows of ``context`` tokens; the server's ``--radix-eviction-policy`` and
+    its config."""
     pool = ReqToTokenPool(rows, context, "cpu", False)
     if page_size == 1:
         alloc = TokenToKVPoolAllocator(pages, torch.float16, "cpu", None, False)
     else:
         alloc = PagedTokenToKVPoolAllocator(pages * page_size, page_size, torch.float16, "cpu", None, False)
-    return CacheInitParams(disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=alloc, page_size=page_size)
+    return CacheInitParams(
+        disable=False,
+        req_to_token_pool=pool,
+        token_to_kv_pool_allocator=alloc,
+        page_size=page_size,
+        eviction_policy=eviction_policy,
+        eviction_policy_config=eviction_policy_config,
+    )
 
 
 def build_context(p: CacheInitParams) -> TreeCacheBuildContext:
@@ -94,11 +109,18 @@ class Sim:
 
     # ----- what the scheduler does -----
 
-    def arrive(self, rid: str, tokens: array, space: tuple = (None, None)) -> int:
-        """``space``: the request's ``(extra_key, cache_salt)``."""
+    def arrive(self, rid: str, tokens: array, space: tuple = (None, None), priority: Optional[int] = None) -> int:
+        """``space``: the request's ``(extra_key, cache_salt)``; ``priority``:
+        its priority (SGLang's ``--enable-priority-scheduling`` sets it)."""
         extra_key, cache_salt = space
         req = Req(
-            rid, "", array("q", tokens), SamplingParams(max_new_tokens=64), extra_key=extra_key, cache_salt=cache_salt
+            rid,
+            "",
+            array("q", tokens),
+            SamplingParams(max_new_tokens=64),
+            extra_key=extra_key,
+            cache_salt=cache_salt,
+            priority=priority,
         )
         req.refresh_fill_ids()
         match_kv_cache(req, self.cache)
@@ -200,7 +222,16 @@ class Twin:
     random operations; every answer is compared (``ops`` counts them)."""
 
     def __init__(
-        self, page_size: int, pages: int, backend_cache: Any, seed: int, lru: bool = False, spaces: Optional[list] = None
+        self,
+        page_size: int,
+        pages: int,
+        backend_cache: Any,
+        seed: int,
+        lru: bool = False,
+        spaces: Optional[list] = None,
+        eviction_policy: str = "lru",
+        eviction_policy_config: Optional[dict] = None,
+        priorities: Optional[list] = None,
     ):
         # lru: evictions free part of the evictable tokens, so the two
         # caches must agree on which leaves are least recently used; else
@@ -209,11 +240,14 @@ class Twin:
         # The (extra_key, cache_salt) pairs requests come in (LoRA
         # adapters, tenants): each arrival and match picks one.
         self.spaces = spaces or [(None, None)]
+        # The priorities requests come with (None: SGLang's default).
+        self.priorities = priorities or [None]
         self.rng = random.Random(seed)
         self.ps = page_size
-        pa = params(page_size, pages)
+        policy = dict(eviction_policy=eviction_policy, eviction_policy_config=eviction_policy_config)
+        pa = params(page_size, pages, **policy)
         self.a = Sim(RadixCache(pa), pa)
-        pb = params(page_size, pages)
+        pb = params(page_size, pages, **policy)
         self.b = Sim(backend_cache(pb), pb)
         self.work = Workload(self.rng, page_size)
         self.prompts: dict[str, list] = {}
@@ -253,8 +287,11 @@ class Twin:
             prompt = self.work.prompt()
             self.prompts[rid] = prompt
             space = r.choice(self.spaces)
-            hit = self.a.arrive(rid, prompt, space)
-            self.same(f"match on arrival in {space}", hit, self.b.arrive(rid, prompt, space))
+            # Drawn only when there is a choice: the default twins keep
+            # their random sequences.
+            priority = r.choice(self.priorities) if len(self.priorities) > 1 else self.priorities[0]
+            hit = self.a.arrive(rid, prompt, space, priority)
+            self.same(f"match on arrival in {space}", hit, self.b.arrive(rid, prompt, space, priority))
             self.hits += hit > 0
             if hit:
                 self.hit_spaces.add(space)

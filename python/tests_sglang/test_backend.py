@@ -60,9 +60,10 @@ def test_eagle_and_other_policies_are_refused():
     p.is_eagle = True
     with pytest.raises(ValueError, match="EAGLE"):
         radixd_cache_factory(build_context(p))
-    p = params(16, 8)
-    p.eviction_policy = "lfu"
-    with pytest.raises(ValueError, match="--radix-eviction-policy lfu"):
+    # lfu, fifo, mru, filo, priority and slru are served (test_policies.py);
+    # tlru only a UnifiedRadixCache passes SGLang's create_tree_cache with.
+    p = params(16, 8, eviction_policy="tlru", eviction_policy_config={"threshold": 8, "next_prompt_estimate": 2})
+    with pytest.raises(ValueError, match="--radix-eviction-policy tlru"):
         radixd_cache_factory(build_context(p))
 
 

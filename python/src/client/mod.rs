@@ -14,12 +14,13 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use radixd::engine::{Components, Recency};
+use radixd::engine::{Components, Policy as EvictionPolicy, Recency};
 use radixd::op::{Backend, Reply, Request};
 use radixd::Client as RustClient;
 
 use crate::args::{
-    count, in_namespace, lock_delta_batch, opt_count, order, policy, pool_identity, state_arg,
+    count, eviction_policy_config, hinted, in_namespace, lock_delta_batch, opt_count, order,
+    policy, pool_identity, state_arg,
 };
 use crate::cache::cache_methods;
 use crate::errors::{client_error, closed, guard, poisoned, rejected};
@@ -54,6 +55,8 @@ pub struct Client {
     components: Components,
     /// The daemon's recency rule (fixed for its lifetime).
     recency: Recency,
+    /// The daemon's eviction policy (fixed for its lifetime).
+    eviction_policy: EvictionPolicy,
     /// The KV buffer this client bound the pool to, canonical.
     pool: Option<String>,
     /// The store namespaces this client registered (`store_namespace`).
@@ -150,6 +153,7 @@ cache_methods! {
                 capacity: client.capacity(),
                 components: client.components(),
                 recency: client.recency(),
+                eviction_policy: client.eviction_policy(),
                 inner: Mutex::new(Some(client)),
                 name: name.to_owned(),
                 pool: pool.map(|p| p.as_str().to_owned()),
@@ -224,6 +228,23 @@ cache_methods! {
         #[getter]
         fn recency(&self) -> &'static str {
             self.recency.name()
+        }
+
+        /// The daemon's eviction policy (`radixd serve --eviction-policy`):
+        /// `"lru"`, `"lfu"`, `"fifo"`, `"mru"`, `"filo"`, `"priority"`,
+        /// `"tlru"` or `"slru"`, as SGLang's `--radix-eviction-policy`
+        /// names them.
+        #[getter]
+        fn eviction_policy(&self) -> &'static str {
+            self.eviction_policy.name()
+        }
+
+        /// The daemon's policy's parameters (`--eviction-policy-config`),
+        /// as SGLang's `--radix-eviction-policy-config` spells them, with
+        /// SGLang's defaults filled in: `{}` for a policy that takes none.
+        #[getter]
+        fn eviction_policy_config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            eviction_policy_config(py, self.eviction_policy)
         }
 
         /// Whether `close()` was called.

@@ -11,8 +11,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use radixd::engine::{Components, Config, Engine as RustEngine, HeapRegion, Recency};
 use radixd::engine::Policy as EvictionPolicy;
+use radixd::engine::{Components, Config, Engine as RustEngine, HeapRegion, Recency};
 use radixd::op::{apply, Backend, Local, Reply, Request};
 
 use crate::args::{

@@ -55,11 +55,8 @@ def test_parallelism_that_is_not_one_lockstep_is_refused(monkeypatch):
         radixd_cache_factory(ctx)
 
 
-def test_eagle_and_other_policies_are_refused():
-    p = params(16, 8)
-    p.is_eagle = True
-    with pytest.raises(ValueError, match="EAGLE"):
-        radixd_cache_factory(build_context(p))
+def test_other_policies_are_refused():
+    # EAGLE is served (test_eagle.py), with a hybrid model refused there.
     p = params(16, 8)
     p.eviction_policy = "lfu"
     with pytest.raises(ValueError, match="--radix-eviction-policy lfu"):

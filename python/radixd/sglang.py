@@ -65,6 +65,7 @@ from .sglang_base import (
     _token_ids,
     check_recency,
     install_allocator,
+    note_uncached,
 )
 
 logger = logging.getLogger(__name__)
@@ -128,13 +129,8 @@ def _ns(key: Any) -> Optional[str]:
 
 
 class _NoNamespace(Exception):
-    """radixd refused to register a namespace this cache needs (its table
-    of ``MAX_NAMESPACES``, 2^20 names over the engine's life, is full:
-    every name this module builds is a valid one, so that is the only
-    refusal). What would live in it is not cached; see
-    ``RadixdPrefixCache._uncached``."""
-
-
+    """radixd refused to register a namespace this cache needs: its table is
+    full (``sglang_base.note_uncached``)."""
 
 
 class RadixdPrefixCache(BasePrefixCache):
@@ -203,12 +199,13 @@ class RadixdPrefixCache(BasePrefixCache):
         (``radixd.bigram_key``); a ``RadixKey`` is flipped to its bigram
         view in place, as ``RadixKey.maybe_to_bigram_view`` flips it in
         ``RadixCache``."""
+        bigram = False
         if tokens is None:
             tokens = _token_ids(key)
+            bigram = getattr(key, "is_bigram", False)
+            if self.is_eagle and bigram is False and hasattr(key, "token_ids"):
+                key.is_bigram = True
         ns = _ns(key)
-        bigram = getattr(key, "is_bigram", False)
-        if self.is_eagle and bigram is False and hasattr(key, "token_ids"):
-            key.is_bigram = bigram = True
         if self.is_eagle or bigram:
             return radixd.bigram_key(tokens, ns)
         return tokens, ns
@@ -226,18 +223,8 @@ class RadixdPrefixCache(BasePrefixCache):
             raise _NoNamespace(str(e)) from None
 
     def _uncached(self, why: _NoNamespace, ns: Optional[str]) -> None:
-        """A key whose namespace radixd could not register is left out of
-        the cache: a match misses, an insert keeps nothing (a checkpoint
-        leaves the request its own row, its release frees it). Every answer
-        is a correct cache's, never another prefix's KV; only hits are
-        lost. Warned once, then counted (``uncached_keys``)."""
-        if self.uncached_keys == 0:
-            logger.warning(
-                "radixd: namespace %r cannot be registered (%s); keys in namespaces radixd has not "
-                "seen yet are not cached from now on (EAGLE keeps one per first token and LoRA/tenant "
-                "namespace: restart the daemon to empty its table)", ns, why,
-            )
-        self.uncached_keys += 1
+        # A match misses, an insert keeps nothing: sglang_base.note_uncached.
+        note_uncached(self, ns, why)
 
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         """As ``RadixCache.match_prefix``: the longest cached page-aligned
@@ -536,11 +523,6 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
         _refuse("--enable-dp-attention", "each attention-DP rank keeps a KV pool of its own; a daemon serves one pool")
     if getattr(serving, "enable_streaming_session", False):
         _refuse("--enable-streaming-session", "streaming sessions are not mapped to radixd sessions yet")
-    if params.is_eagle and (ctx.is_hybrid_swa or ctx.is_hybrid_ssm):
-        _refuse(
-            "EAGLE speculative decoding (--speculative-algorithm) with a hybrid (SWA or Mamba) model",
-            "radixd's hybrid cache keys no bigrams yet (full-attention models are served)",
-        )
     name = os.environ.get("RADIXD_NAME", "radixd")
     # Tensor parallelism: the ranks of this server agree on a group and its
     # pool (collectives over SGLang's tp_cache_group, on every rank alike).

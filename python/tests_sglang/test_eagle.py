@@ -7,11 +7,11 @@ match length, ``cache_protected_len``, eviction and size must agree, and
 every matched prefix must read back its own tokens' KV. radixd keys raw
 tokens ``1..N`` in a namespace of token 0 (``radixd.bigram_key``), composed
 with the LoRA / tenant namespaces; then the key semantics one by one, the
-namespace table running full, and the refusal that remains."""
+namespace table running full, and the hybrid models (``UnifiedRadixCache``
+with ``is_eagle`` against ``RadixdHybridCache``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from array import array
 
@@ -21,8 +21,8 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, Ma
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 import radixd
-from radixd.sglang import RadixdPrefixCache, radixd_cache_factory
-from sim import Twin, build_context, params
+from radixd.sglang import RadixdPrefixCache
+from sim import Twin, params
 
 OPS = int(os.environ.get("RADIXD_SGLANG_OPS", "12500"))
 PAGES = 48
@@ -198,9 +198,117 @@ def test_a_full_namespace_table_leaves_keys_uncached(caplog):
     eng.validate()
 
 
-def test_eagle_with_a_hybrid_model_is_refused():
-    for change in (dict(is_hybrid_swa=True), dict(is_hybrid_ssm=True)):
-        p = params(16, 8)
-        p.is_eagle = True
-        with pytest.raises(ValueError, match="EAGLE speculative decoding .* with a hybrid"):
-            radixd_cache_factory(dataclasses.replace(build_context(p), **change))
+class _FullTable:
+    """An engine whose namespace table is full but for the names ``known``
+    (a stand-in for filling it: the hybrid calls refuse as radixd does)."""
+
+    def __init__(self, engine, known):
+        self._engine, self._known = engine, set(known)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def _call(self, op, tokens, *args, ns=None, **kw):
+        if ns is not None and ns not in self._known:
+            raise radixd.BadNamespaceError("1048576 namespaces are in use already")
+        return getattr(self._engine, op)(tokens, *args, ns=ns, **kw)
+
+    def match_prefix(self, tokens, **kw):
+        return self._call("match_prefix", tokens, **kw)
+
+    def insert(self, tokens, pages, **kw):
+        return self._call("insert", tokens, pages, **kw)
+
+    def insert_paired(self, tokens, pages, **kw):
+        return self._call("insert_paired", tokens, pages, **kw)
+
+
+def test_a_full_namespace_table_leaves_hybrid_keys_uncached():
+    from hybrid_sim import HybridSim, HybridTwin, publish, swa_params
+    from radixd.sglang_hybrid import RadixdHybridCache
+
+    ps, full, swa, window = 1, HybridTwin.FULL_PAGES[1], HybridTwin.SWA_PAGES[1], HybridTwin.window(1)
+    publish(ps)
+    p = swa_params(ps, full, swa, window)
+    p.is_eagle, p.tree_components = True, None
+    eng = radixd.Engine(ps, full, components="full,swa", swa_window=window, swa_capacity=swa, recency="sglang")
+    cache = RadixdHybridCache(p, _FullTable(eng, {"bigram:1"}))
+    sim = HybridSim("swa", cache, p)
+    free = sim.sizes()["free"]
+    prompts = {"a": [1] + list(range(2, 30)), "b": [9] + list(range(2, 30))}
+    for rid, prompt in prompts.items():
+        sim.arrive(rid, prompt)
+        sim.extend(rid, len(prompt))
+        sim.checkpoint(rid)
+        sim.finish(rid)
+    assert sim.peek(prompts["a"])[0] == 28 and sim.peek(prompts["b"])[0] == 0
+    assert cache.uncached_keys == 4  # b's arrival, checkpoint, release and match
+    cache.evict(EvictParams(num_tokens=10**6))
+    assert sim.sizes()["free"] == free, "every page of the uncached key went back"
+    eng.validate()
+
+
+# ----- hybrid models: UnifiedRadixCache with is_eagle -----
+# FULL+SWA trees are keyed by bigrams (UnifiedTreeCore.is_eagle), FULL+MAMBA
+# ones by tokens whatever the speculative algorithm (SGLang keys no bigrams
+# with MAMBA): RadixdHybridCache keys each as SGLang does.
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("kind", ["swa", "mamba"])
+def test_eagle_hybrid_in_process(kind, page_size):
+    from hybrid_sim import HybridTwin
+    from test_hybrid_backend import _engine_cache, _run
+
+    twin = HybridTwin(kind, page_size, _engine_cache(kind, page_size), seed=800 + page_size + len(kind), eagle=True)
+    assert twin.a.cache.tree_core.is_eagle == twin.b.cache.is_eagle == (kind == "swa")
+    _run(twin, kind)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("kind", ["swa", "mamba"])
+def test_eagle_hybrid_through_daemon(kind, page_size, start_daemon, monkeypatch):
+    from hybrid_sim import HybridTwin, radixd_cache
+    from radixd.sglang_hybrid import RadixdHybridCache
+    from test_hybrid_backend import _run
+
+    d = start_daemon(*HybridTwin.serve_args(kind, page_size), page_size=page_size, capacity=HybridTwin.FULL_PAGES[page_size])
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    twin = HybridTwin(kind, page_size, lambda p: radixd_cache(kind, p), seed=900 + page_size + len(kind), eagle=True)
+    assert type(twin.b.cache) is RadixdHybridCache and twin.b.cache.is_eagle == (kind == "swa")
+    _run(twin, kind)
+
+
+def test_eagle_hybrid_namespaces(start_daemon, monkeypatch):
+    from hybrid_sim import HybridTwin, radixd_cache
+    from test_hybrid_backend import OPS as HYBRID_OPS
+    from test_hybrid_backend import _run
+
+    spaces = [(None, None), ("sql-lora", None), (None, "tenant-a"), ("sql-lora", "tenant-a")]
+    d = start_daemon(*HybridTwin.serve_args("swa", 16), page_size=16, capacity=HybridTwin.FULL_PAGES[16])
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    twin = HybridTwin("swa", 16, lambda p: radixd_cache("swa", p), seed=950, spaces=spaces, eagle=True)
+    _run(twin, "swa", hits=HYBRID_OPS // 400)
+    assert any(space != (None, None) for space in twin.hit_spaces), twin.hit_spaces
+
+
+# ----- tensor parallelism -----
+
+
+def test_eagle_ranks_share_one_tree_built_as_one_rank_alone(start_daemon, tmp_path, monkeypatch):
+    """Two tensor-parallel ranks with EAGLE (tp_rank_proc.py, a real gloo
+    ``tp_cache_group``, LoRA and tenant requests among them): every answer
+    is one rank's alone, and so is the daemon's tree, read back through the
+    bigram mapping."""
+    from test_tp_group import PAGES as TP_PAGES
+    from test_tp_group import PS as TP_PS
+    from test_tp_group import run_ranks
+
+    monkeypatch.setenv("RADIXD_TP_EAGLE", "1")
+    (alone,) = run_ranks(start_daemon(page_size=TP_PS, capacity=TP_PAGES), tmp_path, 1, "alone")
+    ranks = run_ranks(start_daemon(page_size=TP_PS, capacity=TP_PAGES), tmp_path, 2, "tp2")
+    assert any(op == "arrive" and n > 0 for op, n in (tuple(t) for t in alone["trace"] if t[0] == "arrive"))
+    assert any(space != [None, None] and n > 0 for _, space, (n, _) in alone["tree"])
+    for r, got in enumerate(ranks):
+        assert got["trace"] == alone["trace"], f"rank {r}: answered otherwise than one rank alone"
+        assert got["tree"] == alone["tree"] and got["stats"] == alone["stats"], f"rank {r}: another tree"

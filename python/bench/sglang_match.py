@@ -22,6 +22,9 @@ rounds, µs per call). Run in the environment scripts/test-sglang builds:
    Alternated with them, the same three models on SGLang's own caches
    in-process (``RadixCache``, ``UnifiedRadixCache``): what SGLang's own
    hybrid step costs over its full-attention one, the floor of the ratio.
+4. the step of 2 with and without EAGLE (bigram keys): ``RadixCache`` and
+   ``RadixdPrefixCache`` (through a daemon with ``RADIXD_BIN``), each
+   against its own plain step.
 """
 
 from __future__ import annotations
@@ -289,11 +292,74 @@ def hybrid_step_bench(ps: int) -> None:
         d.stop()
 
 
+def eagle_step_bench(ps: int) -> None:
+    """The scheduler step of ``step_bench`` with and without EAGLE's bigram
+    keys, alternated in rounds: SGLang's ``RadixCache`` in-process and
+    ``RadixdPrefixCache`` through a daemon (in-process without
+    ``RADIXD_BIN``), median µs per step."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    n, cached = 1024, 512
+    pages = 4 * n // ps
+    shared = list(range(100, 100 + cached))
+    daemons, sims = [], {}
+    for eagle in (False, True):
+        tag = "EAGLE" if eagle else "plain"
+        p = params(ps, pages, context=2 * n)
+        p.is_eagle = eagle
+        sims[f"SGLang RadixCache, {tag}"] = (Sim(RadixCache(p), p), eagle)
+        p = params(ps, pages, context=2 * n)
+        p.is_eagle = eagle
+        d = Daemon(ps, pages)
+        daemons.append(d)
+        where = "daemon" if d.proc is not None else "engine"
+        backend = d.client if d.proc is not None else radixd.Engine(ps, pages)
+        sims[f"RadixdPrefixCache ({where}), {tag}"] = (Sim(RadixdPrefixCache(p, backend), p), eagle)
+    count = [0]
+
+    def aligned(tokens: int, eagle: bool) -> int:
+        keyed = tokens - 1 if eagle else tokens  # N + 1 tokens are N bigrams
+        return keyed // ps * ps
+
+    def step(sim, eagle):
+        count[0] += 1
+        rid = f"e{count[0]}"
+        prompt = shared + [count[0] % 30000 + 40000 + i for i in range(n - cached)]
+        sim.arrive(rid, prompt)
+        sim.extend(rid, n - sim.running[rid].kv.kv_committed_len)
+        sim.checkpoint(rid)
+        sim.finish(rid)
+        sim.cache.evict(EvictParams(aligned(n, eagle) - aligned(cached, eagle)))
+
+    for sim, eagle in sims.values():
+        sim.arrive("seed", shared)
+        sim.extend("seed", cached)
+        sim.finish("seed")
+        step(sim, eagle)
+        assert sim.cache.total_size() == aligned(cached, eagle), sim.cache.total_size()
+    runs = {k: [] for k in sims}
+    for _ in range(ROUNDS):
+        for k, (sim, eagle) in sims.items():
+            runs[k].append(per_call(lambda sim=sim, eagle=eagle: step(sim, eagle), 100))
+    print(f"scheduler step with and without EAGLE, {n}-token prompt, {cached} cached, page size {ps} (median µs per step):")
+    medians = {k: statistics.median(v) for k, v in runs.items()}
+    for k, v in medians.items():
+        plain = medians[k.replace("EAGLE", "plain")]
+        print(f"  {k:52s} {v:8.1f}  ({v / plain:.2f}x plain)")
+    for d in daemons:
+        d.stop()
+
+
 if __name__ == "__main__":
     # SGLANG_MATCH_PARTS picks parts (scripts/bench-compare runs match,step).
-    parts = set(os.environ.get("SGLANG_MATCH_PARTS", "match,step,hybrid").split(","))
+    parts = set(os.environ.get("SGLANG_MATCH_PARTS", "match,step,hybrid,eagle").split(","))
     publish_runtime()
-    for part, bench in (("match", match_bench), ("step", step_bench), ("hybrid", hybrid_step_bench)):
+    for part, bench in (
+        ("match", match_bench),
+        ("step", step_bench),
+        ("hybrid", hybrid_step_bench),
+        ("eagle", eagle_step_bench),
+    ):
         if part in parts:
             for ps in (1, 16):
                 bench(ps)

@@ -31,7 +31,7 @@ for _cls in ERRORS.values():
 del _kind, _cls
 
 from .index import IndexClient, IndexQueryError  # noqa: E402
-from .prefix_cache import PrefixCache, PrefixMatch, TreeNode, namespace_of  # noqa: E402
+from .prefix_cache import PrefixCache, PrefixMatch, TreeNode, bigram_key, bigram_namespace, namespace_of  # noqa: E402
 
 __all__ = [
     "Client",
@@ -46,6 +46,8 @@ __all__ = [
     "PrefixMatch",
     "TreeNode",
     "namespace_of",
+    "bigram_namespace",
+    "bigram_key",
     "RadixdError",
     "ERRORS",
     "error_class",

@@ -149,6 +149,44 @@ def namespace_of(key: Any) -> Optional[str]:
     return name
 
 
+#: How the names of :func:`bigram_namespace` begin. ``namespace_of``'s
+#: names begin with ``[`` (JSON) or ``sha256:``, so none is one of these.
+BIGRAM_PREFIX = "bigram:"
+
+
+def bigram_namespace(ns: Optional[str], first: int) -> str:
+    """The radixd namespace of EAGLE's bigram keys that begin with raw token
+    ``first`` in namespace ``ns`` (``namespace_of``'s, ``None`` the
+    default): ``bigram:<first>``, or ``bigram:<first>:<ns>``; ``sha256:``
+    of that where it is longer than radixd's 256 bytes. Injective: the
+    token is digits up to the first ``:`` after the prefix, the rest is
+    ``ns`` whole; a hashed name hashes a preimage that begins with
+    ``bigram:``, where ``namespace_of`` hashes one that begins with ``[``."""
+    name = f"{BIGRAM_PREFIX}{int(first)}" if ns is None else f"{BIGRAM_PREFIX}{int(first)}:{ns}"
+    if len(name.encode()) > MAX_NAMESPACE_LEN:
+        name = "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+    return name
+
+
+def bigram_key(tokens: Any, ns: Optional[str]) -> Tuple[Any, Optional[str]]:
+    """SGLang's bigram key (``RadixKey(is_bigram=True)``: ``N + 1`` raw
+    tokens are ``N`` bigrams, bigram ``i`` the pair ``(t[i], t[i+1])`` whose
+    KV slot is position ``i``'s) as a radixd key: raw tokens ``1..N`` in
+    :func:`bigram_namespace` ``(ns, t[0])``. Returns ``(tokens, namespace)``;
+    an empty key (fewer than 2 raw tokens) is ``(tokens[:0], ns)``.
+
+    Exact: radixd token ``j`` stands for bigram ``j`` and so for KV slot
+    ``j``; the first ``k`` radixd tokens of two keys agree in one namespace
+    exactly when their raw tokens agree in the first ``k + 1`` (token 0 by
+    the namespace, tokens ``1..k`` by the key), which is when their first
+    ``k`` bigrams agree. So radixd's page-aligned longest match is SGLang's
+    (``k`` pages shared exactly when the first ``kP + 1`` raw tokens are),
+    and every size counts the same slots."""
+    if len(tokens) < 2:
+        return tokens[:0], ns
+    return tokens[1:], bigram_namespace(ns, tokens[0])
+
+
 def _ns(key: Any, ns: Optional[str]) -> Optional[str]:
     """``ns`` if given, else the key's own namespace."""
     return ns if ns is not None else namespace_of(key)
@@ -491,4 +529,13 @@ class PrefixCache:
         print(f"#tokens: {s['total_tokens']} ({s['nodes']} nodes)")
 
 
-__all__ = ["PrefixCache", "PrefixMatch", "TreeNode", "pages_to_indices", "indices_to_pages"]
+__all__ = [
+    "PrefixCache",
+    "PrefixMatch",
+    "TreeNode",
+    "pages_to_indices",
+    "indices_to_pages",
+    "namespace_of",
+    "bigram_namespace",
+    "bigram_key",
+]

@@ -67,6 +67,7 @@ from .sglang_base import (
     check_recency,
     eviction_policy,
     install_allocator,
+    note_uncached,
     policy_flags,
 )
 
@@ -132,6 +133,9 @@ def _ns(key: Any) -> Optional[str]:
     return radixd.namespace_of(key)
 
 
+class _NoNamespace(Exception):
+    """radixd refused to register a namespace this cache needs: its table is
+    full (``sglang_base.note_uncached``)."""
 
 
 class RadixdPrefixCache(BasePrefixCache):
@@ -163,7 +167,12 @@ class RadixdPrefixCache(BasePrefixCache):
         self.disable = params.disable
         self.req_to_token_pool = params.req_to_token_pool
         self.page_size = params.page_size
-        self.is_eagle = params.is_eagle
+        # EAGLE / MTP: SGLang keys the tree by bigrams (RadixKey.is_bigram);
+        # radixd keys raw tokens 1..N in a namespace of token 0
+        # (radixd.bigram_key).
+        self.is_eagle = bool(params.is_eagle)
+        #: Keys left uncached because radixd's namespace table was full.
+        self.uncached_keys = 0
         self.sliding_window_size = None
         if backend.page_size != self.page_size:
             raise ValueError(
@@ -193,16 +202,54 @@ class RadixdPrefixCache(BasePrefixCache):
         ``--allow-reset``), as ``RadixCache.reset``."""
         self.backend.reset()
 
+    def _key(self, key: Any, tokens: Any = None) -> tuple:
+        """radixd's tokens and namespace for SGLang's ``key`` (a
+        ``RadixKey``, or a ``Req`` with ``tokens``). With EAGLE, or a key
+        that is a bigram view already, the bigram mapping
+        (``radixd.bigram_key``); a ``RadixKey`` is flipped to its bigram
+        view in place, as ``RadixKey.maybe_to_bigram_view`` flips it in
+        ``RadixCache``."""
+        bigram = False
+        if tokens is None:
+            tokens = _token_ids(key)
+            bigram = getattr(key, "is_bigram", False)
+            if self.is_eagle and bigram is False and hasattr(key, "token_ids"):
+                key.is_bigram = True
+        ns = _ns(key)
+        if self.is_eagle or bigram:
+            return radixd.bigram_key(tokens, ns)
+        return tokens, ns
+
+    def _match(self, tokens: Any, ns: Optional[str], **kw: Any) -> Any:
+        try:
+            return self.backend.match_prefix(tokens, ns=ns, **kw)
+        except radixd.BadNamespaceError as e:
+            raise _NoNamespace(str(e)) from None
+
+    def _insert(self, tokens: Any, pages: Any, ns: Optional[str], **kw: Any) -> Any:
+        try:
+            return self.backend.insert(tokens, pages, ns=ns, **kw)
+        except radixd.BadNamespaceError as e:
+            raise _NoNamespace(str(e)) from None
+
+    def _uncached(self, why: _NoNamespace, ns: Optional[str]) -> None:
+        # A match misses, an insert keeps nothing: sglang_base.note_uncached.
+        note_uncached(self, ns, why)
+
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         """As ``RadixCache.match_prefix``: the longest cached page-aligned
         prefix of ``params.key`` (radixd cuts the key to whole pages), its
-        last node (split there, LRU touched), no lock taken."""
+        last node (split there, LRU touched), no lock taken. With EAGLE the
+        length is in bigrams (KV slots), as ``RadixCache``'s."""
         key = params.key
         if self.disable:
             return self._miss
-        tokens = _token_ids(key)
-        ns = _ns(key)
-        m = self.backend.match_prefix(tokens, ns=ns)
+        tokens, ns = self._key(key)
+        try:
+            m = self._match(tokens, ns)
+        except _NoNamespace as e:
+            self._uncached(e, ns)
+            return self._miss
         n = m.len
         if n == 0:
             return self._miss
@@ -213,7 +260,11 @@ class RadixdPrefixCache(BasePrefixCache):
         """As ``RadixCache.touch_prefix``: bumps LRU recency along the cached
         path (a match whose answer is dropped)."""
         if not self.disable:
-            self.backend.match_prefix(_token_ids(key), ns=_ns(key))
+            tokens, ns = self._key(key)
+            try:
+                self._match(tokens, ns)
+            except _NoNamespace as e:
+                self._uncached(e, ns)
 
     def path_device_indices(self, node: RadixdNode) -> torch.Tensor:
         """KV indices from the root to ``node``, built from the pages its
@@ -253,17 +304,27 @@ class RadixdPrefixCache(BasePrefixCache):
         key = params.key
         if self.disable:
             return InsertResult(prefix_len=0)
-        ns = _ns(key)
-        tokens = _token_ids(key)
+        tokens, ns = self._key(key)
         n = len(tokens) // self.page_size * self.page_size
         if n == 0:
             return InsertResult(prefix_len=0)
         value = params.value
         hints = self._hints(params.priority, params.inserted_len)
-        if value is None:
-            return self._insert_allocating(tokens[:n], ns, hints)
-        pages = self._value_pages(value, n)
-        r = self.backend.insert(tokens[:n], pages, ns=ns, **hints)
+        try:
+            if value is None:
+                return self._insert_allocating(tokens[:n], ns, hints)
+            # With EAGLE the value is the raw tokens' (one index more than
+            # the bigrams): the first n are the bigrams', as RadixCache
+            # truncates it.
+            pages = self._value_pages(value, n)
+            r = self._insert(tokens[:n], pages, ns, **hints)
+        except _NoNamespace as e:
+            # Not cached: the pages the caller handed the tree go back to
+            # the pool, as if cached and evicted at once.
+            self._uncached(e, ns)
+            if value is not None:
+                self.backend.free(pages)
+            return InsertResult(prefix_len=0)
         return InsertResult(prefix_len=r.cached, total_len=r.len)
 
     def _hints(self, priority: Optional[int], inserted_len: int) -> dict:
@@ -278,13 +339,13 @@ class RadixdPrefixCache(BasePrefixCache):
         """``insert`` without a value (``RadixCache`` then uses the token ids
         as values, for tests): pages for the uncached part come from radixd,
         the cached prefix locked meanwhile so allocating cannot evict it."""
-        m = self.backend.match_prefix(tokens, lock=True, ns=ns)
+        m = self._match(tokens, ns, lock=True)
         try:
             pages = list(m.pages)
             need = len(tokens) // self.page_size - len(pages)
             if need > 0:
                 pages.extend(self.backend.alloc(need))
-            r = self.backend.insert(tokens, pages, ns=ns, **hints)
+            r = self._insert(tokens, pages, ns, **hints)
         finally:
             if m.handle is not None:
                 self.backend.unlock(m.handle)
@@ -317,22 +378,38 @@ class RadixdPrefixCache(BasePrefixCache):
         if self.disable:
             return
         kv = req.kv
-        token_ids = req.full_untruncated_fill_ids[:up_to]
-        ns = _ns(req)
+        # With EAGLE: the bigrams of the tokens (one fewer), whole pages of
+        # them, each bigram's KV slot its first token's (RadixCache's
+        # _insert_cache with is_bigram).
+        tokens, ns = self._key(req, req.full_untruncated_fill_ids[:up_to])
         ps = self.page_size
-        n = len(token_ids) // ps * ps
+        n = len(tokens) // ps * ps
         inserted_before = kv.cache_inserted_len
-        kv.cache_inserted_len = max(kv.cache_inserted_len, n)
-        if n == 0:
+        if n == 0 or n < kv.cache_protected_len:
+            # Fewer whole pages than the locked prefix: only with bigram
+            # keys, a request that computed nothing past its match (the
+            # match's last token is no bigram's first). SGLang's scheduler
+            # never checkpoints one (every request extends a token at
+            # least); RadixCache would drop cache_protected_len below the
+            # locked prefix and its release free slots the tree holds.
+            # The prefix stays protected here.
+            kv.cache_inserted_len = max(kv.cache_inserted_len, n)
             return
         row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
-        tokens = token_ids[:n]
+        tokens = tokens[:n]
         priority = getattr(req, "priority", None) or 0
         hints = self._hints(priority, inserted_before)
-        r = self.backend.insert(tokens, self._value_pages(row[:n], n), lock=True, ns=ns, **hints)
+        try:
+            r = self._insert(tokens, self._value_pages(row[:n], n), ns, lock=True, **hints)
+        except _NoNamespace as e:
+            self._uncached(e, ns)  # the row stays the request's own
+            return
+        kv.cache_inserted_len = max(kv.cache_inserted_len, n)
         m = self.backend.match_prefix(tokens, ns=ns)
         if self._hinted:
-            prompt = len(req.origin_input_ids) // ps * ps
+            # The prompt's whole pages in the key's units: with EAGLE its
+            # bigrams, one fewer than its tokens (RadixCache's prompt_key).
+            prompt = max(len(req.origin_input_ids) - self.is_eagle, 0) // ps * ps
             if 0 < prompt < n:
                 self.backend.insert(
                     tokens[:prompt], m.pages[: prompt // ps], ns=ns, **self._hints(priority + 1, prompt)
@@ -461,8 +538,6 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
         _refuse("DSA (sparse-attention) models", "radixd caches full-attention KV only")
     if ctx.disable_radix_cache:
         _refuse("--disable-radix-cache", "drop one of the two options")
-    if params.is_eagle:
-        _refuse("EAGLE speculative decoding (--speculative-algorithm)", "its bigram keys are not radixd's")
     if getattr(params, "enable_session_radix_cache", False):
         _refuse("--enable-session-radix-cache", "radixd keeps no per-session trees")
     policy, policy_config = eviction_policy(params)

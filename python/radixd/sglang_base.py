@@ -203,6 +203,24 @@ def install_allocator(allocator: BaseTokenToKVPoolAllocator, backend: Any) -> Ba
     return allocator
 
 
+def note_uncached(cache: Any, ns: Optional[str], why: Exception) -> None:
+    """A key left out of ``cache`` because radixd refused to register its
+    namespace ``ns``: its table (``MAX_NAMESPACES``, 2^20 names over the
+    engine's life) is full, the only refusal possible for the names the
+    backends build (1 to 256 bytes each). A match then misses and an insert
+    keeps nothing (its pages go back to the pool; a checkpoint leaves the
+    request its own row, which its release frees): every answer is a
+    correct cache's, never another prefix's KV, only hits are lost. Warned
+    once per cache, then counted in ``cache.uncached_keys``."""
+    if not getattr(cache, "uncached_keys", 0):
+        logger.warning(
+            "radixd: namespace %r cannot be registered (%s); keys in namespaces radixd has not "
+            "seen yet are not cached from now on (EAGLE takes one per first token and LoRA/tenant "
+            "namespace; a restarted daemon has an empty table)", ns, why,
+        )
+    cache.uncached_keys = getattr(cache, "uncached_keys", 0) + 1
+
+
 #: The recency rule under which radixd's trees answer as SGLang 0.5.23's
 #: (``RadixCache`` and ``UnifiedRadixCache``): a split touches the node's
 #: lower half, as SGLang's ``_split_node`` does.
@@ -284,6 +302,7 @@ def check_eviction_policy(client: Any, name: str, policy: str, config: dict) -> 
 
 
 __all__ = [
+    "note_uncached",
     "RadixdAllocatorMixin",
     "install_allocator",
     "check_recency",

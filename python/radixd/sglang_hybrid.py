@@ -68,7 +68,14 @@ from sglang.srt.utils import get_num_new_pages
 
 import radixd
 
-from .sglang_base import RECENCY_FLAG, _token_ids, check_eviction_policy, check_recency, install_allocator
+from .sglang_base import (
+    RECENCY_FLAG,
+    _token_ids,
+    check_eviction_policy,
+    check_recency,
+    install_allocator,
+    note_uncached,
+)
 
 
 def _ns(key: Any) -> Optional[str]:
@@ -428,14 +435,25 @@ def install_mamba_allocator(allocator: Any, backend: Any) -> Any:
 # ----- the cache -----
 
 
+class _NoMatch:
+    """radixd's answer to a match in a namespace it could not register."""
+
+    len = full_kv_hit_length = 0
+    handle = mamba_state = None
+    pages = ()
+
+
+_NO_MATCH = _NoMatch()
+
+
 class _TreeView:
     """What SGLang's components read off ``tree_core`` in the request hooks
-    this cache runs: the page size, no bigram keys, and a node's state."""
-
-    is_eagle = False
+    this cache runs: the page size, whether keys are bigrams, and a node's
+    state."""
 
     def __init__(self, cache: "RadixdHybridCache"):
         self.page_size = cache.page_size
+        self.is_eagle = cache.is_eagle
         self.root_node = cache.root_node
         self._device = cache.mamba_device
 
@@ -468,6 +486,13 @@ class RadixdHybridCache(BasePrefixCache):
         self.tree_components = tuple(params.tree_components)
         self.is_swa_enabled = SWA in self.tree_components
         self.is_mamba_enabled = MAMBA in self.tree_components
+        # EAGLE / MTP: bigram keys, as UnifiedTreeCore's (never with MAMBA:
+        # SGLang keys a Mamba model's tree by tokens whatever the
+        # speculative algorithm); radixd keys raw tokens 1..N in a
+        # namespace of token 0 (radixd.bigram_key).
+        self.is_eagle = bool(params.is_eagle) and not self.is_mamba_enabled
+        #: Keys left uncached because radixd's namespace table was full.
+        self.uncached_keys = 0
         self.enable_mamba_extra_buffer = bool(params.enable_mamba_extra_buffer) and self.is_mamba_enabled
         self._sliding_window_size = params.swa_retain_window if self.is_swa_enabled else None
         self.decoder_swa_bounded_replay = False
@@ -544,9 +569,12 @@ class RadixdHybridCache(BasePrefixCache):
         key = params.key
         if self.disable:
             return self._miss()
-        tokens = _token_ids(key)
-        ns = _ns(key)
-        m = self.backend.match_prefix(tokens, ns=ns)
+        tokens, ns = self._key(key)
+        try:
+            m = self.backend.match_prefix(tokens, ns=ns)
+        except radixd.BadNamespaceError as e:
+            note_uncached(self, ns, e)
+            m = _NO_MATCH
         n, full = m.len, m.full_kv_hit_length
         if n == 0:
             node = self.root_node
@@ -576,7 +604,27 @@ class RadixdHybridCache(BasePrefixCache):
 
     def touch_prefix(self, key: Any) -> None:
         if not self.disable:
-            self.backend.match_prefix(_token_ids(key), ns=_ns(key))
+            tokens, ns = self._key(key)
+            try:
+                self.backend.match_prefix(tokens, ns=ns)
+            except radixd.BadNamespaceError as e:
+                note_uncached(self, ns, e)
+
+    def _key(self, key: Any, tokens: Any = None) -> tuple:
+        """radixd's tokens and namespace for SGLang's ``key`` (a
+        ``RadixKey``, or a ``Req`` with ``tokens``): with bigram keys,
+        ``radixd.bigram_key``'s mapping, the ``RadixKey`` flipped to its
+        bigram view in place as ``maybe_to_bigram_view`` flips it."""
+        bigram = False
+        if tokens is None:
+            tokens = _token_ids(key)
+            bigram = getattr(key, "is_bigram", False)
+            if self.is_eagle and bigram is False and hasattr(key, "token_ids"):
+                key.is_bigram = True
+        ns = _ns(key)
+        if self.is_eagle or bigram:
+            return radixd.bigram_key(tokens, ns)
+        return tokens, ns
 
     def path_device_indices(self, node: Any) -> torch.Tensor:
         if node is None or node.handle is None:
@@ -647,7 +695,8 @@ class RadixdHybridCache(BasePrefixCache):
         key = params.key
         if self.disable:
             return InsertResult(prefix_len=0)
-        return self._insert(_token_ids(key), params, lock=False, ns=_ns(key))[0]
+        tokens, ns = self._key(key)
+        return self._insert(tokens, params, lock=False, ns=ns)[0]
 
     def _insert(self, tokens: Any, params: InsertParams, lock: bool, ns: Optional[str] = None) -> tuple:
         ps = self.page_size
@@ -655,7 +704,14 @@ class RadixdHybridCache(BasePrefixCache):
         if n == 0:
             return InsertResult(prefix_len=0, last_device_node=self.root_node), None
         pages, extra = self._insert_args(n, params)
-        r = self.backend.insert(tokens[:n], pages, lock=lock, ns=ns, **extra)
+        try:
+            r = self.backend.insert(tokens[:n], pages, lock=lock, ns=ns, **extra)
+        except radixd.BadNamespaceError as e:
+            # Not cached: the pages go back to the pool, and a state given
+            # is the caller's to free, as when the node had one (mamba_exist).
+            note_uncached(self, ns, e)
+            self.backend.free(pages)
+            return InsertResult(prefix_len=0, last_device_node=self.root_node, mamba_exist="mamba_state" in extra), None
         return self._insert_result(n, r, params), r.handle
 
     def _insert_args(self, n: int, params: InsertParams) -> tuple:
@@ -711,27 +767,41 @@ class RadixdHybridCache(BasePrefixCache):
                 effective = min(effective, cl)
         for comp in comps:
             effective = comp.floor_cache_len(effective)
+        # The key's length: with bigram keys one fewer than its tokens.
+        tokens, ns = self._key(req, token_ids[: max(effective, 0)])
         if not is_finished and envs.SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS.get():
             for comp in comps:
-                comp.free_out_of_window_slots(req, effective - 1, insert_params)
+                comp.free_out_of_window_slots(req, len(tokens) - 1, insert_params)
         ps = self.page_size
-        aligned = max(effective, 0) // ps * ps
-        if aligned <= 0:
+        aligned = len(tokens) // ps * ps
+        if aligned <= 0 or (self.is_eagle and aligned < kv.cache_protected_len):
             # Nothing to key (SGLang's empty insert changes no node): the
-            # components release what they prepared.
+            # components release what they prepared. With bigram keys also a
+            # request that computed nothing past its match (its last token is
+            # no bigram's first): SGLang's scheduler never checkpoints one
+            # (every request extends a token at least), and its prefix stays
+            # protected here.
             for comp in comps:
                 comp.cleanup_after_caching_req(req, is_finished=is_finished, insert_params=insert_params)
             return
-        tokens = token_ids[:aligned]
-        ns = _ns(req)
-        insert_params.key = RadixKey(tokens, req.extra_key, cache_salt=req.cache_salt)
+        tokens = tokens[:aligned]
+        eagle = int(self.is_eagle)
+        insert_params.key = RadixKey(token_ids[: aligned + eagle], req.extra_key, is_bigram=bool(eagle), cache_salt=req.cache_salt)
         insert_params.value = self.req_to_token_pool.req_to_token[kv.req_pool_idx, :aligned].to(dtype=torch.int64, copy=True)
         # One request: the insert, the new lock on the key's node, its FULL
         # pages (the tree's walk, not a match, which components may cut
         # back) and, under SWA, the window's pairing after it.
         pages, extra = self._insert_args(aligned, insert_params)
         tail = self._window_len() if self.is_swa_enabled else 0
-        r, key_pages, peers = self.backend.insert_paired(tokens, pages, lock=True, ns=ns, tail=tail, **extra)
+        try:
+            r, key_pages, peers = self.backend.insert_paired(tokens, pages, lock=True, ns=ns, tail=tail, **extra)
+        except radixd.BadNamespaceError as e:
+            # Not cached: the row stays the request's own (note_uncached),
+            # the components release what they prepared.
+            note_uncached(self, ns, e)
+            for comp in comps:
+                comp.cleanup_after_caching_req(req, is_finished=is_finished, insert_params=insert_params)
+            return
         result = self._insert_result(aligned, r, insert_params)
         handle = r.handle
         kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)

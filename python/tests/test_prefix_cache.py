@@ -318,3 +318,76 @@ def test_namespaces_keep_lora_adapters_and_salts_apart(backend, request):
             b.match_prefix(tokens, ns=bad)
     assert b.stats() == before
     cache.validate()
+
+
+# ----- EAGLE's bigram keys (radixd.bigram_key) -----
+
+
+def test_bigram_namespaces_are_one_per_first_token_and_namespace():
+    """One name per (namespace, first token), none of them a name
+    ``namespace_of`` gives, every one a name radixd takes."""
+    spaces = [None, '["lora-1",null]', '[null,"t"]', "x" * 250, "y" * 256, "sha256:" + "0" * 64]
+    names = {(ns, t): radixd.bigram_namespace(ns, t) for ns in spaces for t in (0, 1, 7, 12, 2**32 - 1)}
+    assert len(set(names.values())) == len(names)
+    plain = {radixd.namespace_of(_keys([1], e, s)) for e, s in [("a", None), (None, "b"), ("x" * 300, None)]}
+    assert not plain & set(names.values())
+    assert all(0 < len(n.encode()) <= 256 for n in names.values())
+    assert radixd.bigram_namespace(None, 5) == "bigram:5"
+    assert radixd.bigram_namespace('["a",null]', 5) == 'bigram:5:["a",null]'
+    # Token 1 then "2:..." is not token 12 then "...": the first ":" ends the token.
+    assert radixd.bigram_namespace("2", 1) != radixd.bigram_namespace(None, 12)
+
+
+def test_bigram_key_maps_raw_tokens_to_one_fewer():
+    assert radixd.bigram_key([4, 5, 6], None) == ([5, 6], "bigram:4")
+    assert radixd.bigram_key([4], "ns") == ([], "ns")
+    assert radixd.bigram_key([], None) == ([], None)
+
+
+def _bigram_lcp(a, b):
+    """Bigrams two raw token sequences share from the start."""
+    k = 0
+    while k < min(len(a), len(b)) and a[k] == b[k]:
+        k += 1
+    return max(0, min(k - 1, len(a) - 1, len(b) - 1))
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 4])
+def test_bigram_keys_match_what_a_bigram_tree_matches(page_size):
+    """Random raw keys of a small vocabulary (so first tokens and suffixes
+    collide) inserted and matched through the mapping: every match is the
+    longest page-aligned bigram prefix any inserted key shares (what
+    SGLang's tree of bigram keys answers), in bigrams, on the pages that
+    key was inserted with."""
+    rng = random.Random(page_size)
+    eng = radixd.Engine(page_size=page_size, capacity=4096)
+    inserted = []  # (ns, raw tokens cut to whole pages of bigrams, pages)
+    hits = 0
+
+    def raw():
+        return [rng.randrange(3) for _ in range(rng.randrange(0, 14))]
+
+    def floor(n):
+        return n // page_size * page_size
+
+    for _ in range(300):
+        ns = rng.choice([None, '["lora",null]'])
+        t = raw()
+        tokens, name = radixd.bigram_key(t, ns)
+        want = max((floor(min(_bigram_lcp(t, u), max(0, len(t) - 1))) for s, u, _ in inserted if s == ns), default=0)
+        m = eng.match_prefix(tokens[: floor(len(tokens))], ns=name)
+        assert m.len == want, (t, ns)
+        hits += want > 0
+        if want:
+            # The pages are the first ones of a key sharing that prefix.
+            assert any(
+                s == ns and _bigram_lcp(t, u) >= want and list(m.pages) == list(p[: want // page_size])
+                for s, u, p in inserted
+            )
+        n = floor(len(tokens))
+        if n and rng.random() < 0.5:
+            pages = list(m.pages) + list(eng.alloc(n // page_size - len(m.pages)))
+            eng.insert(tokens[:n], pages, ns=name)
+            inserted.append((ns, t[: n + 1], pages))
+    assert hits > 40 // page_size
+    eng.validate()

@@ -393,8 +393,13 @@ class HybridTwin:
         seed: int,
         release: str = "random",
         spaces: Optional[list] = None,
+        eagle: bool = False,
     ):
         assert release in self.RELEASES, release
+        # eagle: both caches built with CacheInitParams.is_eagle (EAGLE /
+        # MTP): FULL+SWA trees keyed by bigrams; FULL+MAMBA ones by tokens
+        # still, as SGLang's UnifiedTreeCore keys them.
+        self.eagle = eagle
         # The (extra_key, cache_salt) pairs requests come in (LoRA adapters,
         # tenants); with one, no draw is made (the steps stay those of the
         # twins without namespaces).
@@ -404,6 +409,7 @@ class HybridTwin:
         self.rng = random.Random(seed)
         publish(page_size)
         pa, pb = self.make_params(), self.make_params()
+        pa.is_eagle = pb.is_eagle = eagle
         self.a = HybridSim(kind, sglang_cache(kind, pa), pa)
         self.b = HybridSim(kind, backend_cache(pb), pb)
         longest = 6 * self.window_or_grid()
@@ -512,6 +518,14 @@ class HybridTwin:
             return running[-1]
         return self.rng.choice(running)
 
+    def unextended(self, rid: str) -> bool:
+        """With bigram keys, ``rid`` holds fewer whole pages of bigrams than
+        its matched prefix (it computed nothing past it): aborted rather
+        than finished, as ``sim.Twin.unextended`` says why."""
+        kv = self.a.running[rid].kv
+        bigram = self.a.cache.tree_core.is_eagle
+        return bigram and (kv.kv_committed_len - 1) // self.ps * self.ps < kv.cache_protected_len
+
     def step(self) -> None:
         r = self.rng
         roll = r.random()
@@ -558,7 +572,7 @@ class HybridTwin:
             if rid is None:
                 return
             self.prompts.pop(rid)
-            abort = r.random() < 0.2
+            abort = r.random() < 0.2 or self.unextended(rid)
             self.counts["aborts"] += abort
             self.a.finish(rid, abort)
             self.b.finish(rid, abort)
@@ -580,8 +594,9 @@ class HybridTwin:
             rid = self.finishing()
             if rid is None:
                 break
-            self.a.finish(rid)
-            self.b.finish(rid)
+            abort = self.unextended(rid)
+            self.a.finish(rid, abort)
+            self.b.finish(rid, abort)
         for rid in list(self.a.running):
             # Admitted without a hit and never extended: nothing to release
             # but the lock, the row and the states.

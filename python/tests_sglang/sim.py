@@ -232,7 +232,12 @@ class Twin:
         eviction_policy: str = "lru",
         eviction_policy_config: Optional[dict] = None,
         priorities: Optional[list] = None,
+        eagle: bool = False,
     ):
+        # eagle: both caches built with CacheInitParams.is_eagle (EAGLE /
+        # MTP: the tree keyed by bigrams), and decoding commits a verify
+        # step's accepted tokens, one to four at a time.
+        self.eagle = eagle
         # lru: evictions free part of the evictable tokens, so the two
         # caches must agree on which leaves are least recently used; else
         # every eviction frees all that is evictable (order-free).
@@ -246,8 +251,10 @@ class Twin:
         self.ps = page_size
         policy = dict(eviction_policy=eviction_policy, eviction_policy_config=eviction_policy_config)
         pa = params(page_size, pages, **policy)
+        pa.is_eagle = eagle
         self.a = Sim(RadixCache(pa), pa)
         pb = params(page_size, pages, **policy)
+        pb.is_eagle = eagle
         self.b = Sim(backend_cache(pb), pb)
         self.work = Workload(self.rng, page_size)
         self.prompts: dict[str, list] = {}
@@ -304,7 +311,8 @@ class Twin:
                 n = min(len(prompt) - done, r.randrange(1, 3 * self.ps + 3))
                 outputs = None
             else:
-                n, outputs = 1, [r.randrange(8)]
+                n = r.randrange(1, 5) if self.eagle else 1
+                outputs = [r.randrange(8) for _ in range(n)]
             if done + n >= MAX_CONTEXT - 1:
                 return
             if not self.make_room(self.a.demand(rid, n)):
@@ -318,7 +326,7 @@ class Twin:
             if self.a.running[rid].kv.kv_allocated_len == 0:
                 return  # a scheduler releases a request after its first chunk
             self.prompts.pop(rid)
-            abort = r.random() < 0.25
+            abort = r.random() < 0.25 or self.unextended(rid)
             self.a.finish(rid, abort)
             self.b.finish(rid, abort)
         elif roll < 0.85:
@@ -340,6 +348,19 @@ class Twin:
                     s.cache.unlock(req.lock)
                     s.pool.free(req)
                 continue
-            self.a.finish(rid)
-            self.b.finish(rid)
+            abort = self.unextended(rid)
+            self.a.finish(rid, abort)
+            self.b.finish(rid, abort)
         self.check_sizes("drained")
+
+    def unextended(self, rid: str) -> bool:
+        """With bigram keys: ``rid`` holds fewer bigrams than its matched
+        prefix (it computed nothing past the prefix, the last token of
+        which is no bigram's first), so it is aborted rather than finished.
+        SGLang's scheduler never releases such a request (every request
+        extends at least one token: its longest match is its input less
+        one); ``RadixCache`` would drop its ``cache_protected_len`` below
+        the locked prefix there and free slots its tree still holds, which
+        ``RadixdPrefixCache`` declines to do."""
+        kv = self.a.running[rid].kv
+        return self.eagle and (kv.kv_committed_len - 1) // self.ps * self.ps < kv.cache_protected_len

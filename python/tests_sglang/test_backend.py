@@ -55,11 +55,8 @@ def test_parallelism_that_is_not_one_lockstep_is_refused(monkeypatch):
         radixd_cache_factory(ctx)
 
 
-def test_eagle_and_other_policies_are_refused():
-    p = params(16, 8)
-    p.is_eagle = True
-    with pytest.raises(ValueError, match="EAGLE"):
-        radixd_cache_factory(build_context(p))
+def test_tlru_is_refused():
+    # EAGLE is served (test_eagle.py);
     # lfu, fifo, mru, filo, priority and slru are served (test_policies.py);
     # tlru only a UnifiedRadixCache passes SGLang's create_tree_cache with.
     p = params(16, 8, eviction_policy="tlru", eviction_policy_config={"threshold": 8, "next_prompt_estimate": 2})

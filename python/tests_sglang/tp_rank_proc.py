@@ -10,6 +10,7 @@ at the end, as JSON."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import warnings
@@ -29,6 +30,9 @@ def main(size: int, rank: int, init: str, page_size: int, pages: int, ops: int, 
     publish_runtime()
     load_plugins()
     p = params(page_size, pages)
+    # EAGLE: the tree keyed by bigrams (radixd.bigram_key's namespaces).
+    eagle = os.environ.get("RADIXD_TP_EAGLE") == "1"
+    p.is_eagle = eagle
     group = None
     if size > 1:
         dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=size)
@@ -88,8 +92,13 @@ def main(size: int, rank: int, init: str, page_size: int, pages: int, ops: int, 
     trace.append(("drained", sim.sizes()))
     if group is not None:
         dist.barrier(group)  # every rank drained: the tree is final
+    import radixd
+
     client = cache.backend
-    tree = [(tokens, space, client.peek(tokens, ns=_ns(space))) for tokens, space in seen]
+    if eagle:
+        tree = [(tokens, space, client.peek(*radixd.bigram_key(tokens, _ns(space)))) for tokens, space in seen]
+    else:
+        tree = [(tokens, space, client.peek(tokens, ns=_ns(space))) for tokens, space in seen]
     stats = client.stats()
     with open(out, "w") as f:
         json.dump({"trace": trace, "tree": [(t, list(s), [n, list(pg)]) for t, s, (n, pg) in tree], "stats": stats}, f)

@@ -106,6 +106,62 @@ def test_through_daemon(policy, config, start_daemon, monkeypatch):
     assert twin.evictions > OPS // 40 and twin.hits > OPS // 100
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("policy", ["priority", "lfu", "slru"])
+def test_eagle_under_a_policy(policy, page_size):
+    # EAGLE keys and a policy's hints together: a checkpoint's prompt
+    # re-insert (priority + 1) must end at the prompt's last whole page of
+    # bigrams, one fewer than its tokens, as RadixCache's prompt_key does;
+    # a boundary one token off splits other nodes and evicts other victims.
+    twin = Twin(
+        page_size,
+        PAGES,
+        lambda p: RadixdPrefixCache(p, _engine(page_size, policy, None)),
+        seed=900 + page_size * 7 + len(policy),
+        lru=True,
+        eviction_policy=policy,
+        priorities=PRIORITIES,
+        eagle=True,
+    )
+    assert twin.a.cache.is_eagle and twin.b.cache.is_eagle
+    for _ in range(OPS // 2):
+        twin.step()
+    twin.drain()
+    twin.b.cache.backend.validate()
+    assert twin.evictions > OPS // 40 and twin.hits > OPS // 100
+
+
+def test_an_eagle_prompt_node_ends_at_the_prompts_last_bigram():
+    # Two finished requests at priority 0, X before Y. RadixCache gives X's
+    # prompt (9 bigrams of 10 tokens) a node of its own at priority 1, its
+    # output (3 bigrams) a leaf at 0: evicting 3 takes X's output and
+    # leaves Y whole. Had radixd split X a bigram late, its leaf would hold
+    # 2 and the third bigram would come off Y.
+    twin = Twin(
+        1,
+        PAGES,
+        lambda p: RadixdPrefixCache(p, _engine(1, "priority", None)),
+        seed=0,
+        lru=True,
+        eviction_policy="priority",
+        eagle=True,
+    )
+    x, y = list(range(100, 110)), list(range(200, 206))
+    for sim in (twin.a, twin.b):
+        sim.arrive("x", x, priority=0)
+        sim.extend("x", len(x))
+        sim.extend("x", 3, [1, 2, 3])
+        sim.finish("x")
+        sim.arrive("y", y, priority=0)
+        sim.extend("y", len(y))
+        sim.finish("y")
+    twin.same("tokens evicted", twin.a.evict(3), twin.b.evict(3))
+    assert twin.a.peek(y) == len(y) - 1
+    twin.same("Y after the eviction", twin.a.peek(y), twin.b.peek(y))
+    twin.same("X after the eviction", twin.a.peek(x + [1, 2, 3]), twin.b.peek(x + [1, 2, 3]))
+    twin.check_sizes("after the eviction")
+
+
 # ----- the factory's checks -----
 
 

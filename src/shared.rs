@@ -39,8 +39,9 @@ use crate::wire::{WireReply, WireRequest};
 /// `BindingBoard`); 6: groups (`Join`, their boards); 7: the hybrid
 /// step's ops (`AllocPaired`, `LockPaired`, `InsertPaired`,
 /// `AllocStates`, `FreeStates`), counted requests and
-/// `LiveStats::free_holder`.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// `LiveStats::free_holder`; 8: the eviction policy (`Info`'s policy
+/// words, an insert's hints, `FLAG_HINTS`).
+pub const PROTOCOL_VERSION: u32 = 8;
 /// Requests (and replies) a client may have in flight.
 pub const RING_CAPACITY: u32 = 64;
 

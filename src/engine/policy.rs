@@ -253,7 +253,7 @@ impl Policy {
     }
 
     /// Whether the order reads anything besides last use (every policy
-    /// but LRU keeps its candidates in a [`Keyed`] heap).
+    /// but LRU keeps its candidates in a heap keyed by its order).
     pub fn is_lru(self) -> bool {
         self == Self::Lru
     }

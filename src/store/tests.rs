@@ -365,3 +365,31 @@ fn the_records_lie_where_the_layout_puts_them() {
     assert!(v.entry(l.config.entries - 1).is_some());
     assert!(v.entry(l.config.entries).is_none(), "past the last entry");
 }
+
+#[test]
+fn events_are_recorded_only_while_on_and_stopping_drops_the_log() {
+    let mut s = store(64, 4, PAGE);
+    assert!(!s.index.recording());
+    let ns = s.index.namespace(b"m", 64).unwrap();
+    assert!(put(&mut s, ns, b"a", None));
+    let mut out = Vec::new();
+    s.index.take_events(&mut out);
+    assert!(out.is_empty(), "nothing is recorded while off");
+    s.index.record_events(true);
+    assert!(s.index.recording());
+    assert!(put(&mut s, ns, b"b", Some(b"a")));
+    s.index.take_events(&mut out);
+    let stored = StoreEvent::Stored {
+        ns: ns.id(),
+        key: b"b".to_vec(),
+        parent: Some(b"a".to_vec()),
+    };
+    assert_eq!(out, vec![stored]);
+    assert!(put(&mut s, ns, b"c", None));
+    s.index.record_events(false);
+    assert!(!s.index.recording());
+    s.index.record_events(true);
+    out.clear();
+    s.index.take_events(&mut out);
+    assert!(out.is_empty(), "stopping dropped what was recorded");
+}

@@ -62,7 +62,7 @@ from .sglang_base import (
     SGLANG_RECENCY,
     RadixdAllocatorMixin,
     _pages_tensor,
-    _token_ids,
+    cache_key,
     check_eviction_policy,
     check_recency,
     eviction_policy,
@@ -203,22 +203,8 @@ class RadixdPrefixCache(BasePrefixCache):
         self.backend.reset()
 
     def _key(self, key: Any, tokens: Any = None) -> tuple:
-        """radixd's tokens and namespace for SGLang's ``key`` (a
-        ``RadixKey``, or a ``Req`` with ``tokens``). With EAGLE, or a key
-        that is a bigram view already, the bigram mapping
-        (``radixd.bigram_key``); a ``RadixKey`` is flipped to its bigram
-        view in place, as ``RadixKey.maybe_to_bigram_view`` flips it in
-        ``RadixCache``."""
-        bigram = False
-        if tokens is None:
-            tokens = _token_ids(key)
-            bigram = getattr(key, "is_bigram", False)
-            if self.is_eagle and bigram is False and hasattr(key, "token_ids"):
-                key.is_bigram = True
-        ns = _ns(key)
-        if self.is_eagle or bigram:
-            return radixd.bigram_key(tokens, ns)
-        return tokens, ns
+        """radixd's tokens and namespace for ``key`` (``sglang_base.cache_key``)."""
+        return cache_key(key, self.is_eagle, tokens)
 
     def _match(self, tokens: Any, ns: Optional[str], **kw: Any) -> Any:
         try:

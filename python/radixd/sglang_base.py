@@ -38,6 +38,26 @@ def _token_ids(key: Any) -> Any:
     return tokens
 
 
+def cache_key(key: Any, is_eagle: bool, tokens: Any = None) -> tuple:
+    """radixd's tokens and namespace for SGLang's ``key`` (a ``RadixKey``,
+    or a ``Req`` with ``tokens``): one namespace per LoRA adapter
+    (``extra_key``) and tenant (``cache_salt``) pair, as SGLang keeps one
+    subtree per pair (``radixd.namespace_of``). With EAGLE, or a key that
+    is a bigram view already, the bigram mapping (``radixd.bigram_key``); a
+    ``RadixKey`` is flipped to its bigram view in place, as
+    ``RadixKey.maybe_to_bigram_view`` flips it in ``RadixCache``."""
+    bigram = False
+    if tokens is None:
+        tokens = _token_ids(key)
+        bigram = getattr(key, "is_bigram", False)
+        if is_eagle and bigram is False and hasattr(key, "token_ids"):
+            key.is_bigram = True
+    ns = radixd.namespace_of(key)
+    if is_eagle or bigram:
+        return radixd.bigram_key(tokens, ns)
+    return tokens, ns
+
+
 def _pages_tensor(pages: Any) -> torch.Tensor:
     """radixd pages (``array('I')``) as SGLang page ids (``p + 1``), int64."""
     if len(pages) == 0:

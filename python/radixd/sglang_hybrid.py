@@ -70,7 +70,7 @@ import radixd
 
 from .sglang_base import (
     RECENCY_FLAG,
-    _token_ids,
+    cache_key,
     check_eviction_policy,
     check_recency,
     install_allocator,
@@ -611,20 +611,8 @@ class RadixdHybridCache(BasePrefixCache):
                 note_uncached(self, ns, e)
 
     def _key(self, key: Any, tokens: Any = None) -> tuple:
-        """radixd's tokens and namespace for SGLang's ``key`` (a
-        ``RadixKey``, or a ``Req`` with ``tokens``): with bigram keys,
-        ``radixd.bigram_key``'s mapping, the ``RadixKey`` flipped to its
-        bigram view in place as ``maybe_to_bigram_view`` flips it."""
-        bigram = False
-        if tokens is None:
-            tokens = _token_ids(key)
-            bigram = getattr(key, "is_bigram", False)
-            if self.is_eagle and bigram is False and hasattr(key, "token_ids"):
-                key.is_bigram = True
-        ns = _ns(key)
-        if self.is_eagle or bigram:
-            return radixd.bigram_key(tokens, ns)
-        return tokens, ns
+        """radixd's tokens and namespace for ``key`` (``sglang_base.cache_key``)."""
+        return cache_key(key, self.is_eagle, tokens)
 
     def path_device_indices(self, node: Any) -> torch.Tensor:
         if node is None or node.handle is None:

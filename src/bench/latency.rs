@@ -25,7 +25,8 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// `CLOCK_REALTIME` in nanoseconds since the Unix epoch (the clock of a
-/// batch's `ts`).
+/// batch's `ts`); only the KV events bench reads it.
+#[cfg(feature = "kv-events")]
 pub fn realtime_ns() -> u64 {
     clock_ns(libc::CLOCK_REALTIME)
 }

@@ -393,3 +393,72 @@ fn events_are_recorded_only_while_on_and_stopping_drops_the_log() {
     s.index.take_events(&mut out);
     assert!(out.is_empty(), "stopping dropped what was recorded");
 }
+
+#[test]
+fn events_name_namespace_whole_key_parent_and_removal_and_a_snapshot_orders_parents_first() {
+    use super::layout::MAX_KEY;
+    let mut s = store(8, 2, PAGE);
+    // A third namespace, so that its id is neither 0 nor 1.
+    s.index.namespace(b"x", 64).unwrap();
+    s.index.namespace(b"y", 64).unwrap();
+    let ns = s.index.namespace(b"m", 64).unwrap();
+    assert!(ns.id() > 1);
+    // Values before the recorded ones, so that no entry of interest is
+    // entry 0 or 1.
+    assert!(put(&mut s, ns, b"p0", None));
+    assert!(put(&mut s, ns, b"p1", None));
+    s.index.record_events(true);
+    let long = vec![7u8; MAX_KEY];
+    assert!(put(&mut s, ns, b"a0", None));
+    assert!(put(&mut s, ns, &long, Some(b"a0")));
+    assert!(put(&mut s, ns, b"a2", Some(&long)));
+    let mut out = Vec::new();
+    s.index.take_events(&mut out);
+    let stored = |key: &[u8], parent: Option<&[u8]>| StoreEvent::Stored {
+        ns: ns.id(),
+        key: key.to_vec(),
+        parent: parent.map(<[u8]>::to_vec),
+    };
+    assert_eq!(
+        out,
+        vec![
+            stored(b"a0", None),
+            stored(&long, Some(b"a0")),
+            stored(b"a2", Some(&long))
+        ]
+    );
+    // A snapshot: every committed value, each parent before its children.
+    let snap = s.index.snapshot();
+    assert_eq!(snap.len(), 5);
+    for (i, e) in snap.iter().enumerate() {
+        let StoreEvent::Stored { parent, .. } = e else {
+            panic!("a snapshot holds Stored facts only: {e:?}");
+        };
+        if let Some(p) = parent {
+            let at = snap
+                .iter()
+                .position(|f| matches!(f, StoreEvent::Stored { key, .. } if key == p));
+            assert!(at.is_some_and(|at| at < i), "{e:?} before its parent");
+        }
+    }
+    assert!(snap.contains(&stored(b"a2", Some(&long))));
+    assert!(snap.contains(&stored(b"p0", None)));
+    // Eviction takes the least recently read leaf (p0), then clear takes
+    // the rest: each announced as Removed.
+    assert!(s.index.evict_one());
+    out.clear();
+    s.index.take_events(&mut out);
+    let removed = |key: &[u8]| StoreEvent::Removed {
+        ns: ns.id(),
+        key: key.to_vec(),
+    };
+    assert_eq!(out, vec![removed(b"p0")]);
+    assert_eq!(s.index.clear(ns.id()), Ok(4));
+    out.clear();
+    s.index.take_events(&mut out);
+    assert_eq!(out.len(), 4);
+    for key in [&b"p1"[..], b"a0", &long, b"a2"] {
+        assert!(out.contains(&removed(key)), "{key:?} announced gone");
+    }
+    assert!(s.index.snapshot().is_empty());
+}

@@ -462,3 +462,232 @@ fn events_name_namespace_whole_key_parent_and_removal_and_a_snapshot_orders_pare
     }
     assert!(s.index.snapshot().is_empty());
 }
+
+/// A store of 4 extents of a page, each holding 2 values of 1,500 bytes
+/// (stride 1,536: a partial slot at each extent's end), 6 of them stored.
+fn adoptable() -> (HeapStore, StoreNs) {
+    let mut s = store(64, 4, PAGE);
+    let ns = s.index.namespace(b"m", 1500).unwrap();
+    for i in 0..6u8 {
+        assert!(put(&mut s, ns, &[i], None));
+    }
+    (s, ns)
+}
+
+/// The entry holding one-byte key `key`.
+fn entry_of(view: &StoreView, key: u8) -> &super::layout::Entry {
+    use radixd_ipc::sync::Ordering::Relaxed;
+    (0..64)
+        .filter_map(|i| view.entry(i))
+        .find(|e| {
+            e.state.load(Relaxed) == super::layout::COMMITTED
+                && e.key_len.load(Relaxed) == 1
+                && e.key[0].load(Relaxed) == u64::from(key)
+        })
+        .unwrap()
+}
+
+/// What adopting [`adoptable`] answers once `forge` wrote into it.
+fn forged(forge: impl Fn(&StoreView)) -> AdoptError {
+    let (s, _) = adoptable();
+    let view = *s.index.view();
+    StoreIndex::adopt(view).expect("the store as written");
+    forge(&view);
+    StoreIndex::adopt(view)
+        .err()
+        .expect("a forged store adopted")
+}
+
+#[test]
+fn adoption_refuses_each_forged_field() {
+    use super::layout::{MAX_KEY, MAX_NAME};
+    use radixd_ipc::sync::Ordering::Relaxed;
+    let ns_bad = |why| AdoptError::Namespace { index: 0, why };
+    let header = forged(|v| {
+        let h = v.header();
+        h.file_bytes.fetch_add(1, Relaxed);
+    });
+    assert!(matches!(header, AdoptError::Header(_)), "{header:?}");
+    let name = "bad name length";
+    assert_eq!(
+        forged(|v| v.namespace(0).unwrap().name_len.store(0, Relaxed)),
+        ns_bad(name)
+    );
+    let too_long = MAX_NAME as u32 + 1;
+    assert_eq!(
+        forged(|v| v.namespace(0).unwrap().name_len.store(too_long, Relaxed)),
+        ns_bad(name)
+    );
+    let size = "value size does not fit an extent";
+    assert_eq!(
+        forged(|v| v.namespace(0).unwrap().value_size.store(0, Relaxed)),
+        ns_bad(size)
+    );
+    assert_eq!(
+        forged(|v| v.namespace(0).unwrap().value_size.store(PAGE + 1, Relaxed)),
+        ns_bad(size)
+    );
+    // A second record of the same name.
+    let twice = forged(|v| {
+        let (a, b) = (v.namespace(0).unwrap(), v.namespace(1).unwrap());
+        for (x, y) in a.name.iter().zip(&b.name) {
+            y.store(x.load(Relaxed), Relaxed);
+        }
+        b.name_len.store(a.name_len.load(Relaxed), Relaxed);
+        b.value_size.store(a.value_size.load(Relaxed), Relaxed);
+        b.state.store(1, Relaxed);
+    });
+    assert_eq!(
+        twice,
+        AdoptError::Namespace {
+            index: 1,
+            why: "name registered twice"
+        }
+    );
+    let entry =
+        |why| move |e: AdoptError| matches!(e, AdoptError::Entry { why: w, .. } if w == why);
+    let key = entry("bad key length");
+    assert!(key(forged(|v| entry_of(v, 2).key_len.store(0, Relaxed))));
+    assert!(key(forged(|v| entry_of(v, 2)
+        .key_len
+        .store(MAX_KEY as u32 + 1, Relaxed))));
+    // The partial slot at an extent's end: on the grid, past the last slot.
+    let grid = forged(|v| {
+        let e = entry_of(v, 3);
+        let extent = e.data.load(Relaxed) / PAGE;
+        e.data.store(extent * PAGE + 2 * 1536, Relaxed);
+    });
+    assert!(entry("data offset off the slot grid")(grid));
+    // Two entries on one slot.
+    let shared = forged(|v| {
+        let at = entry_of(v, 1).data.load(Relaxed);
+        entry_of(v, 4).data.store(at, Relaxed);
+    });
+    assert_eq!(
+        shared,
+        AdoptError::Entry {
+            index: NIL,
+            why: "two entries share a data slot"
+        }
+    );
+}
+
+#[test]
+fn adoption_takes_the_longest_name_and_key_and_the_largest_value_and_drops_a_torn_entry() {
+    use super::layout::{MAX_KEY, MAX_NAME};
+    let (mut s, ns) = adoptable();
+    // A value as large as an extent, under the longest name and key.
+    let big = s.index.namespace(&[b'n'; MAX_NAME], PAGE).unwrap();
+    let long = [9u8; MAX_KEY];
+    assert!(put(&mut s, big, &long, None));
+    let view = *s.index.view();
+    // A value whose record the daemon was changing when it died.
+    entry_of(&view, 5).version.begin();
+    let adopted = StoreIndex::adopt(view).unwrap();
+    adopted.validate().unwrap();
+    assert!(adopted.contains(big.id(), &long));
+    assert!(adopted.contains(ns.id(), &[4]));
+    assert!(!adopted.contains(ns.id(), &[5]), "a torn record is dropped");
+    assert_eq!(adopted.figures().values, 6);
+}
+
+#[test]
+fn an_adopted_store_fills_its_free_slots_without_overwriting_a_value() {
+    let (mut s, ns) = adoptable();
+    let view = *s.index.view();
+    s.index = StoreIndex::adopt(view).unwrap();
+    // Two slots were free: both are taken, and no value stored before
+    // adoption changes.
+    assert!(put(&mut s, ns, &[6], None));
+    assert!(put(&mut s, ns, &[7], None));
+    assert_eq!(s.reader.stats().evicted, 0);
+    for i in 0..8u8 {
+        assert_eq!(get(&s, ns, &[i]), Some(value(&[i], 1500)), "key {i}");
+    }
+    s.index.validate().unwrap();
+    // Full now: the next value evicts one, and lands on its slot only.
+    assert!(put(&mut s, ns, &[8], None));
+    assert_eq!(s.reader.stats().evicted, 1);
+    let kept = (0..9u8).filter(|&i| get(&s, ns, &[i]) == Some(value(&[i], 1500)));
+    assert_eq!(kept.count(), 8);
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn an_adopted_half_full_extent_takes_the_next_value() {
+    // 7 values: three extents full, one holding a single value.
+    let (mut s, ns) = adoptable();
+    assert!(put(&mut s, ns, &[6], None));
+    let view = *s.index.view();
+    s.index = StoreIndex::adopt(view).unwrap();
+    assert_eq!(s.index.figures().values, 7);
+    assert_eq!(s.index.figures().bytes, 7 * 1500);
+    assert!(put(&mut s, ns, &[7], None));
+    assert_eq!(s.reader.stats().evicted, 0, "a free slot was left");
+    for i in 0..8u8 {
+        assert_eq!(get(&s, ns, &[i]), Some(value(&[i], 1500)), "key {i}");
+    }
+}
+
+#[test]
+fn adoption_breaks_a_forged_parent_cycle() {
+    use radixd_ipc::sync::Ordering::Relaxed;
+    // [10] <- [11], then [10]'s parent forged as [11]: a cycle, neither
+    // ever a leaf. Adoption drops the link that closes it, so eviction
+    // reaches both.
+    let mut s = store(64, 4, PAGE);
+    let ns = s.index.namespace(b"m", 1500).unwrap();
+    assert!(put(&mut s, ns, &[10], None));
+    assert!(put(&mut s, ns, &[11], Some(&[10])));
+    let view = *s.index.view();
+    let (a, b) = (entry_of(&view, 10), entry_of(&view, 11));
+    let b_index = (0..64)
+        .find(|&i| std::ptr::eq(view.entry(i).unwrap(), b))
+        .unwrap();
+    a.parent.store(b_index, Relaxed);
+    a.parent_generation
+        .store(b.parent_generation.load(Relaxed), Relaxed);
+    let mut index = StoreIndex::adopt(view).unwrap();
+    index.validate().unwrap();
+    assert!(index.evict_one() && index.evict_one(), "both are evictable");
+    assert!(!index.evict_one());
+    assert_eq!(index.figures().values, 0);
+}
+
+#[test]
+fn adoption_keeps_a_live_parent_link_and_drops_a_stale_one() {
+    use radixd_ipc::sync::Ordering::Relaxed;
+    // A chain [10] <- [11]: adopted, [11] is the only leaf, so eviction
+    // takes it though [10] is older; with its link stale, [10] is a leaf
+    // too and goes first.
+    let adopt = |forge: &dyn Fn(&StoreView)| {
+        let mut s = store(64, 4, PAGE);
+        let ns = s.index.namespace(b"m", 1500).unwrap();
+        assert!(put(&mut s, ns, &[10], None));
+        assert!(put(&mut s, ns, &[11], Some(&[10])));
+        let view = *s.index.view();
+        forge(&view);
+        let mut index = StoreIndex::adopt(view).unwrap();
+        index.validate().unwrap();
+        let snapshot = index.snapshot();
+        assert!(index.evict_one());
+        let kept = (
+            index.contains(ns.id(), &[10]),
+            index.contains(ns.id(), &[11]),
+        );
+        (snapshot, kept)
+    };
+    let stored = |key: u8, parent: Option<u8>| StoreEvent::Stored {
+        ns: 0,
+        key: vec![key],
+        parent: parent.map(|p| vec![p]),
+    };
+    let (snapshot, kept) = adopt(&|_| {});
+    assert_eq!(snapshot, vec![stored(10, None), stored(11, Some(10))]);
+    assert_eq!(kept, (true, false), "the child is the leaf");
+    let (snapshot, kept) = adopt(&|v| {
+        entry_of(v, 11).parent_generation.fetch_add(1, Relaxed);
+    });
+    assert!(snapshot.contains(&stored(11, None)), "{snapshot:?}");
+    assert_eq!(kept, (false, true), "both are leaves; the older goes");
+}

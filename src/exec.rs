@@ -164,6 +164,7 @@ pub fn parse_for(line: &[u8], components: &Components) -> Result<Request, Reject
                 Request::Evict { tokens }
             }
         }
+        "evict_leaf" => Request::EvictLeaf,
         "alloc_paired" => Request::AllocPaired { n: f.u64("n")? },
         "lock_paired" => Request::LockPaired {
             handle: f.u64("handle")?,
@@ -454,6 +455,9 @@ fn value_for(result: Result<Reply, Rejection>, components: &Components) -> Value
             json!({"ok": true, "len": len, "pages": pages, "handle": handle})
         }
         Ok(Reply::Evicted(tokens)) => json!({"ok": true, "evicted": tokens}),
+        Ok(Reply::EvictedLeaf { handle, tokens }) => {
+            json!({"ok": true, "handle": handle, "evicted": tokens})
+        }
         Ok(Reply::Session {
             resident_tokens,
             idle_ms,

@@ -40,8 +40,9 @@ use crate::wire::{WireReply, WireRequest};
 /// step's ops (`AllocPaired`, `LockPaired`, `InsertPaired`,
 /// `AllocStates`, `FreeStates`), counted requests and
 /// `LiveStats::free_holder`; 8: the eviction policy (`Info`'s policy
-/// words, an insert's hints, `FLAG_HINTS`).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// words, an insert's hints, `FLAG_HINTS`); 9: `EvictLeaf`, a step of
+/// SGLang's eviction walk (the TreeCore's).
+pub const PROTOCOL_VERSION: u32 = 9;
 /// Requests (and replies) a client may have in flight.
 pub const RING_CAPACITY: u32 = 64;
 

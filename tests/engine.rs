@@ -185,6 +185,47 @@ fn eviction_takes_the_least_recently_used_leaf_first() {
 }
 
 #[test]
+fn evict_leaf_takes_the_oldest_leaf_whole_then_its_parent() {
+    let mut e = engine(4, 16);
+    put(&mut e, A, &[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);
+    put(&mut e, A, &[1, 1, 1, 1, 5, 5, 5, 5]); // splits [1] off: leaves [2,3] and [5]
+    put(&mut e, A, &[7, 7, 7, 7, 8, 8, 8, 8]);
+    let mut pages = Vec::new();
+    // Splits [2,3]: [2] is the handle; under exact recency [3] keeps the
+    // first insert's stamp, so the oldest leaves are [3], [5], [7,8].
+    let leaf = e
+        .match_prefix(A, &[1, 1, 1, 1, 2, 2, 2, 2], false, &mut pages)
+        .handle
+        .expect("matched");
+    let first = e.evict_leaf().expect("a leaf");
+    assert_eq!(first.tokens, 4);
+    assert_eq!(matched(&e, &[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]).0, 8);
+    let second = e.evict_leaf().expect("a leaf");
+    assert_eq!(second.tokens, 4);
+    assert_eq!(matched(&e, &[1, 1, 1, 1, 5, 5, 5, 5]).0, 4);
+    // A leaf of two pages goes whole, never a page of it.
+    let before = e.stats().total_tokens;
+    let third = e.evict_leaf().expect("a leaf");
+    assert_eq!((third.tokens, e.stats().total_tokens), (8, before - 8));
+    assert_eq!(matched(&e, &[7, 7, 7, 7]).0, 0);
+    // The evicted leaf's handle is stale; the one matched still names [2].
+    assert!(matches!(
+        e.lock(A, third.handle.to_raw()),
+        Err(HandleError::Stale(_))
+    ));
+    e.lock(A, leaf.to_raw()).expect("live");
+    // [2] locked and [1] inner: nothing is evictable.
+    assert_eq!(e.evict_leaf(), None);
+    ok(&e);
+    e.unlock(A, leaf.to_raw()).unwrap();
+    assert_eq!(e.evict_leaf().map(|l| l.handle), Some(leaf));
+    assert_eq!(e.evict_leaf().map(|l| l.tokens), Some(4));
+    assert_eq!(e.evict_leaf(), None);
+    assert_eq!(e.stats().nodes, 0);
+    ok(&e);
+}
+
+#[test]
 fn a_split_leaves_its_lower_half_at_its_last_use() {
     // Exact recency (the default): the match [1,2] used only the upper
     // half; the lower half [3,4] is as old as the first insert, older than

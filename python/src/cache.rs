@@ -292,6 +292,15 @@ macro_rules! cache_methods {
                 Ok(Bound::new(py, e)?.into_any().unbind())
             }
 
+            /// Evicts the least recently used unlocked leaf whole (one step
+            /// of SGLang's eviction walk, which checks its stop rule between
+            /// leaves): `(handle, tokens)`, the leaf's handle as it was
+            /// (stale from now on) and the tokens freed, or `None` when no
+            /// leaf is evictable.
+            fn evict_leaf(&self, py: Python<'_>) -> PyResult<Option<(u64, u64)>> {
+                reply::evicted_leaf(self.run(py, Request::EvictLeaf)?)
+            }
+
             /// Commits a session's conversation so far: `.cached`, `.len`;
             /// in namespace `ns` when given.
             #[pyo3(signature = (session, tokens, pages, ns = None))]

@@ -322,6 +322,14 @@ pub fn evicted(reply: Reply) -> PyResult<u64> {
     }
 }
 
+/// `evict_leaf`'s answer: the leaf's handle and tokens, or `None`.
+pub fn evicted_leaf(reply: Reply) -> PyResult<Option<(u64, u64)>> {
+    match reply {
+        Reply::EvictedLeaf { handle, tokens } => Ok(handle.map(|h| (h, tokens))),
+        other => Err(unexpected(other)),
+    }
+}
+
 pub fn session(py: Python<'_>, reply: Reply) -> PyResult<Bound<'_, PyDict>> {
     match reply {
         Reply::Session {

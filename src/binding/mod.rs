@@ -306,6 +306,7 @@ pub fn fills_pool(request: &Request) -> bool {
         | Request::Lock { .. }
         | Request::Unlock { .. }
         | Request::Evict { .. }
+        | Request::EvictLeaf
         | Request::EvictComponents { .. }
         | Request::SessionRelease { .. }
         | Request::SessionStatus { .. }

@@ -203,6 +203,17 @@ impl Client {
         }
     }
 
+    /// Evicts the least recently used unlocked leaf whole (see
+    /// [`crate::engine::Engine::evict_leaf`]): the leaf's handle as it was
+    /// (stale now) and the tokens freed, or `None` when no leaf is
+    /// evictable.
+    pub fn evict_leaf(&mut self) -> Result<Option<(u64, u64)>, ClientError> {
+        match self.send(Call::EvictLeaf)? {
+            Reply::EvictedLeaf { handle, tokens } => Ok(handle.map(|h| (h, tokens))),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Evicts per component: `tokens` FULL tokens (leaves, with their SWA
     /// pages and states), then SWA tokens and MAMBA states until the call
     /// freed `swa_tokens` and `mamba_states` (see

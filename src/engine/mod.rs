@@ -68,6 +68,7 @@ pub use namespace::{
     MAX_NAMESPACE_LEN,
 };
 pub use policy::{InsertHints, Policy, PolicyError};
+pub use pool::EvictedLeaf;
 pub use prefix::{Inserted, Matched};
 pub use reader::{Anchor, Peeked, TreeReader, Usable};
 pub use record::{SPARE_BUFFERS, SPARE_BUFFER_LEN};

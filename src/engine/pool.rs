@@ -10,7 +10,16 @@ use super::cache::{ClientId, Engine};
 use super::error::PageError;
 use super::hybrid::{Component, ComponentError, Evicted};
 use super::layout::{NIL, PAGE_CLAIMED, PAGE_FREE, PAGE_OWNED};
+use super::lock::Handle;
 use super::region::Region;
+
+/// What [`Engine::evict_leaf`] evicted: the leaf's handle as it was (stale
+/// once answered) and its tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EvictedLeaf {
+    pub handle: Handle,
+    pub tokens: u64,
+}
 
 impl<R: Region> Arena<R> {
     /// Returns `page` to the free ring. The caller has unlinked it from
@@ -187,6 +196,31 @@ impl<R: Region> Engine<R> {
         let p = u64::from(self.page_size());
         self.arena.reclaim();
         let evicted = self.arena.evict_pages(tokens.div_ceil(p)) * p;
+        self.arena.reclaim();
+        evicted
+    }
+
+    /// Evicts the least recently used unlocked leaf whole (by the
+    /// engine's eviction policy; with SWA or MAMBA, its pages and states
+    /// go with it, as [`Engine::evict`]'s victims'): one step of SGLang's
+    /// eviction walk (`evict_device_next_node` and `evict_device_leaf`),
+    /// which checks its stop rule after every leaf. Answers the leaf's
+    /// handle (stale from now on) and the tokens freed, or `None` when
+    /// nothing is evictable.
+    pub fn evict_leaf(&mut self) -> Option<EvictedLeaf> {
+        let p = u64::from(self.page_size());
+        self.arena.reclaim();
+        let victim = self.arena.lru.oldest();
+        let evicted = victim.map(|node| {
+            let handle = self.handle_of(node);
+            let pages = u64::from(self.arena.nodes()[node as usize].num_pages);
+            self.arena.evict_leaf(node, pages);
+            self.arena.hdr_mut().evict_scanned += 1;
+            EvictedLeaf {
+                handle,
+                tokens: pages * p,
+            }
+        });
         self.arena.reclaim();
         evicted
     }

@@ -229,6 +229,7 @@ pub fn describe(request: &Request) -> String {
         Request::Lock { handle } => format!("lock of {handle:#x}"),
         Request::Unlock { handle } => format!("unlock of {handle:#x}"),
         Request::Evict { tokens } => format!("evict of {tokens} tokens"),
+        Request::EvictLeaf => "evict_leaf".to_owned(),
         Request::EvictComponents {
             tokens,
             swa_tokens,

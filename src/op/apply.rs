@@ -122,6 +122,16 @@ pub fn apply_with<R: Region>(
             Reply::Done
         }
         Request::Evict { tokens } => Reply::Evicted(engine.evict(tokens)),
+        Request::EvictLeaf => match engine.evict_leaf() {
+            Some(e) => Reply::EvictedLeaf {
+                handle: Some(e.handle.to_raw()),
+                tokens: e.tokens,
+            },
+            None => Reply::EvictedLeaf {
+                handle: None,
+                tokens: 0,
+            },
+        },
         Request::SessionCommit {
             session,
             tokens,

@@ -211,6 +211,11 @@ pub enum Request {
     FreeStates {
         states: Vec<u32>,
     },
+    /// Evicts the least recently used unlocked leaf whole
+    /// ([`Engine::evict_leaf`]): one step of SGLang's eviction walk, which
+    /// checks its stop rule between leaves. Answers
+    /// [`Reply::EvictedLeaf`].
+    EvictLeaf,
     /// `request` (one that [takes a count](Request::takes_count)) and the
     /// pools' free counts after it ([`Reply::Counted`]): a scheduler that
     /// keeps them from the answers that change them need not ask `stats`
@@ -338,6 +343,9 @@ pub enum Reply {
     },
     /// `AllocStates`: the slots now owned by the caller.
     States(Vec<u32>),
+    /// `EvictLeaf`: the leaf's handle as it was (stale now) and the tokens
+    /// freed; `None` and 0 when no leaf was evictable.
+    EvictedLeaf { handle: Option<u64>, tokens: u64 },
     /// `Counted`: the request's answer and the pools' free counts after it.
     Counted { reply: Box<Reply>, free: FreeCounts },
 }
@@ -393,6 +401,7 @@ impl Reply {
             Self::LockedPaired { .. } => "locked_paired",
             Self::InsertedPaired { .. } => "inserted_paired",
             Self::States(_) => "states",
+            Self::EvictedLeaf { .. } => "evicted_leaf",
             Self::Counted { .. } => "counted",
         }
     }
@@ -433,6 +442,7 @@ impl Request {
             Self::InsertPaired { .. } => "insert_paired",
             Self::AllocStates { .. } => "alloc_states",
             Self::FreeStates { .. } => "free_states",
+            Self::EvictLeaf => "evict_leaf",
             Self::Counted(request) | Self::Hinted { request, .. } => request.name(),
         }
     }

@@ -103,6 +103,8 @@ pub enum Call<'a> {
     AllocStates(u64),
     /// See [`Request::FreeStates`]: the slots travel as pages.
     FreeStates(&'a [u32]),
+    /// See [`Request::EvictLeaf`].
+    EvictLeaf,
     /// See [`Request::Counted`]: the request's own encoding, flagged.
     Counted(&'a Request),
     /// See [`Request::Hinted`]: the insert's own encoding, flagged, the
@@ -212,6 +214,7 @@ impl<'a> Call<'a> {
             },
             Request::AllocStates { n } => Self::AllocStates(*n),
             Request::FreeStates { states } => Self::FreeStates(states),
+            Request::EvictLeaf => Self::EvictLeaf,
             Request::Counted(request) => Self::Counted(request),
             Request::Hinted { hints, request } => Self::Hinted(*hints, request),
         }
@@ -353,6 +356,7 @@ impl<'a> Call<'a> {
             ),
             Self::AllocStates(n) => (opcode::ALLOC_STATES, n, 0, none, none, ""),
             Self::FreeStates(states) => (opcode::FREE_STATES, 0, 0, none, states, ""),
+            Self::EvictLeaf => (opcode::EVICT_LEAF, 0, 0, none, none, ""),
             Self::Join(j) => (
                 opcode::JOIN,
                 u64::from(j.rank) | u64::from(j.size) << 32,

@@ -41,6 +41,7 @@ pub(super) mod opcode {
     pub const INSERT_PAIRED: u32 = 30;
     pub const ALLOC_STATES: u32 = 31;
     pub const FREE_STATES: u32 = 32;
+    pub const EVICT_LEAF: u32 = 33;
     pub const STORE_NAMESPACE: u32 = 40;
     pub const STORE_RESERVE: u32 = 41;
     pub const STORE_COMMIT: u32 = 42;
@@ -72,6 +73,7 @@ pub(super) mod kind {
     pub const LOCKED_PAIRED: u32 = 20;
     pub const INSERTED_PAIRED: u32 = 21;
     pub const STATES: u32 = 22;
+    pub const EVICTED_LEAF: u32 = 23;
     pub const STORE_NAMESPACE: u32 = 40;
     pub const STORE_RESERVED: u32 = 41;
     pub const STORE_DONE: u32 = 42;

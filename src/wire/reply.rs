@@ -82,6 +82,11 @@ fn encode_answer(w: &mut WireReply, reply: &Reply, payload: &mut Vec<u8>) {
             w.kind = kind::EVICTED;
             w.a = *tokens;
         }
+        Reply::EvictedLeaf { handle, tokens } => {
+            w.kind = kind::EVICTED_LEAF;
+            w.a = *tokens;
+            set_handle(w, *handle, false);
+        }
         Reply::Session {
             resident_tokens,
             idle_ms,
@@ -331,6 +336,10 @@ fn decode_answer(w: &WireReply, payload: &[u8]) -> Result<Reply, BadReply> {
             handle,
         },
         kind::EVICTED => Reply::Evicted(w.a),
+        kind::EVICTED_LEAF => Reply::EvictedLeaf {
+            handle,
+            tokens: w.a,
+        },
         kind::SESSION => Reply::Session {
             resident_tokens: w.a,
             idle_ms: w.b,

@@ -362,6 +362,7 @@ fn decode_op<P: Payload + ?Sized>(
             }
         }
         opcode::ALLOC_STATES => none().map(|()| Request::AllocStates { n: r.arg })?,
+        opcode::EVICT_LEAF => none().map(|()| Request::EvictLeaf)?,
         opcode::FREE_STATES => {
             exact(false, true, false)?;
             Request::FreeStates {

@@ -44,6 +44,8 @@ fn step_requests() -> Vec<Request> {
         Request::AllocStates { n: 2 },
         Request::FreeStates { states: vec![4, 5] },
         Request::FreeStates { states: vec![] },
+        Request::EvictLeaf,
+        counted(Request::EvictLeaf),
         counted(Request::Alloc { n: 3 }),
         counted(Request::Free { pages: vec![1, 2] }),
         counted(Request::EvictComponents {
@@ -202,6 +204,18 @@ fn step_replies() -> Vec<Reply> {
         },
         Reply::States(vec![0, u32::MAX]),
         Reply::States(vec![]),
+        Reply::EvictedLeaf {
+            handle: Some(1 << 40 | 3),
+            tokens: 32,
+        },
+        Reply::EvictedLeaf {
+            handle: None,
+            tokens: 0,
+        },
+        counted_reply(Reply::EvictedLeaf {
+            handle: Some(7),
+            tokens: 4,
+        }),
         counted_reply(Reply::Done),
         counted_reply(Reply::Pages(vec![1])),
         counted_reply(Reply::State { state: 3 }),

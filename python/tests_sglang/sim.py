@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from array import array
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from sglang.srt.managers.schedule_batch import Req
@@ -219,7 +219,12 @@ class Workload:
 
 class Twin:
     """SGLang's ``RadixCache`` (a) and ``RadixdPrefixCache`` (b) under the same
-    random operations; every answer is compared (``ops`` counts them)."""
+    random operations; every answer is compared (``ops`` counts them).
+
+    ``reference`` builds (a) from its params instead (SGLang's
+    ``UnifiedRadixCache`` on its Python core, against the same controller on
+    the radixd core as (b)); ``same_evictions``: (b) is asked for the tokens
+    (a) was asked for, not for what (a) freed (both evict whole leaves)."""
 
     def __init__(
         self,
@@ -233,6 +238,8 @@ class Twin:
         eviction_policy_config: Optional[dict] = None,
         priorities: Optional[list] = None,
         eagle: bool = False,
+        reference: Optional[Callable[[CacheInitParams], Any]] = None,
+        same_evictions: bool = False,
     ):
         # eagle: both caches built with CacheInitParams.is_eagle (EAGLE /
         # MTP: the tree keyed by bigrams), and decoding commits a verify
@@ -252,7 +259,8 @@ class Twin:
         policy = dict(eviction_policy=eviction_policy, eviction_policy_config=eviction_policy_config)
         pa = params(page_size, pages, **policy)
         pa.is_eagle = eagle
-        self.a = Sim(RadixCache(pa), pa)
+        self.same_evictions = same_evictions
+        self.a = Sim((reference or RadixCache)(pa), pa)
         pb = params(page_size, pages, **policy)
         pb.is_eagle = eagle
         self.b = Sim(backend_cache(pb), pb)
@@ -278,8 +286,9 @@ class Twin:
         short = need - self.a.alloc.available_size()
         if short <= 0:
             return True
-        freed = self.a.evict(short if self.lru else self.a.cache.evictable_size())
-        self.same("tokens evicted", freed, self.b.evict(freed))
+        want = short if self.lru else self.a.cache.evictable_size()
+        freed = self.a.evict(want)
+        self.same("tokens evicted", freed, self.b.evict(want if self.same_evictions else freed))
         self.evictions += 1
         return self.a.alloc.available_size() >= need
 
@@ -331,8 +340,9 @@ class Twin:
             self.b.finish(rid, abort)
         elif roll < 0.85:
             n = r.randrange(1, 4 * self.ps + 2)
-            freed = self.a.evict(n if self.lru else self.a.cache.evictable_size())
-            self.same("tokens evicted", freed, self.b.evict(freed))
+            want = n if self.lru else self.a.cache.evictable_size()
+            freed = self.a.evict(want)
+            self.same("tokens evicted", freed, self.b.evict(want if self.same_evictions else freed))
             self.evictions += 1
         else:
             tokens = self.work.prompt()
@@ -364,3 +374,4 @@ class Twin:
         ``RadixdPrefixCache`` declines to do."""
         kv = self.a.running[rid].kv
         return self.eagle and (kv.kv_committed_len - 1) // self.ps * self.ps < kv.cache_protected_len
+

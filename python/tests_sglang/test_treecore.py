@@ -1,0 +1,128 @@
+"""Issue 39, phase 1 (docs/sglang-parity.md): the radixd TreeCore under SGLang
+0.5.23's own ``UnifiedRadixCache``, against the same controller on SGLang's
+own Python core (``tree_core_backend="python"``).
+
+Twins: two ``UnifiedRadixCache``s under the same random scheduler
+operations (arrivals, chunked prefill, decode, checkpoints, finishing,
+aborting, eviction under pressure and asked for), through SGLang's own
+``Req``, ``ReqToTokenPool``, allocators and scheduler functions; one
+controller, so any difference is the core's. Every match, allocation,
+``cache_protected_len``, eviction and size (evictable, protected, total,
+available) is compared after every step, in-process (``radixd.Engine``) and
+through a daemon (``radixd.Client``), page sizes 1 and 16, with LoRA and
+tenant namespaces.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+import radixd
+from radixd.treecore import RadixdTreeCore, unified_radix_cache
+from sim import Twin
+
+OPS = int(os.environ.get("RADIXD_SGLANG_OPS", "12500"))
+PAGES = 48
+SPACES = [(None, None), ("lora-1", None), (None, "tenant-a"), ("lora-1", "tenant-a")]
+
+
+def python_core(p):
+    """SGLang's UnifiedRadixCache on its own Python TreeCore."""
+    p.tree_components = (ComponentType.FULL,)
+    p.tree_core_backend = "python"
+    cache = UnifiedRadixCache(params=p)
+    assert type(cache.tree_core).__name__ == "UnifiedTreeCore"
+    return cache
+
+
+def radixd_core(backend_of):
+    """SGLang's UnifiedRadixCache on the radixd TreeCore over ``backend_of(p)``."""
+
+    def build(p):
+        p.tree_components = (ComponentType.FULL,)
+        cache = unified_radix_cache(p, backend_of(p))
+        assert isinstance(cache.tree_core, RadixdTreeCore)
+        return cache
+
+    return build
+
+
+def engine(p):
+    return radixd.Engine(p.page_size, PAGES, recency="sglang")
+
+
+def twin(page_size, backend_of, seed, **kw):
+    return Twin(
+        page_size, PAGES, radixd_core(backend_of), seed=seed, lru=True, reference=python_core, same_evictions=True, **kw
+    )
+
+
+def run(t, ops):
+    for _ in range(ops):
+        t.step()
+    t.drain()
+    t.b.cache.tree_core.backend.validate()
+    t.b.cache.sanity_check()
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_in_process(page_size):
+    t = twin(page_size, engine, seed=400 + page_size)
+    run(t, OPS)
+    assert t.evictions > OPS // 20 and t.hits > OPS // 50
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_through_daemon(page_size, start_daemon):
+    d = start_daemon("--recency", "sglang", page_size=page_size, capacity=PAGES)
+    clients = []
+
+    def client(p):
+        c = radixd.Client(d.name)
+        clients.append(c)
+        return c
+
+    t = twin(page_size, client, seed=500 + page_size)
+    assert isinstance(t.b.cache.tree_core.backend, radixd.Client)
+    try:
+        run(t, OPS // 2)
+    finally:
+        for c in clients:
+            c.close()
+    assert t.evictions > OPS // 40 and t.hits > OPS // 100
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_namespaces_in_process(page_size):
+    t = twin(page_size, engine, seed=600 + page_size, spaces=SPACES)
+    run(t, OPS // 2)
+    assert t.evictions > OPS // 40 and t.hit_spaces == set(SPACES), "every namespace was hit"
+
+
+def test_the_core_refuses_what_this_phase_does_not_serve_by_name():
+    from sim import params
+
+    p = params(1, PAGES)
+    p.eviction_policy = "lfu"
+    with pytest.raises(NotImplementedError, match="--radix-eviction-policy lfu"):
+        radixd_core(engine)(p)
+    p = params(1, PAGES)
+    p.is_eagle = True
+    with pytest.raises(NotImplementedError, match="EAGLE"):
+        radixd_core(engine)(p)
+    cache = radixd_core(engine)(params(1, PAGES))
+    core = cache.tree_core
+    with pytest.raises(NotImplementedError, match="HiCache"):
+        core.set_hicache_enabled()
+    with pytest.raises(NotImplementedError, match="HiCache"):
+        core.inc_host_lock_ref(0)
+    with pytest.raises(NotImplementedError, match="hybrid models"):
+        core.dec_swa_lock_only(0, None)
+    with pytest.raises(NotImplementedError, match="HiCache storage"):
+        core.enable_storage = True
+    core.enable_storage = False  # what UnifiedRadixCache's reset sets
+

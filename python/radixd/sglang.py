@@ -8,7 +8,11 @@ The factory connects to the daemon named by ``RADIXD_NAME`` (default
 ``radixd``), binds the daemon's pool to this scheduler's KV buffer
 (:func:`pool_identity`: a daemon serves one KV pool, and a scheduler of
 another is refused at start-up), installs radixd's pool into SGLang's
-token-to-KV allocator and returns a :class:`RadixdPrefixCache`.
+token-to-KV allocator and returns a :class:`RadixdPrefixCache`; with
+``--enable-streaming-session`` (which SGLang's ``create_tree_cache`` takes
+only from a ``UnifiedRadixCache``) it returns SGLang's own
+``UnifiedRadixCache`` on the radixd TreeCore instead (:mod:`radixd.treecore`,
+docs/sglang-parity.md).
 
 Recency: radixd answers as SGLang's trees under SGLang's rule, ``radixd
 serve --recency sglang`` (a match that splits a node counts as a use of its
@@ -513,10 +517,14 @@ def _refuse(option: str, why: str) -> None:
     raise ValueError(f"--radix-cache-backend radixd does not support {option}: {why}")
 
 
-def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
+def radixd_cache_factory(ctx: Any) -> Any:
     """SGLang's ``RadixCacheFactory`` for ``--radix-cache-backend radixd``:
     refuses what radixd does not support, connects to the daemon named by
-    ``RADIXD_NAME`` (default ``radixd``) and builds the cache on it."""
+    ``RADIXD_NAME`` (default ``radixd``) and builds the cache on it: a
+    :class:`RadixdPrefixCache`, or, when the server turned on something
+    only SGLang's ``UnifiedRadixCache`` serves (``--enable-streaming-session``),
+    SGLang's own ``create_unified_radix_cache(ctx)`` on the radixd TreeCore
+    (:mod:`radixd.treecore`), so ``create_tree_cache``'s checks pass."""
     params = ctx.params
     if ctx.enable_hierarchical_cache:
         _refuse("--enable-hierarchical-cache", "radixd keeps KV on the device only")
@@ -550,8 +558,9 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
     serving = _serving_args(ctx)
     if getattr(serving, "enable_dp_attention", False):
         _refuse("--enable-dp-attention", "each attention-DP rank keeps a KV pool of its own; a daemon serves one pool")
-    if getattr(serving, "enable_streaming_session", False):
-        _refuse("--enable-streaming-session", "streaming sessions are not mapped to radixd sessions yet")
+    # What only SGLang's own UnifiedRadixCache serves: that controller on
+    # the radixd TreeCore (docs/sglang-parity.md, section 2).
+    unified = _unified_only(ctx, serving)
     name = os.environ.get("RADIXD_NAME", "radixd")
     # Tensor parallelism: the ranks of this server agree on a group and its
     # pool (collectives over SGLang's tp_cache_group, on every rank alike).
@@ -563,6 +572,86 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
         from .sglang_hybrid import hybrid_cache_factory
 
         return hybrid_cache_factory(ctx, name, pool, group)
+    client = _connect(ctx, name, pool, group, policy, policy_config)
+    try:
+        if unified:
+            return _unified_radix_cache(ctx, client, unified)
+        return RadixdPrefixCache(params, client)
+    except BaseException:
+        client.close()  # releases the binding at once
+        raise
+
+
+#: The SGLang whose internal TreeCore interface the radixd TreeCore
+#: implements (it changes between releases: docs/sglang-parity.md, "Risks").
+TREECORE_SGLANG = "0.5.23"
+
+
+def _unified_only(ctx: Any, serving: Any) -> Optional[str]:
+    """The option this server turned on that only SGLang's
+    ``UnifiedRadixCache`` serves (``create_tree_cache`` checks the cache's
+    class), or ``None``: with one, the factory returns that cache on the
+    radixd TreeCore. Refuses, by name, what the TreeCore does not serve yet
+    beside it."""
+    if not getattr(serving, "enable_streaming_session", False):
+        return None
+    option = "--enable-streaming-session"
+    import sglang
+
+    version = getattr(sglang, "__version__", "unknown")
+    if version != TREECORE_SGLANG:
+        _refuse(option, f"the radixd TreeCore implements SGLang {TREECORE_SGLANG}'s TreeCore interface, not {version}")
+    if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
+        _refuse(f"{option} with a hybrid model", "the radixd TreeCore serves full-attention models only (phase 1)")
+    if getattr(ctx.params, "is_eagle", False):
+        _refuse(f"{option} with EAGLE / MTP", "the radixd TreeCore does not key bigrams yet (phase 1)")
+    policy, _ = eviction_policy(ctx.params)
+    if policy != "lru":
+        _refuse(f"{option} with --radix-eviction-policy {policy}", "the radixd TreeCore evicts by LRU only (phase 1)")
+    if getattr(ctx, "tp_size", 1) > 1:
+        _refuse(f"{option} with --tp-size above 1", "the radixd TreeCore is not verified with a group yet (phase 1)")
+    if _schedule_policy(ctx) == "dfs-weight":
+        _refuse(f"{option} with --schedule-policy dfs-weight", "the radixd TreeCore does not walk the tree's shape")
+    return option
+
+
+def _schedule_policy(ctx: Any) -> str:
+    """The server's ``--schedule-policy``."""
+    try:
+        from sglang.srt.runtime_context import get_schedule
+
+        return str(get_schedule().schedule_policy)
+    except Exception:  # no runtime context (tests building the cache by hand)
+        return str(getattr(ctx.server_args, "schedule_policy", "") or "")
+
+
+def _unified_radix_cache(ctx: Any, client: Any, option: str) -> Any:
+    """SGLang's own ``create_unified_radix_cache(ctx)`` on the radixd TreeCore:
+    radixd's pool installed in the allocator, the core registered and
+    chosen for this cache only (``params.tree_core_backend``, not the
+    process-wide variable), the connection filed under ``ctx.params``."""
+    from sglang.srt.mem_cache.registry import create_unified_radix_cache
+
+    from . import treecore
+
+    params = ctx.params
+    install_allocator(params.token_to_kv_pool_allocator, client)
+    treecore.register()
+    params.tree_core_backend = treecore.BACKEND_NAME
+    treecore.file_backend(params, client)
+    try:
+        cache = create_unified_radix_cache(ctx)
+    finally:
+        treecore._PENDING.pop(id(params), None)
+    logger.info("radixd: %s: SGLang's UnifiedRadixCache on the radixd TreeCore", option)
+    return cache
+
+
+def _connect(ctx: Any, name: str, pool: dict, group: Any, policy: str, policy_config: dict) -> Any:
+    """The daemon ``name``'s client for this scheduler, bound to its pool
+    (and a rank of ``group``), checked: full-attention components, the
+    server's eviction policy, SGLang's recency (a warning)."""
+    params = ctx.params
     try:
         client = radixd.Client(name, pool=pool, group=group and group.join_args())
     except radixd.PoolMismatchError as e:
@@ -595,11 +684,7 @@ def radixd_cache_factory(ctx: Any) -> RadixdPrefixCache:
         "" if group is None else f", rank {group.rank} of {group.size} of group {group.key}",
     )
     check_recency(client, name)
-    try:
-        return RadixdPrefixCache(params, client)
-    except BaseException:
-        client.close()  # releases the binding at once
-        raise
+    return client
 
 
 #: Env var naming the KV buffer when processes that are not one server map

@@ -103,6 +103,80 @@ def test_namespaces_in_process(page_size):
     assert t.evictions > OPS // 40 and t.hit_spaces == set(SPACES), "every namespace was hit"
 
 
+# ----- the factory: SGLang's own create_tree_cache with --enable-streaming-session -----
+
+
+@pytest.fixture
+def streaming_server():
+    """SGLang's runtime config of a server started with
+    ``--radix-cache-backend radixd --enable-streaming-session`` (restored
+    to the suite's after the test)."""
+    from sglang.srt import runtime_context
+    from sglang.srt.server_args import ServerArgs
+
+    from sim import publish_runtime
+
+    def publish(**kw):
+        args = ServerArgs(model_path="dummy", radix_cache_backend="radixd", enable_streaming_session=True, **kw)
+        runtime_context.publish(args, role="scheduler")
+
+    publish()
+    yield publish
+    publish_runtime()
+
+
+def test_create_tree_cache_takes_streaming_sessions_on_the_radixd_core(streaming_server, start_daemon, monkeypatch):
+    from sglang.srt.mem_cache.registry import create_tree_cache
+
+    from radixd.sglang import RadixdPrefixCache
+    from sim import build_context, params
+
+    d = start_daemon("--recency", "sglang", page_size=4, capacity=PAGES)
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    p = params(4, PAGES)
+    cache = create_tree_cache(build_context(p))
+    assert type(cache) is UnifiedRadixCache and isinstance(cache.tree_core, RadixdTreeCore)
+    assert isinstance(cache.tree_core.backend, radixd.Client)
+    # Its allocator hands out the daemon's pages: what it allocates, the
+    # daemon no longer has free.
+    free = cache.tree_core.backend.stats()["free_pages"]
+    slots = cache.token_to_kv_pool_allocator.alloc(8)
+    assert len(slots) == 8 and cache.tree_core.backend.stats()["free_pages"] == free - 2
+    cache.token_to_kv_pool_allocator.free(slots)
+    assert cache.tree_core.backend.stats()["free_pages"] == free
+    cache.tree_core.backend.close()
+
+    # Without streaming sessions the factory keeps building RadixdPrefixCache.
+    from sim import publish_runtime
+
+    publish_runtime()
+    cache = create_tree_cache(build_context(params(4, PAGES)))
+    assert type(cache) is RadixdPrefixCache
+    cache.backend.close()
+
+
+def test_what_the_core_does_not_serve_beside_streaming_is_refused_by_name(streaming_server, start_daemon, monkeypatch):
+    from sglang.srt.mem_cache.registry import create_tree_cache
+
+    from sim import build_context, params
+
+    d = start_daemon("--recency", "sglang", page_size=1, capacity=PAGES)
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    ctx = build_context(params(1, PAGES))
+    ctx.is_hybrid_swa = True
+    with pytest.raises(ValueError, match="--enable-streaming-session with a hybrid model"):
+        create_tree_cache(ctx)
+    with pytest.raises(ValueError, match="--enable-streaming-session with --radix-eviction-policy lfu"):
+        create_tree_cache(build_context(params(1, PAGES, eviction_policy="lfu")))
+    p = params(1, PAGES)
+    p.is_eagle = True
+    with pytest.raises(ValueError, match="--enable-streaming-session with EAGLE"):
+        create_tree_cache(build_context(p))
+    streaming_server(schedule_policy="dfs-weight")
+    with pytest.raises(ValueError, match="--schedule-policy dfs-weight"):
+        create_tree_cache(build_context(params(1, PAGES)))
+
+
 def test_the_core_refuses_what_this_phase_does_not_serve_by_name():
     from sim import params
 

@@ -332,7 +332,7 @@ class Twin:
                 self.same("checkpoint: cache_protected_len", self.a.checkpoint(rid), self.b.checkpoint(rid))
         elif roll < 0.75 and running:
             rid = r.choice(running)
-            if self.a.running[rid].kv.kv_allocated_len == 0:
+            if self.a.running[rid].kv.kv_allocated_len == 0 or not self.finishable(rid):
                 return  # a scheduler releases a request after its first chunk
             self.prompts.pop(rid)
             abort = r.random() < 0.25 or self.unextended(rid)
@@ -349,6 +349,10 @@ class Twin:
             space = r.choice(self.spaces)
             self.same(f"match in {space}", self.a.peek(tokens, space), self.b.peek(tokens, space))
         self.check_sizes("after the op")
+
+    def finishable(self, rid: str) -> bool:
+        """Whether the plain finish of ``step`` may end ``rid``."""
+        return True
 
     def drain(self) -> None:
         for rid in sorted(self.a.running):
@@ -375,3 +379,207 @@ class Twin:
         kv = self.a.running[rid].kv
         return self.eagle and (kv.kv_committed_len - 1) // self.ps * self.ps < kv.cache_protected_len
 
+
+class SessionSim(Sim):
+    """``Sim`` with streaming sessions as SGLang's scheduler runs them on a
+    ``UnifiedRadixCache`` (``session/streaming_session.py``): a turn of
+    session ``sid`` comes with the session's history (the last finished
+    turn's input and output) and new tokens; its match borrows the
+    session's KV record when the session holds one; its first row
+    allocation hands the record to the session (``maybe_hand_to_session``,
+    as ``alloc_for_extend`` does); finishing keeps the record in the session
+    (``release_kv_cache`` → ``claim_kv_row``); an abort hands it back and
+    frees it; ``release`` closes the session (``SessionController._close``)."""
+
+    def __init__(self, cache: Any, p: CacheInitParams):
+        super().__init__(cache, p)
+        from sglang.srt.session.session_controller import Session
+
+        self._session_class = Session
+        self.sessions: dict[str, Any] = {}
+
+    def open(self, sid: str) -> None:
+        self.sessions[sid] = self._session_class(capacity_of_str_len=1 << 20, session_id=sid, streaming=True)
+
+    def history(self, sid: str) -> list:
+        """The tokens a new turn of ``sid`` starts with."""
+        s = self.sessions[sid]
+        if not s.req_nodes:
+            return []
+        [node] = s.req_nodes.values()
+        return list(node.req.origin_input_ids) + list(node.req.output_ids)
+
+    def arrive_turn(self, rid: str, sid: str, tokens: list) -> int:
+        session = self.sessions[sid]
+        req = Req(rid, "", array("q", tokens), SamplingParams(max_new_tokens=64), session=session)
+        session._inflight = True
+        req.refresh_fill_ids()
+        match_kv_cache(req, self.cache)
+        req.lock = self.cache.lock(req.last_node)
+        n = req.prefix_len
+        if req.kv.holds_kv:
+            # The session's record, lent: its row holds the prefix already.
+            if self.pool.alloc([req]) is None:
+                raise RuntimeError("the lent row was not reused")
+            self.check_kv(req, n)
+        else:
+            if self.pool.alloc([req]) is None:
+                raise RuntimeError("no request row")
+            if n:
+                prefix = self.cache.prefix_device_indices(req)
+                self.pool.write((req.kv.req_pool_idx, slice(0, n)), prefix)
+                self.check_kv(req, n)
+            req.kv.cache_protected_len = n
+            req.kv.kv_committed_len = req.kv.kv_allocated_len = n
+        self.running[rid] = req
+        return n
+
+    def extend(self, rid: str, n: int, new_tokens: Optional[list] = None) -> bool:
+        ok = super().extend(rid, n, new_tokens)
+        if ok:
+            self.cache.maybe_hand_to_session(self.running[rid])
+        return ok
+
+    def finish_turn(self, rid: str, abort: bool) -> None:
+        """A streaming turn ends: finished (its record stays in the session)
+        or aborted (freed, the session's record and lock with it)."""
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
+
+        req = self.running.pop(rid)
+        if abort:
+            # Mid-turn (the scheduler moves to_finish here at its next step).
+            req.finished_reason = FINISH_ABORT("aborted by the twin")
+        else:
+            req.finished_reason = FINISH_LENGTH(length=len(req.output_ids))
+        release_kv_cache(req, self.cache, checkpoint=not abort)
+
+    def release(self, sid: str) -> None:
+        s = self.sessions.pop(sid)
+        for node in s.req_nodes.values():
+            node.req.session = None
+        self.cache.release_radix_session(sid)
+        self.cache.release_session(sid)
+
+    def held(self) -> tuple:
+        """What the sessions hold: per session, (protected, committed, allocated)."""
+        slots = self.cache.session.slots
+        return tuple(
+            (sid, s.kv.cache_protected_len, s.kv.kv_committed_len, s.kv.kv_allocated_len)
+            for sid, s in sorted(slots.items())
+        )
+
+
+class SessionTwin(Twin):
+    """``Twin`` with streaming sessions beside plain requests: turns arrive
+    (each session one at a time, with its history), extend, checkpoint,
+    finish or abort, sessions close; every answer, every session's record
+    and every size compared after every step."""
+
+    def __init__(self, page_size: int, pages: int, backend_cache: Any, seed: int, reference: Any, **kw: Any):
+        super().__init__(page_size, pages, backend_cache, seed, reference=reference, **kw)
+        for s in ("a", "b"):
+            old = getattr(self, s)
+            setattr(self, s, SessionSim(old.cache, _params_of(old)))
+        self.turn_of: dict[str, str] = {}  # running turn -> its session
+        self.next_sid = 0
+        self.turns = self.turn_hits = self.lent = self.session_aborts = self.released = 0
+
+    def check_sizes(self, what: str) -> None:
+        super().check_sizes(what)
+        self.same(f"{what}: sessions' records", self.a.held(), self.b.held())
+
+    def finishable(self, rid: str) -> bool:
+        return rid not in self.turn_of
+
+    def step(self) -> None:
+        r = self.rng
+        roll = r.random()
+        idle = sorted(sid for sid, s in self.a.sessions.items() if not s._inflight)
+        turns = sorted(self.turn_of)
+        if roll < 0.05 and len(self.a.sessions) < 4:
+            sid = f"s{self.next_sid}"
+            self.next_sid += 1
+            self.a.open(sid)
+            self.b.open(sid)
+        elif roll < 0.15 and idle and len(self.a.running) < 12:
+            self.ops += 1
+            sid = r.choice(idle)
+            rid = f"t{self.next_rid}"
+            self.next_rid += 1
+            new = [r.randrange(8) for _ in range(r.randrange(1, 3 * self.ps + 4))]
+            history = self.a.history(sid)
+            self.same(f"{sid}'s history", history, self.b.history(sid))
+            prompt = history + new
+            self.prompts[rid] = prompt
+            hit = self.a.arrive_turn(rid, sid, prompt)
+            self.same(f"turn of {sid}: match", hit, self.b.arrive_turn(rid, sid, prompt))
+            self.same(
+                f"turn of {sid}: cache_protected_len",
+                self.a.running[rid].kv.cache_protected_len,
+                self.b.running[rid].kv.cache_protected_len,
+            )
+            self.turn_of[rid] = sid
+            self.turns += 1
+            self.turn_hits += hit > 0
+            # On the session's own record (lent), not the tree's.
+            self.lent += self.a.cache.session.borrowed_slot(self.a.running[rid]) is not None
+            self.check_sizes("after a turn's arrival")
+        elif roll < 0.25 and turns:
+            self.ops += 1
+            rid = r.choice(turns)
+            req = self.a.running[rid]
+            if self.a.cache.session.borrowed_slot(req) is None:
+                return  # a scheduler releases a request after its first chunk
+            # A turn that has not computed its prompt cannot finish: abort.
+            abort = req.kv.kv_committed_len < len(self.prompts[rid]) or r.random() < 0.2
+            sid = self.turn_of.pop(rid)
+            self.prompts.pop(rid)
+            self.a.finish_turn(rid, abort)
+            self.b.finish_turn(rid, abort)
+            self.session_aborts += abort
+            self.check_sizes(f"after {sid}'s turn {'aborted' if abort else 'finished'}")
+        elif roll < 0.28 and idle:
+            self.ops += 1
+            sid = r.choice(idle)
+            self.a.release(sid)
+            self.b.release(sid)
+            self.released += 1
+            self.check_sizes(f"after {sid} closed")
+        else:
+            # Plain requests, turns' extends and checkpoints, evictions, matches.
+            before = set(self.a.running)
+            super().step()
+            for rid in before - set(self.a.running):
+                self.turn_of.pop(rid, None)
+
+    def drain(self) -> None:
+        for rid in sorted(self.turn_of):
+            req = self.a.running[rid]
+            self.turn_of.pop(rid)
+            if self.a.cache.session.borrowed_slot(req) is None:
+                # Never allocated for: it leaves the waiting queue.
+                for s in (self.a, self.b):
+                    req = s.running.pop(rid)
+                    s.cache.unlock(req.lock)
+                    if req.kv.holds_kv:
+                        s.pool.free(req)
+                    req.session.abort_req()
+                continue
+            abort = req.kv.kv_committed_len < len(self.prompts[rid])
+            self.a.finish_turn(rid, abort)
+            self.b.finish_turn(rid, abort)
+        for sid in sorted(self.a.sessions):
+            self.a.release(sid)
+            self.b.release(sid)
+        super().drain()
+        self.same("sessions left", self.a.held(), ())
+
+
+def _params_of(s: Sim) -> CacheInitParams:
+    """The params a ``Sim`` was built with (its pools)."""
+    return CacheInitParams(
+        disable=False,
+        req_to_token_pool=s.pool,
+        token_to_kv_pool_allocator=s.cache.token_to_kv_pool_allocator,
+        page_size=s.ps,
+    )

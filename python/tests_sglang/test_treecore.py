@@ -200,3 +200,41 @@ def test_the_core_refuses_what_this_phase_does_not_serve_by_name():
         core.enable_storage = True
     core.enable_storage = False  # what UnifiedRadixCache's reset sets
 
+
+# ----- streaming sessions at the scheduler's level -----
+
+
+def session_twin(page_size, backend_of, seed, **kw):
+    from sim import SessionTwin
+
+    return SessionTwin(
+        page_size, PAGES, radixd_core(backend_of), seed=seed, reference=python_core, lru=True, same_evictions=True, **kw
+    )
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_streaming_sessions_in_process(page_size):
+    t = session_twin(page_size, engine, seed=700 + page_size)
+    run(t, OPS)
+    assert t.turns > OPS // 30 and t.lent > t.turns // 5, (t.turns, t.lent)
+    assert t.session_aborts > 5 and t.released > 5 and t.evictions > OPS // 40
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_streaming_sessions_through_daemon(page_size, start_daemon):
+    d = start_daemon("--recency", "sglang", page_size=page_size, capacity=PAGES)
+    clients = []
+
+    def client(p):
+        c = radixd.Client(d.name)
+        clients.append(c)
+        return c
+
+    t = session_twin(page_size, client, seed=800 + page_size)
+    try:
+        run(t, OPS // 2)
+    finally:
+        for c in clients:
+            c.close()
+    assert t.turns > OPS // 60 and t.lent > t.turns // 5, (t.turns, t.lent)
+    assert t.session_aborts > 2 and t.released > 2

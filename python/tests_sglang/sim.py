@@ -96,6 +96,10 @@ class Sim:
         self.alloc = cache.token_to_kv_pool_allocator
         self.ps = p.page_size
         self.running: dict[str, Req] = {}
+        # Whether an allocation may count on evicting (SGLang's allocation
+        # path then evicts through the cache's evict_for_alloc); else the
+        # caller makes room first.
+        self.alloc_evicts = False
         # What each KV slot holds: the token whose KV a request computed
         # into it. A matched prefix must read back its own tokens, or the
         # cache handed out slots of other tokens (or reused live ones).
@@ -148,7 +152,11 @@ class Sim:
         req = self.running[rid]
         start = req.kv.kv_committed_len
         end = start + n
-        if self.alloc.available_size() < self.demand(rid, n):
+        room = self.alloc.available_size()
+        if self.alloc_evicts:
+            # SGLang's allocation evicts what it lacks (evict_for_alloc).
+            room += self.cache.evictable_size()
+        if room < self.demand(rid, n):
             return False
         if self.ps == 1:
             out = alloc_token_slots(self.cache, n)
@@ -240,6 +248,7 @@ class Twin:
         eagle: bool = False,
         reference: Optional[Callable[[CacheInitParams], Any]] = None,
         same_evictions: bool = False,
+        alloc_evicts: bool = False,
     ):
         # eagle: both caches built with CacheInitParams.is_eagle (EAGLE /
         # MTP: the tree keyed by bigrams), and decoding commits a verify
@@ -264,6 +273,10 @@ class Twin:
         pb = params(page_size, pages, **policy)
         pb.is_eagle = eagle
         self.b = Sim(backend_cache(pb), pb)
+        # alloc_evicts: no room is made before an allocation; SGLang's
+        # allocation path evicts what it lacks (evict_for_alloc's walk).
+        self.alloc_evicts = alloc_evicts
+        self.a.alloc_evicts = self.b.alloc_evicts = alloc_evicts
         self.work = Workload(self.rng, page_size)
         self.prompts: dict[str, list] = {}
         self.next_rid = 0
@@ -324,7 +337,7 @@ class Twin:
                 outputs = [r.randrange(8) for _ in range(n)]
             if done + n >= MAX_CONTEXT - 1:
                 return
-            if not self.make_room(self.a.demand(rid, n)):
+            if not self.alloc_evicts and not self.make_room(self.a.demand(rid, n)):
                 return
             ok = self.a.extend(rid, n, outputs)
             self.same("allocation", ok, self.b.extend(rid, n, outputs))
@@ -480,6 +493,7 @@ class SessionTwin(Twin):
         for s in ("a", "b"):
             old = getattr(self, s)
             setattr(self, s, SessionSim(old.cache, _params_of(old)))
+            getattr(self, s).alloc_evicts = self.alloc_evicts
         self.turn_of: dict[str, str] = {}  # running turn -> its session
         self.next_sid = 0
         self.turns = self.turn_hits = self.lent = self.session_aborts = self.released = 0

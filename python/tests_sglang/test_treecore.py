@@ -52,12 +52,13 @@ def radixd_core(backend_of):
 
 
 def engine(p):
-    return radixd.Engine(p.page_size, PAGES, recency="sglang")
+    pages = p.token_to_kv_pool_allocator.size // p.page_size
+    return radixd.Engine(p.page_size, pages, recency="sglang")
 
 
-def twin(page_size, backend_of, seed, **kw):
+def twin(page_size, backend_of, seed, pages=PAGES, **kw):
     return Twin(
-        page_size, PAGES, radixd_core(backend_of), seed=seed, lru=True, reference=python_core, same_evictions=True, **kw
+        page_size, pages, radixd_core(backend_of), seed=seed, lru=True, reference=python_core, same_evictions=True, **kw
     )
 
 
@@ -94,6 +95,29 @@ def test_through_daemon(page_size, start_daemon):
         for c in clients:
             c.close()
     assert t.evictions > OPS // 40 and t.hits > OPS // 100
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_allocations_evict_in_process(page_size):
+    # No room made first: SGLang's allocation evicts what it lacks through
+    # UnifiedRadixCache.evict_for_alloc, whose walk stops at the allocator's
+    # target (radixd's free pages) rather than at a quota.
+    # A pool of 48 tokens at page size 1, 192 at 16: allocations run short.
+    t = twin(page_size, engine, seed=900 + page_size, pages=48 if page_size == 1 else 12, alloc_evicts=True)
+    freed = {"a": [], "b": []}
+    for side in ("a", "b"):
+        cache = getattr(t, side).cache
+        own = cache.evict_for_alloc
+
+        def counted(params, *, _own=own, _side=side, **kw):
+            result = _own(params, **kw)
+            freed[_side].append(result.num_tokens_evicted)
+            return result
+
+        cache.evict_for_alloc = counted
+    run(t, OPS // 2)
+    assert freed["a"] == freed["b"]
+    assert sum(1 for n in freed["a"] if n) > OPS // 100 and t.hits > OPS // 100, (len(freed["a"]), t.hits)
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -175,6 +199,24 @@ def test_what_the_core_does_not_serve_beside_streaming_is_refused_by_name(stream
     streaming_server(schedule_policy="dfs-weight")
     with pytest.raises(ValueError, match="--schedule-policy dfs-weight"):
         create_tree_cache(build_context(params(1, PAGES)))
+
+
+def test_namespaces_through_daemon(start_daemon):
+    d = start_daemon("--recency", "sglang", page_size=4, capacity=PAGES)
+    clients = []
+
+    def client(p):
+        c = radixd.Client(d.name)
+        clients.append(c)
+        return c
+
+    t = twin(4, client, seed=650, spaces=SPACES)
+    try:
+        run(t, OPS // 2)
+    finally:
+        for c in clients:
+            c.close()
+    assert t.evictions > OPS // 40 and t.hit_spaces == set(SPACES), "every namespace was hit"
 
 
 def test_the_core_refuses_what_this_phase_does_not_serve_by_name():

@@ -1174,3 +1174,50 @@ fn namespaces_over_exec(x: &mut Exec) {
 }
 
 both!(namespaces_over_exec, 2, 8, swa);
+
+/// `evict_leaf`: the least recently used unlocked leaf goes whole (a leaf
+/// of two pages at once), its handle answered and stale after; a locked
+/// path is never taken; with nothing evictable, `null` and 0.
+fn evict_leaf_takes_whole_leaves(x: &mut Exec) {
+    let pages = x.call(json!({"op":"alloc","n":4}))["pages"].clone();
+    let pages: Vec<u64> = serde_json::from_value(pages).expect("pages");
+    // [1,2,3,4] (two pages) first, then [9,9] locked, then [7,7].
+    x.call(json!({"op":"insert","tokens":[1,2,3,4],"pages":[pages[0],pages[1]]}));
+    let locked = x.call(json!({"op":"insert","tokens":[9,9],"pages":[pages[2]],"lock":true}));
+    x.call(json!({"op":"insert","tokens":[7,7],"pages":[pages[3]]}));
+    let first = x.call(json!({"op":"evict_leaf"}));
+    assert_eq!(first["evicted"], json!(4), "{first}");
+    assert_eq!(
+        x.call(json!({"op":"match","tokens":[1,2,3,4]}))["len"],
+        json!(0)
+    );
+    let stale = x.call(json!({"op":"lock","handle":first["handle"]}));
+    assert_eq!(error_kind(&stale), "stale_handle", "{stale}");
+    assert_eq!(x.call(json!({"op":"evict_leaf"}))["evicted"], json!(2));
+    assert_eq!(
+        x.call(json!({"op":"evict_leaf"})),
+        json!({"ok":true,"handle":null,"evicted":0})
+    );
+    x.call(json!({"op":"unlock","handle":locked["handle"]}));
+    assert_eq!(
+        x.call(json!({"op":"evict_leaf"})),
+        json!({"ok":true,"handle":locked["handle"],"evicted":2})
+    );
+    let stats = x.call(json!({"op":"stats"}));
+    assert_eq!(
+        (&stats["free_pages"], &stats["nodes"]),
+        (&json!(4), &json!(0)),
+        "{stats}"
+    );
+}
+
+#[test]
+fn evict_leaf_in_process() {
+    evict_leaf_takes_whole_leaves(&mut Exec::start(&["--page-size", "2", "--capacity", "4"]));
+}
+
+#[test]
+fn evict_leaf_through_the_daemon() {
+    let daemon = Daemon::start(&["--page-size", "2", "--capacity", "4"]);
+    evict_leaf_takes_whole_leaves(&mut Exec::start(&["--connect", &daemon.name]));
+}

@@ -185,6 +185,38 @@ fn eviction_takes_the_least_recently_used_leaf_first() {
 }
 
 #[test]
+fn an_unlocked_insert_names_its_node() {
+    let mut e = engine(2, 8);
+    let pages = e.alloc(A, 3).unwrap();
+    let r = e.insert(A, &[1, 2, 3, 4], &pages[..2], false).unwrap();
+    let node = r.node.expect("a key of whole pages names its node");
+    // Named, not locked.
+    assert_eq!((r.handle, e.stats().protected_tokens), (None, 0));
+    let mut got = Vec::new();
+    assert_eq!(
+        e.match_prefix(A, &[1, 2, 3, 4], false, &mut got).handle,
+        Some(node)
+    );
+    // A prefix of it splits it: the upper half is a new node, the key's
+    // node keeps its handle (the lower half).
+    let upper = e.insert(A, &[1, 2], &pages[..1], false).unwrap().node;
+    assert!(upper.is_some() && upper != Some(node));
+    e.lock(A, node.to_raw())
+        .expect("still names the lower half");
+    assert_eq!(e.stats().protected_tokens, 4);
+    e.unlock(A, node.to_raw()).unwrap();
+    // With a lock the lock's handle is answered, as before, and the node too.
+    let r = e.insert(A, &[7, 7], &pages[2..], true).unwrap();
+    assert_eq!(r.handle, r.node);
+    e.unlock(A, r.handle.unwrap().to_raw()).unwrap();
+    // A key of no whole page names nothing; a session's node is its own.
+    assert_eq!(e.insert(A, &[5], &[], false).unwrap().node, None);
+    let c = e.session_commit(A, "s", &[1, 2], &pages[..1]).unwrap();
+    assert_eq!((c.handle, c.node), (None, None));
+    ok(&e);
+}
+
+#[test]
 fn evict_leaf_takes_the_oldest_leaf_whole_then_its_parent() {
     let mut e = engine(4, 16);
     put(&mut e, A, &[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);

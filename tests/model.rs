@@ -339,6 +339,7 @@ impl Model {
             cached: cached * self.p,
             len: key.len(),
             handle: None,
+            node: None,
         };
         Ok((ins, node))
     }

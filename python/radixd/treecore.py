@@ -41,8 +41,7 @@ trips):
   without HiCache emits no barrier action), after a ``peek_full`` of the key
   (no touch) that reads the tree's pages of the prefix the request did not
   own (``prev_prefix_len``: SGLang frees nothing there, so radixd is given
-  the tree's own pages there); locked to learn the node's handle, unlocked
-  at once;
+  the tree's own pages there), whose answer names the key's node;
 - ``evict_device_next_node``: radixd's ``evict_leaf``, the least recently
   used unlocked leaf whole (SGLang's walk evicts whole leaves and checks its
   stop rule between them), answered as the walk's victim;
@@ -386,9 +385,8 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         pages = own.copy()
         if keep:
             pages[:keep] = tree_pages[:keep]
-        r = self.backend.insert(tokens, pages, lock=True, ns=ns)
-        handle = r.handle
-        self.backend.unlock(handle)
+        r = self.backend.insert(tokens, pages, ns=ns)
+        handle = r.node  # the node covering the key, named without a lock
         if r.cached == cached:
             path = list(tree_pages[: cached // ps]) + list(pages[cached // ps :])
         else:  # the tree changed in between (another scheduler): read it again

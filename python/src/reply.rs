@@ -62,6 +62,10 @@ pub struct InsertResult {
     len: u64,
     /// The locked node covering the key (only with `lock=True`).
     handle: Option<u64>,
+    /// The node covering the key, named without a lock (a plain insert
+    /// without `lock`; `None` with it, for a key of no whole page, and for
+    /// `session_commit`).
+    node: Option<u64>,
     /// The key's node held a state already, so the `mamba_state` given
     /// stays the caller's, to free or reuse (SGLang's `mamba_exist`;
     /// `False` without one).
@@ -213,6 +217,7 @@ pub fn inserted(reply: Reply) -> PyResult<InsertResult> {
             cached,
             len,
             handle: handle.filter(|_| locked),
+            node: handle.filter(|_| !locked),
             mamba_exist: false,
         }),
         Reply::InsertedWith {
@@ -225,6 +230,7 @@ pub fn inserted(reply: Reply) -> PyResult<InsertResult> {
             cached,
             len,
             handle: handle.filter(|_| locked),
+            node: None,
             mamba_exist,
         }),
         other => Err(unexpected(other)),
@@ -276,6 +282,7 @@ pub fn inserted_paired(
                 cached,
                 len,
                 handle: handle.filter(|_| locked),
+                node: None,
                 mamba_exist,
             },
             input::array_out(py, &pages)?,

@@ -175,6 +175,7 @@ impl Client {
                     cached: cached as usize,
                     len: len as usize,
                     handle: handle.map(Handle::from_raw),
+                    node: None,
                 },
                 InsertedExtra { mamba_exist },
             )),
@@ -347,6 +348,7 @@ impl Client {
                     cached: cached as usize,
                     len: len as usize,
                     handle: handle.map(Handle::from_raw),
+                    node: None,
                 },
                 mamba_exist,
                 pages,
@@ -393,6 +395,7 @@ impl Client {
                 cached: cached as usize,
                 len: len as usize,
                 handle: None,
+                node: None,
             }),
             other => Err(unexpected(other)),
         }

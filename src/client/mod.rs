@@ -65,7 +65,11 @@ pub struct MatchResult {
 pub struct InsertResult {
     pub cached: usize,
     pub len: usize,
+    /// The lock's handle, when the insert locked.
     pub handle: Option<Handle>,
+    /// The node covering the key, when the insert did not lock (a plain
+    /// insert's answer names it; `None` for a key of no whole page).
+    pub node: Option<Handle>,
 }
 
 /// What a paired lock did ([`Client::lock_paired`]).
@@ -349,11 +353,12 @@ fn inserted(reply: Reply) -> Result<InsertResult, ClientError> {
             cached,
             len,
             handle,
-            ..
+            locked,
         } => Ok(InsertResult {
             cached: cached as usize,
             len: len as usize,
-            handle: handle.map(Handle::from_raw),
+            handle: handle.filter(|_| locked).map(Handle::from_raw),
+            node: handle.filter(|_| !locked).map(Handle::from_raw),
         }),
         other => Err(unexpected(other)),
     }
@@ -393,7 +398,7 @@ impl crate::op::Backend for Client {
             } if self.anchoring.on => self.insert(&tokens, &pages, lock).map(|r| Reply::Inserted {
                 cached: r.cached as u64,
                 len: r.len as u64,
-                handle: r.handle.map(Handle::to_raw),
+                handle: if lock { r.handle } else { r.node }.map(Handle::to_raw),
                 locked: lock,
             }),
             Request::Hinted { hints, request } if self.anchoring.on => match *request {
@@ -406,7 +411,7 @@ impl crate::op::Backend for Client {
                     .map(|r| Reply::Inserted {
                         cached: r.cached as u64,
                         len: r.len as u64,
-                        handle: r.handle.map(Handle::to_raw),
+                        handle: if lock { r.handle } else { r.node }.map(Handle::to_raw),
                         locked: lock,
                     }),
                 request => Client::call(

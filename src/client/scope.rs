@@ -323,6 +323,7 @@ impl Client {
                 cached: cached as usize,
                 len: len as usize,
                 handle: None,
+                node: None,
             }),
             other => Err(unexpected(other)),
         }

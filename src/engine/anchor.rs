@@ -267,6 +267,7 @@ impl<R: Region> Engine<R> {
             cached,
             len: matched_pages * p + len,
             handle,
+            node: (node != ROOT).then(|| self.handle_of(node)),
         })
     }
 

@@ -21,6 +21,10 @@ pub struct Inserted {
     /// The locked node covering the key, when a lock was asked for and the
     /// key holds at least one page.
     pub handle: Option<Handle>,
+    /// The node covering the key (its handle, no lock taken), when the key
+    /// holds at least one page: what a caller names the node by without
+    /// locking it (the SGLang TreeCore's insert result).
+    pub node: Option<Handle>,
 }
 
 /// The answer to a match (the pages go to the caller's buffer).
@@ -112,6 +116,7 @@ impl<R: Region> Engine<R> {
                 cached,
                 len,
                 handle: None,
+                node: (node != ROOT).then(|| self.handle_of(node)),
             },
             ie,
         ))

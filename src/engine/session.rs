@@ -93,7 +93,11 @@ impl<R: Region> Engine<R> {
                 last_access,
             },
         );
-        Ok(inserted)
+        // The session's node is its own: the caller is named none.
+        Ok(Inserted {
+            node: None,
+            ..inserted
+        })
     }
 
     /// Drops the session's lock and forgets it; frees no page itself.

@@ -139,7 +139,14 @@ pub fn apply_with<R: Region>(
         } => {
             let r = engine.session_commit(client, &session, &tokens, &pages)?;
             // A session's lock is its own, never handed to the caller.
-            inserted(Inserted { handle: None, ..r }, false)
+            inserted(
+                Inserted {
+                    handle: None,
+                    node: None,
+                    ..r
+                },
+                false,
+            )
         }
         Request::SessionRelease { session } => {
             engine.session_release(client, &session)?;
@@ -430,12 +437,14 @@ fn inserted_with(r: Inserted, locked: bool, extra: InsertedExtra) -> Reply {
     }
 }
 
-/// The answer to an insert that did `r` (and locked when `locked`).
+/// The answer to an insert that did `r` (and locked when `locked`): the
+/// lock's handle, or without a lock the node's (`locked` false).
 fn inserted(r: Inserted, locked: bool) -> Reply {
+    let handle = if locked { r.handle } else { r.node };
     Reply::Inserted {
         cached: r.cached as u64,
         len: r.len as u64,
-        handle: r.handle.map(|h| h.to_raw()),
+        handle: handle.map(|h| h.to_raw()),
         locked,
     }
 }

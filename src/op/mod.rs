@@ -242,7 +242,9 @@ pub enum Reply {
     /// `lock` with SWA: the handle naming this lock, for `unlock` (see
     /// [`crate::engine::Handle`]).
     Locked(u64),
-    /// `insert` and `session_commit` (which never returns a handle).
+    /// `insert` and `session_commit` (which never returns a handle):
+    /// `handle` names the lock when `locked`, else the node covering the
+    /// key (no lock taken; `None` for a key of no whole page).
     Inserted {
         cached: u64,
         len: u64,

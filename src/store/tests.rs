@@ -691,3 +691,87 @@ fn adoption_keeps_a_live_parent_link_and_drops_a_stale_one() {
     assert!(snapshot.contains(&stored(11, None)), "{snapshot:?}");
     assert_eq!(kept, (false, true), "both are leaves; the older goes");
 }
+
+#[test]
+fn owners_of_other_slots_or_claims_differ() {
+    let all = [
+        owner(0, 0),
+        owner(0, 1),
+        owner(1, 0),
+        owner(3, 7),
+        owner(3, 8),
+        owner(4, 7),
+    ];
+    for (i, a) in all.iter().enumerate() {
+        for b in &all[i + 1..] {
+            assert_ne!(a, b);
+        }
+    }
+    assert_eq!(owner(3, 7) >> 32, 3, "the slot in the high word");
+}
+
+/// A grace period that readers hold while `held` is set.
+struct Held(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl crate::engine::Grace for Held {
+    fn epoch(&self) -> u64 {
+        0
+    }
+    fn try_advance(&mut self) -> bool {
+        !self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    fn reusable(&self, _tag: u64) -> bool {
+        !self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[test]
+fn an_evicted_value_waits_in_limbo_while_a_reader_may_copy_it() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::sync::Arc;
+    let held = Arc::new(AtomicBool::new(true));
+    let (mut s, ns) = adoptable();
+    s.index.set_grace(Box::new(Held(held.clone())));
+    assert!(put(&mut s, ns, &[6], None));
+    assert!(put(&mut s, ns, &[7], None));
+    assert_eq!(s.index.in_limbo(), 0);
+    // Full: what eviction takes waits in limbo while the reader holds,
+    // and comes back once it lets go.
+    assert!(s.index.evict_one());
+    assert_eq!(s.index.in_limbo(), 1);
+    s.index.validate().unwrap();
+    held.store(false, Relaxed);
+    assert_eq!(s.index.reclaim(), 1);
+    assert_eq!(s.index.in_limbo(), 0);
+    s.index.validate().unwrap();
+    assert!(put(&mut s, ns, &[8], None));
+}
+
+#[test]
+fn a_new_claim_starts_its_counters_at_zero_and_the_totals_keep_them() {
+    let (mut s, ns) = adoptable();
+    let view = *s.index.view();
+    let client = StoreReader::new(view, 2);
+    assert_eq!(client.run(ns, &[[1u8], [2], [9]]), 2);
+    client.count(2, 1);
+    let before = client.stats();
+    assert_eq!((before.client_hits, before.client_misses), (2, 1));
+    s.index.reset_counters(2);
+    let after = client.stats();
+    assert_eq!((after.client_hits, after.client_misses), (0, 0));
+    assert_eq!((after.hits, after.misses), (before.hits, before.misses));
+}
+
+#[test]
+fn validate_finds_a_looping_chain() {
+    use radixd_ipc::sync::Ordering::Relaxed;
+    let (s, _) = adoptable();
+    s.index.validate().unwrap();
+    let view = *s.index.view();
+    let e = entry_of(&view, 3);
+    let at = (0..64)
+        .find(|&i| std::ptr::eq(view.entry(i).unwrap(), e))
+        .unwrap();
+    e.next.store(at, Relaxed);
+    assert_eq!(s.index.validate(), Err("chain loops".into()));
+}

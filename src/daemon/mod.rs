@@ -296,8 +296,8 @@ pub fn serve_reporting(
     let mut unpublished = false;
     // Rounds run, and whether one had work since the clock was last read.
     let (mut rounds, mut worked) = (0u32, false);
-    // Requests the last round answered.
-    let mut answered = 0;
+    // The daemon slept (or just started) since the last round.
+    let mut woke = true;
     let mut load = LoadSensor::new();
     let mut service = Service {
         tally: Tally::new(),
@@ -324,11 +324,15 @@ pub fn serve_reporting(
     // Relaxed: a plain flag set by the signal handler; nothing to order.
     while stop.load(Ordering::Relaxed) == 0 {
         let mut work = 0;
-        // A round after one that answered something visits only the slots
-        // it serves, and every slot one round in `SCAN_EVERY`: a new claim
-        // waits at most that many rounds more to be adopted, and a round
-        // trip does not wait for a look at every idle slot of the table.
-        let scan = answered == 0 || rounds % SCAN_EVERY == 0;
+        // A round visits the slots it serves, and every slot one round in
+        // `SCAN_EVERY` (or after the daemon slept): a new claim waits at
+        // most that many rounds to be adopted, and a request does not wait
+        // for a look at every idle slot of the table. Not "after a round
+        // that answered nothing": a lone client's next request always
+        // arrives in such a round (the daemon answers faster than the
+        // client reads and asks again), which made every round a full scan.
+        let scan = woke || rounds % SCAN_EVERY == 0;
+        woke = false;
         for (index, peer) in peers.iter_mut().enumerate() {
             if !scan && !peer.serving {
                 continue;
@@ -352,7 +356,6 @@ pub fn serve_reporting(
                 return Err(ServeError::Corrupted(damage));
             }
         }
-        answered = work;
         if engine.in_limbo() != (0, 0) {
             guarded(|| engine.reclaim()).map_err(ServeError::Corrupted)?;
         }
@@ -444,6 +447,7 @@ pub fn serve_reporting(
                 }) || (0..config.max_clients).any(|i| slots.word(i).is_ok_and(|w| w.1 == CLAIMED))
             };
             doorbell.sleep(pending, Some(SLEEP.min(SWEEP)));
+            woke = true;
         }
     }
     // Relaxed: informational; clients notice the dead daemon by its lock.

@@ -193,10 +193,23 @@ mod tests {
         }
     }
 
-    fn scratch(tag: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("radixd-chart-{}", std::process::id()));
+    /// A chart file in a directory of its own, removed with it on drop.
+    struct Scratch {
+        dir: std::path::PathBuf,
+        path: std::path::PathBuf,
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn scratch(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("radixd-chart-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        dir.join(format!("{tag}.svg"))
+        let path = dir.join(format!("{tag}.svg"));
+        Scratch { dir, path }
     }
 
     #[test]
@@ -225,9 +238,10 @@ mod tests {
             ("gg", log("xs"), log("ys")),
         ] {
             let logs = [&x, &y].iter().filter(|a| a.scale == Scale::Log).count();
-            let path = scratch(tag);
-            chart(x, y).draw(&path).unwrap();
-            let svg = std::fs::read_to_string(&path).unwrap();
+            let scratch = scratch(tag);
+            let path = &scratch.path;
+            chart(x, y).draw(path).unwrap();
+            let svg = std::fs::read_to_string(path).unwrap();
             assert!(svg.contains("<svg") && svg.contains("a title"), "{tag}");
             assert!(svg.contains("xs") && svg.contains("ys"), "{tag}");
             assert_eq!(svg.matches("log scale").count(), logs, "{tag}");
@@ -240,13 +254,14 @@ mod tests {
 
     #[test]
     fn refuses_empty_charts_and_bad_ranges() {
-        let path = scratch("bad");
+        let scratch = scratch("bad");
+        let path = &scratch.path;
         let mut empty = chart(
             Axis::linear("x", 0.0..1.0, 0),
             Axis::linear("y", 0.0..1.0, 0),
         );
         empty.series.clear();
-        assert_eq!(empty.draw(&path), Err("nothing to plot".to_owned()));
+        assert_eq!(empty.draw(path), Err("nothing to plot".to_owned()));
         for (x, y) in [
             (Axis::log("x", 0.0..1.0, 0), Axis::linear("y", 0.0..1.0, 0)),
             (
@@ -258,7 +273,7 @@ mod tests {
                 Axis::linear("y", 0.0..f64::NAN, 0),
             ),
         ] {
-            let err = chart(x, y).draw(&path).unwrap_err();
+            let err = chart(x, y).draw(path).unwrap_err();
             assert!(err.starts_with("bad range"), "{err}");
         }
     }

@@ -12,9 +12,11 @@ real ``SharedOffloadRegion`` and the tier are vLLM's and radixd's own.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -29,6 +31,16 @@ HEAD_DIM = 16
 GPU_BLOCKS = 128
 
 _model_dirs: dict = {}
+_owner = os.getpid()
+
+
+@atexit.register
+def _remove_model_dirs() -> None:
+    # Only the process that made them: a forked engine process exiting
+    # must not take them from the tests still running.
+    if os.getpid() == _owner:
+        for d in _model_dirs.values():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def model_dir(

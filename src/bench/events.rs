@@ -12,8 +12,12 @@ use crate::Client;
 
 /// The KV event endpoint of the bench daemon `name`.
 pub(super) fn events_config(name: &str) -> crate::events::EventsConfig {
-    let ep = std::env::temp_dir().join(format!("{name}.kv-events"));
-    crate::events::EventsConfig::new(format!("ipc://{}", ep.display()))
+    crate::events::EventsConfig::new(format!("ipc://{}", endpoint_path(name).display()))
+}
+
+/// The socket file behind [`events_config`]'s endpoint.
+pub(super) fn endpoint_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{name}.kv-events"))
 }
 
 /// First token of the probes [`await_subscriber`] caches (then one less

@@ -431,7 +431,13 @@ pub fn run_once(
         // Relaxed: a lone stop flag, polled by the daemon loop.
         stop.store(1, Ordering::Relaxed);
         if let Some(daemon) = daemon {
-            match daemon.join() {
+            let joined = daemon.join();
+            if args.kv_events {
+                // ZeroMQ unlinks an `ipc://` endpoint from its I/O thread,
+                // which may not get to it before this process exits.
+                let _ = std::fs::remove_file(events::endpoint_path(&name));
+            }
+            match joined {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(BenchError::Server(e.to_string())),
                 Err(_) => return Err(BenchError::Server("the daemon thread panicked".into())),

@@ -323,6 +323,17 @@ mod tests {
     /// (`cargo test` runs the tests of a binary in threads of one process).
     static ONE_FEED: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+    /// An `ipc://` endpoint's socket file, removed on drop (after the feed,
+    /// declared later, has closed it): libzmq unlinks it from its I/O
+    /// thread, which may not get to it before the test process exits.
+    struct Unlinked(std::path::PathBuf);
+
+    impl Drop for Unlinked {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
     /// The ids of this process's threads named `kv-events`: publishers and
     /// the libzmq threads each starts (they inherit its name). No other
     /// unit test starts a feed while `ONE_FEED` is held.
@@ -356,7 +367,10 @@ mod tests {
     #[test]
     fn the_publisher_wakes_on_data_and_sleeps_while_idle() {
         let _one = ONE_FEED.lock().unwrap_or_else(|e| e.into_inner());
-        let endpoint = format!("ipc:///tmp/radixd-feed-wake-{}.sock", std::process::id());
+        let socket = Unlinked(
+            std::env::temp_dir().join(format!("radixd-feed-wake-{}.sock", std::process::id())),
+        );
+        let endpoint = format!("ipc://{}", socket.0.display());
         let mut engine = Engine::new(Config {
             page_size: 2,
             capacity: 4096,
@@ -472,7 +486,10 @@ mod tests {
     #[test]
     fn pushes_during_a_nap_leave_after_it_without_a_wake_up() {
         let _one = ONE_FEED.lock().unwrap_or_else(|e| e.into_inner());
-        let endpoint = format!("ipc:///tmp/radixd-feed-nap-{}.sock", std::process::id());
+        let socket = Unlinked(
+            std::env::temp_dir().join(format!("radixd-feed-nap-{}.sock", std::process::id())),
+        );
+        let endpoint = format!("ipc://{}", socket.0.display());
         let mut engine = Engine::new(Config {
             page_size: 2,
             capacity: 4096,

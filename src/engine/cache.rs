@@ -12,6 +12,7 @@ use super::config::{Config, ConfigError};
 use super::event::CacheEvent;
 use super::hybrid::{Components, ComponentsError, Hybrid};
 use super::layout::{EngineLayout, PAGE_OWNED};
+use super::lock::LockMap;
 use super::lru::Recency;
 use super::policy::Policy;
 use super::region::{HeapRegion, Region};
@@ -23,10 +24,10 @@ pub type ClientId = u32;
 pub struct Engine<R = HeapRegion> {
     pub(super) arena: Arena<R>,
     /// `(client, node)` → locks that client holds on that node.
-    pub(super) locks: HashMap<(ClientId, u32), u32>,
+    pub(super) locks: LockMap<u32>,
     /// With SWA: `(client, node)` → the serials of those locks, oldest
     /// first (see [`Handle`](super::Handle)).
-    pub(super) serials: HashMap<(ClientId, u32), Vec<u32>>,
+    pub(super) serials: LockMap<Vec<u32>>,
     /// Live sessions by id.
     pub(super) sessions: HashMap<String, Session>,
     /// Reused buffer for the pages a walk passes.
@@ -128,8 +129,8 @@ impl<R: Region> Engine<R> {
     pub fn in_region(region: R, layout: EngineLayout) -> Result<Self, ConfigError> {
         Ok(Self {
             arena: Arena::new(region, layout)?,
-            locks: HashMap::new(),
-            serials: HashMap::new(),
+            locks: LockMap::default(),
+            serials: LockMap::default(),
             sessions: HashMap::new(),
             walked: Vec::new(),
             namespaces: Namespaces::default(),

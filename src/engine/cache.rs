@@ -12,7 +12,7 @@ use super::config::{Config, ConfigError};
 use super::event::CacheEvent;
 use super::hybrid::{Components, ComponentsError, Hybrid};
 use super::layout::{EngineLayout, PAGE_OWNED};
-use super::lock::LockMap;
+use super::lock_map::LockMap;
 use super::lru::Recency;
 use super::policy::Policy;
 use super::region::{HeapRegion, Region};

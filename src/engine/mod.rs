@@ -32,6 +32,7 @@ mod hybrid;
 pub mod layout;
 mod limbo;
 mod lock;
+mod lock_map;
 mod lru;
 mod mem;
 mod namespace;

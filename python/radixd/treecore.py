@@ -50,9 +50,9 @@ trips):
   own (``prev_prefix_len``: SGLang frees nothing there, so radixd is given
   the tree's own pages there), whose answer names the key's node;
 - ``evict_device_next_node``: radixd's ``evict_leaf``, the policy's first
-  unlocked leaf whole (radixd's heap of unlocked leaves by the strategy's
-  tuple, as SGLang's walk's heap) (SGLang's walk evicts whole leaves and checks its
-  stop rule between them), answered as the walk's victim;
+  unlocked leaf, whole (radixd's heap of unlocked leaves keyed by the
+  strategy's tuple, as SGLang's walk's heap; the walk evicts whole leaves
+  and checks its stop rule between them), answered as the walk's victim;
   ``evict_device_leaf`` reports what that freed;
 - ``collect_full_device_indices``: the path's slots as the match or insert
   that named the node read them (a node's path never changes while it

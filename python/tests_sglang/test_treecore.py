@@ -298,6 +298,7 @@ POLICIES = [
     ("filo", None),
     ("priority", None),
     ("tlru", {"threshold": 24, "next_prompt_estimate": 4}),
+    ("slru", None),
     ("slru", {"protected_threshold": 1}),
 ]
 PRIORITIES = [None, -1, 0, 1, 2]

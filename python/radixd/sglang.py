@@ -9,10 +9,11 @@ The factory connects to the daemon named by ``RADIXD_NAME`` (default
 (:func:`pool_identity`: a daemon serves one KV pool, and a scheduler of
 another is refused at start-up), installs radixd's pool into SGLang's
 token-to-KV allocator and returns a :class:`RadixdPrefixCache`; with
-``--enable-streaming-session`` (which SGLang's ``create_tree_cache`` takes
-only from a ``UnifiedRadixCache``) it returns SGLang's own
-``UnifiedRadixCache`` on the radixd TreeCore instead (:mod:`radixd.treecore`,
-docs/sglang-parity.md).
+``--enable-streaming-session`` or ``--radix-eviction-policy tlru`` (which
+SGLang's ``create_tree_cache`` takes only from a ``UnifiedRadixCache``) it
+returns SGLang's own ``UnifiedRadixCache`` on the radixd TreeCore instead
+(:mod:`radixd.treecore`, docs/sglang-parity.md), under any eviction policy
+and with EAGLE.
 
 Recency: radixd answers as SGLang's trees under SGLang's rule, ``radixd
 serve --recency sglang`` (a match that splits a node counts as a use of its
@@ -62,7 +63,6 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 import radixd
 
 from .sglang_base import (
-    RECENCY_FLAG,
     SGLANG_RECENCY,
     RadixdAllocatorMixin,
     _pages_tensor,
@@ -73,6 +73,7 @@ from .sglang_base import (
     install_allocator,
     note_uncached,
     policy_flags,
+    unified_recency,
 )
 
 logger = logging.getLogger(__name__)
@@ -535,12 +536,6 @@ def radixd_cache_factory(ctx: Any) -> Any:
     if getattr(params, "enable_session_radix_cache", False):
         _refuse("--enable-session-radix-cache", "radixd keeps no per-session trees")
     policy, policy_config = eviction_policy(params)
-    if policy == "tlru":
-        _refuse(
-            "--radix-eviction-policy tlru",
-            "SGLang's create_tree_cache takes tlru only from a UnifiedRadixCache, which this backend is not "
-            "(radixd's engine evicts by T-LRU: `radixd serve --eviction-policy tlru`, radixd.Engine)",
-        )
     if policy != "lru" and (ctx.is_hybrid_swa or ctx.is_hybrid_ssm):
         _refuse(
             f"--radix-eviction-policy {policy} with a hybrid model",
@@ -560,7 +555,7 @@ def radixd_cache_factory(ctx: Any) -> Any:
         _refuse("--enable-dp-attention", "each attention-DP rank keeps a KV pool of its own; a daemon serves one pool")
     # What only SGLang's own UnifiedRadixCache serves: that controller on
     # the radixd TreeCore (docs/sglang-parity.md, section 2).
-    unified = _unified_only(ctx, serving)
+    unified = _unified_only(ctx, serving, policy)
     name = os.environ.get("RADIXD_NAME", "radixd")
     # Tensor parallelism: the ranks of this server agree on a group and its
     # pool (collectives over SGLang's tp_cache_group, on every rank alike).
@@ -572,7 +567,10 @@ def radixd_cache_factory(ctx: Any) -> Any:
         from .sglang_hybrid import hybrid_cache_factory
 
         return hybrid_cache_factory(ctx, name, pool, group)
-    client = _connect(ctx, name, pool, group, policy, policy_config)
+    # The TreeCore answers as SGLang's unified tree, whose fifo/filo keep a
+    # split's creation: radixd's --recency exact (sglang_base.unified_recency).
+    recency = unified_recency(policy) if unified else SGLANG_RECENCY
+    client = _connect(ctx, name, pool, group, policy, policy_config, recency)
     try:
         if unified:
             return _unified_radix_cache(ctx, client, unified)
@@ -587,15 +585,20 @@ def radixd_cache_factory(ctx: Any) -> Any:
 TREECORE_SGLANG = "0.5.23"
 
 
-def _unified_only(ctx: Any, serving: Any) -> Optional[str]:
+def _unified_only(ctx: Any, serving: Any, policy: str) -> Optional[str]:
     """The option this server turned on that only SGLang's
     ``UnifiedRadixCache`` serves (``create_tree_cache`` checks the cache's
-    class), or ``None``: with one, the factory returns that cache on the
-    radixd TreeCore. Refuses, by name, what the TreeCore does not serve yet
-    beside it."""
-    if not getattr(serving, "enable_streaming_session", False):
+    class): ``--enable-streaming-session``, or ``--radix-eviction-policy
+    tlru`` (T-LRU's bookkeeping lives on the unified tree only); or
+    ``None``. With one, the factory returns that cache on the radixd
+    TreeCore, which serves every eviction policy and EAGLE. Refuses, by
+    name, what the TreeCore does not serve yet beside it."""
+    if getattr(serving, "enable_streaming_session", False):
+        option = "--enable-streaming-session"
+    elif policy == "tlru":
+        option = "--radix-eviction-policy tlru"
+    else:
         return None
-    option = "--enable-streaming-session"
     import sglang
 
     version = getattr(sglang, "__version__", "unknown")
@@ -603,11 +606,6 @@ def _unified_only(ctx: Any, serving: Any) -> Optional[str]:
         _refuse(option, f"the radixd TreeCore implements SGLang {TREECORE_SGLANG}'s TreeCore interface, not {version}")
     if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
         _refuse(f"{option} with a hybrid model", "the radixd TreeCore serves full-attention models only (phase 1)")
-    if getattr(ctx.params, "is_eagle", False):
-        _refuse(f"{option} with EAGLE / MTP", "the radixd TreeCore does not key bigrams yet (phase 1)")
-    policy, _ = eviction_policy(ctx.params)
-    if policy != "lru":
-        _refuse(f"{option} with --radix-eviction-policy {policy}", "the radixd TreeCore evicts by LRU only (phase 1)")
     if getattr(ctx, "tp_size", 1) > 1:
         _refuse(f"{option} with --tp-size above 1", "the radixd TreeCore is not verified with a group yet (phase 1)")
     if _schedule_policy(ctx) == "dfs-weight":
@@ -647,10 +645,13 @@ def _unified_radix_cache(ctx: Any, client: Any, option: str) -> Any:
     return cache
 
 
-def _connect(ctx: Any, name: str, pool: dict, group: Any, policy: str, policy_config: dict) -> Any:
+def _connect(
+    ctx: Any, name: str, pool: dict, group: Any, policy: str, policy_config: dict, recency: str = SGLANG_RECENCY
+) -> Any:
     """The daemon ``name``'s client for this scheduler, bound to its pool
     (and a rank of ``group``), checked: full-attention components, the
-    server's eviction policy, SGLang's recency (a warning)."""
+    server's eviction policy, the recency rule SGLang's answers need
+    (``recency``; a warning)."""
     params = ctx.params
     try:
         client = radixd.Client(name, pool=pool, group=group and group.join_args())
@@ -663,7 +664,7 @@ def _connect(ctx: Any, name: str, pool: dict, group: Any, policy: str, policy_co
         num_pages = params.token_to_kv_pool_allocator.size // params.page_size
         raise RuntimeError(
             f"--radix-cache-backend radixd: no radixd daemon named {name!r} ({e}). Start one first: "
-            f"`radixd serve --name {name} --page-size {params.page_size} --capacity {num_pages} {RECENCY_FLAG}"
+            f"`radixd serve --name {name} --page-size {params.page_size} --capacity {num_pages} --recency {recency}"
             f"{policy_flags(policy, policy_config)}`, "
             "or set RADIXD_NAME to the name of the running one"
         ) from e
@@ -683,7 +684,7 @@ def _connect(ctx: Any, name: str, pool: dict, group: Any, policy: str, policy_co
         name, client.page_size, client.capacity, client.recency, client.eviction_policy, client.pool,
         "" if group is None else f", rank {group.rank} of {group.size} of group {group.key}",
     )
-    check_recency(client, name)
+    check_recency(client, name, recency)
     return client
 
 

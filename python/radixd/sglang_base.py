@@ -250,18 +250,42 @@ SGLANG_RECENCY = "sglang"
 RECENCY_FLAG = f"--recency {SGLANG_RECENCY}"
 
 
-def check_recency(client: Any, name: str) -> bool:
-    """Whether the daemon ``name`` (``client``'s) runs SGLang's recency rule;
-    a warning says what differs and the flag to add when it does not.
+def unified_recency(policy: str) -> str:
+    """The recency rule under which radixd's tree evicts by ``policy`` as
+    SGLang 0.5.23's unified tree core (``UnifiedRadixCache``, the radixd
+    TreeCore's controller) does. ``fifo`` and ``filo`` read a node's
+    creation: that core's ``_split_node`` gives the upper half the node's
+    creation, which radixd does under ``exact`` (under ``sglang`` it makes
+    the upper half anew, as ``RadixCache`` does). Their last use only
+    breaks ties, and no two leaves share a creation (a split's halves are
+    never leaves at once), so ``exact``'s other rule changes no victim.
+    Every other policy reads the last use, for which SGLang's rule is
+    ``sglang`` (both trees touch a split's lower half)."""
+    return "exact" if policy in ("fifo", "filo") else SGLANG_RECENCY
 
-    A warning, not a refusal: under ``exact`` every answer is still a
+
+def check_recency(client: Any, name: str, want: str = SGLANG_RECENCY) -> bool:
+    """Whether the daemon ``name`` (``client``'s) runs the recency rule
+    ``want`` (SGLang's, ``sglang``, unless :func:`unified_recency` says
+    otherwise); a warning says what differs and the flag to add when it
+    does not.
+
+    A warning, not a refusal: under another rule every answer is still a
     correct cache's (the prefix a match names is cached, its KV is its
     own); only the victims of partial evictions differ from SGLang's, and
     so the hit rate (docs/hybrid.md, "Recency").
     """
     recency = client.recency
-    if recency == SGLANG_RECENCY:
+    if recency == want:
         return True
+    if want != SGLANG_RECENCY:
+        logger.warning(
+            "radixd: daemon %r runs --recency %s: under --radix-eviction-policy fifo or filo SGLang's "
+            "unified tree gives a split's upper half the node's creation, which radixd does under "
+            "--recency %s; victims can differ from SGLang's. Restart it with --recency %s",
+            name, recency, want, want,
+        )
+        return False
     logger.warning(
         "radixd: daemon %r runs --recency %s, not SGLang's rule: a match that splits a node leaves "
         "the part below it at its last use, so a partial eviction can take another leaf than "
@@ -303,11 +327,12 @@ def policy_flags(policy: str, config: dict) -> str:
     return flags
 
 
-def check_eviction_policy(client: Any, name: str, policy: str, config: dict) -> None:
+def check_eviction_policy(client: Any, name: str, policy: str, config: dict, what: Optional[str] = None) -> None:
     """Refuses a daemon whose eviction policy (``radixd serve
     --eviction-policy``, with its parameters) is not the server's
     ``--radix-eviction-policy`` (with ``--radix-eviction-policy-config``):
-    its victims would not be SGLang's. The message names both."""
+    its victims would not be SGLang's. The message names both. ``what``
+    names the backend where it is not a daemon (an in-process engine)."""
     theirs = client.eviction_policy
     their_config = dict(client.eviction_policy_config)
     if (theirs, their_config) == (policy, config):
@@ -315,7 +340,7 @@ def check_eviction_policy(client: Any, name: str, policy: str, config: dict) -> 
     ours = policy + (f" {config}" if config else "")
     daemon = theirs + (f" {their_config}" if their_config else "")
     raise ValueError(
-        f"--radix-cache-backend radixd: daemon {name!r} evicts by --eviction-policy {daemon}, this server by "
+        f"--radix-cache-backend radixd: {what or f'daemon {name!r}'} evicts by --eviction-policy {daemon}, this server by "
         f"--radix-eviction-policy {ours}: its victims would not be SGLang's. Restart the daemon with"
         f"{policy_flags(policy, config) or ' --eviction-policy lru'}, or start the server with the daemon's policy"
     )
@@ -326,6 +351,7 @@ __all__ = [
     "RadixdAllocatorMixin",
     "install_allocator",
     "check_recency",
+    "unified_recency",
     "check_eviction_policy",
     "eviction_policy",
     "policy_flags",

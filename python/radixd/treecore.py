@@ -9,14 +9,18 @@ shared by every scheduler of the node): SGLang's controller, its
 Rust one, so streaming sessions and everything else the controller keeps
 work on radixd's tree.
 
-Served (phase 1): full-attention models (the FULL component only), the
-``lru`` eviction policy, no HiCache. What this phase does not serve is
-refused at construction by name, and the methods only it would call raise
+Served (phases 1 and 3): full-attention models (the FULL component only),
+every eviction policy SGLang 0.5.23 ships (radixd's engine evicts by the
+same one, its parameters too: a backend on another is refused naming both;
+inserts carry ``InsertParams.priority`` and ``inserted_len``, which the
+policies' keys read), EAGLE's bigram keys (the mapping of
+``sglang_base.cache_key``), no HiCache. What is not served is refused at
+construction by name, and the methods only it would call raise
 ``NotImplementedError`` naming the feature, as SGLang's Rust adapter does
 (``rust_tree_core/adapter.py``): HiCache and its storage, hybrid components
-(SWA, Mamba), EAGLE's bigram keys, the other eviction policies, KV events
-(the daemon publishes its own: ``radixd serve --kv-events``), the external
-cache linker, buffer-only host memory, session radix caches.
+(SWA, Mamba), KV events (the daemon publishes its own: ``radixd serve
+--kv-events``), the external cache linker, buffer-only host memory, session
+radix caches.
 
 NodeIds are radixd's node handles (index and generation: a handle of an
 evicted node is stale, never another node's); the root, which radixd names
@@ -35,16 +39,20 @@ controller would free them twice).
 How each step maps (docs/sglang-parity.md, section 6, counts the round
 trips):
 
-- ``match_prefix``: radixd's ``match`` (split at the match's end, LRU
-  touched under ``--recency sglang`` as SGLang's tree touches it);
+- ``match_prefix``: radixd's ``match`` (split at the match's end, the path
+  touched as SGLang's tree touches it: under ``--recency sglang``, or
+  ``exact`` for ``fifo``/``filo``, whose upper half of a split keeps the
+  node's creation in SGLang's core: ``sglang_base.unified_recency``; no hit
+  counted, as SGLang's core counts hits on inserts only);
 - ``begin_insert``: one insert, never suspended (a full-attention insert
   without HiCache emits no barrier action), after a ``peek_full`` of the key
   (no touch) that reads the tree's pages of the prefix the request did not
   own (``prev_prefix_len``: SGLang frees nothing there, so radixd is given
   the tree's own pages there), whose answer names the key's node;
-- ``evict_device_next_node``: radixd's ``evict_leaf``, the least recently
-  used unlocked leaf whole (SGLang's walk evicts whole leaves and checks its
-  stop rule between them), answered as the walk's victim;
+- ``evict_device_next_node``: radixd's ``evict_leaf``, the policy's first
+  unlocked leaf, whole (radixd's heap of unlocked leaves keyed by the
+  strategy's tuple, as SGLang's walk's heap; the walk evicts whole leaves
+  and checks its stop rule between them), answered as the walk's victim;
   ``evict_device_leaf`` reports what that freed;
 - ``collect_full_device_indices``: the path's slots as the match or insert
   that named the node read them (a node's path never changes while it
@@ -80,12 +88,14 @@ from sglang.srt.mem_cache.unified_cache.unified_tree_core_interface import (
 
 import radixd
 
-from .sglang_base import _pages_tensor, _token_ids
+from .sglang_base import _pages_tensor, cache_key, check_eviction_policy, eviction_policy, unified_recency
 
 logger = logging.getLogger(__name__)
 
 #: The name the core is registered under (``CacheInitParams.tree_core_backend``).
 BACKEND_NAME = "radixd"
+
+_INT64_MAX = (1 << 63) - 1
 
 #: The root's NodeId: no radixd handle is 0 (a handle's generation never is).
 ROOT = 0
@@ -137,11 +147,14 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
             raise _unserved("--enable-session-radix-cache", "a later phase")
         if getattr(params, "component_registry_override", None):
             raise _unserved("component_registry_override (custom components)", "a later phase")
-        if getattr(params, "is_eagle", False):
-            raise _unserved("EAGLE / MTP (bigram keys)", "phase 3")
-        policy = str(getattr(params, "eviction_policy", "lru") or "lru").lower()
-        if policy != "lru":
-            raise _unserved(f"--radix-eviction-policy {policy}", "phase 3")
+        # The server's policy and its parameters through SGLang's own check
+        # (an unknown policy or parameter is refused as SGLang refuses it);
+        # radixd must evict by the same, or the victims are not SGLang's.
+        policy, policy_config = eviction_policy(params)
+        name = getattr(backend, "name", None)
+        check_eviction_policy(
+            backend, name, policy, policy_config, what=None if name else "the in-process radixd.Engine"
+        )
         if getattr(params, "enable_kv_cache_events", False):
             raise ValueError(
                 "the radixd TreeCore reports no KV events: the daemon publishes its own "
@@ -158,15 +171,22 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
                 "model's matches must not be cut back by a second component"
             )
         recency = getattr(backend, "recency", "sglang")
-        if recency != "sglang":
+        want = unified_recency(policy)
+        if recency != want:
             logger.warning(
-                "radixd TreeCore: radixd runs --recency %s, not SGLang's rule (--recency sglang): "
-                "evictions can take other leaves than SGLang's tree would",
-                recency,
+                "radixd TreeCore: radixd runs --recency %s, not the rule under which it evicts by %s as "
+                "SGLang's tree core does (--recency %s): evictions can take other leaves than SGLang's would",
+                recency, policy, want,
             )
         self.backend = backend
         self._page_size = params.page_size
-        self.is_eagle = False
+        # Every policy but LRU reads what an insert carries (SGLang's
+        # InsertParams.priority, and inserted_len for the hit counts).
+        self._hinted = policy != "lru"
+        # EAGLE / MTP: SGLang's core keys bigrams unless MAMBA is a component
+        # (unified_tree_core.py:432; none is here); radixd keys raw tokens
+        # 1..N in a namespace of token 0 (sglang_base.cache_key).
+        self.is_eagle = bool(getattr(params, "is_eagle", False))
         allocator = params.token_to_kv_pool_allocator
         dev = getattr(allocator, "device", None) if allocator is not None else None
         self.device = torch.device(dev) if isinstance(dev, (str, torch.device)) else torch.device("cpu")
@@ -287,12 +307,25 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         return self._empty_match_result
 
     def _key(self, key: Any) -> tuple:
-        """radixd's tokens (whole pages) and namespace for SGLang's key."""
-        if getattr(key, "is_bigram", False):
-            raise _unserved("EAGLE / MTP (bigram keys)", "phase 3")
-        tokens = _token_ids(key)
+        """radixd's tokens (whole pages) and namespace for SGLang's key; with
+        EAGLE (or a bigram key) the bigram mapping, the key flipped to its
+        bigram view in place as SGLang's core flips it
+        (``maybe_to_bigram_view``): radixd token ``j`` is bigram ``j``, so
+        lengths, locks and sizes count bigrams (KV slots), as SGLang's do."""
+        tokens, ns = cache_key(key, self.is_eagle)
         n = len(tokens) // self._page_size * self._page_size
-        return tokens[:n], radixd.namespace_of(key)
+        return tokens[:n], ns
+
+    def _hints(self, params: InsertParams) -> dict:
+        """What the eviction policy reads of an insert, as
+        ``RadixdPrefixCache`` sends it (``Request::Hinted``): none under LRU."""
+        if not self._hinted:
+            return {}
+        p = int(params.priority or 0)
+        return {
+            "priority": max(min(p, _INT64_MAX), -_INT64_MAX - 1),
+            "inserted_len": max(int(params.inserted_len or 0), 0),
+        }
 
     def _slots(self, pages: Any) -> torch.Tensor:
         """radixd pages as SGLang's KV slots, one per token."""
@@ -385,7 +418,7 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         pages = own.copy()
         if keep:
             pages[:keep] = tree_pages[:keep]
-        r = self.backend.insert(tokens, pages, ns=ns)
+        r = self.backend.insert(tokens, pages, ns=ns, **self._hints(params))
         handle = r.node  # the node covering the key, named without a lock
         if r.cached == cached:
             path = list(tree_pages[: cached // ps]) + list(pages[cached // ps :])

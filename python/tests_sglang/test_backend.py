@@ -55,13 +55,21 @@ def test_parallelism_that_is_not_one_lockstep_is_refused(monkeypatch):
         radixd_cache_factory(ctx)
 
 
-def test_tlru_is_refused():
+def test_tlru_beside_what_the_treecore_does_not_serve_is_refused():
     # EAGLE is served (test_eagle.py);
     # lfu, fifo, mru, filo, priority and slru are served (test_policies.py);
-    # tlru only a UnifiedRadixCache passes SGLang's create_tree_cache with.
+    # tlru, which only a UnifiedRadixCache passes SGLang's create_tree_cache
+    # with, on the radixd TreeCore (test_treecore.py): beside it, what the
+    # core does not serve is refused naming it, before any daemon is asked.
     p = params(16, 8, eviction_policy="tlru", eviction_policy_config={"threshold": 8, "next_prompt_estimate": 2})
-    with pytest.raises(ValueError, match="--radix-eviction-policy tlru"):
-        radixd_cache_factory(build_context(p))
+    ctx = build_context(p)
+    ctx.is_hybrid_swa = True
+    with pytest.raises(ValueError, match="--radix-eviction-policy tlru with a hybrid model"):
+        radixd_cache_factory(ctx)
+    ctx = build_context(p)
+    ctx.tp_size = 4
+    with pytest.raises(ValueError, match="--radix-eviction-policy tlru with --tp-size above 1"):
+        radixd_cache_factory(ctx)
 
 
 def test_pool_sizes_must_agree(start_daemon, monkeypatch):

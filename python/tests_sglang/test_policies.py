@@ -11,8 +11,9 @@
   step. The evictions are partial (``lru=True``: each frees part of what
   is evictable), so the victims must be SGLang's.
 - T-LRU: SGLang's ``create_tree_cache`` takes it only from a
-  ``UnifiedRadixCache``, so the backend refuses it by name; the engine's
-  T-LRU is compared with SGLang's own ``UnifiedRadixCache`` (Python tree
+  ``UnifiedRadixCache``, so the factory builds that on the radixd TreeCore
+  (its twins per policy: ``test_treecore.py``); here the engine's T-LRU
+  is compared with SGLang's own ``UnifiedRadixCache`` (Python tree
   core, FULL only) under random inserts (priorities, ``inserted_len``),
   matches, locks and evictions, as are the other policies but FIFO and
   FILO: SGLang's two trees disagree on a split's creation time
@@ -197,10 +198,12 @@ def test_a_daemon_on_another_policy_is_refused_naming_both(daemon, server, serve
     client.close()
 
 
-def test_tlru_and_a_bad_config_are_refused_by_name(start_daemon, monkeypatch):
+def test_a_bad_config_is_refused_by_name(start_daemon, monkeypatch):
     d = start_daemon("--recency", "sglang", "--eviction-policy", "lfu", page_size=1, capacity=16)
     monkeypatch.setenv("RADIXD_NAME", d.name)
-    with pytest.raises(ValueError, match="--radix-eviction-policy tlru.*UnifiedRadixCache"):
+    # T-LRU goes to the TreeCore (test_treecore.py), which checks the
+    # daemon's policy alike.
+    with pytest.raises(ValueError, match=r"--eviction-policy lfu, this server by --radix-eviction-policy tlru"):
         _build("tlru", {"threshold": 8, "next_prompt_estimate": 2})
     # SGLang's own check of the config: a key the policy does not take.
     with pytest.raises(TypeError, match="LFUStrategy"):

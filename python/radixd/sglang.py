@@ -606,8 +606,6 @@ def _unified_only(ctx: Any, serving: Any, policy: str) -> Optional[str]:
         _refuse(option, f"the radixd TreeCore implements SGLang {TREECORE_SGLANG}'s TreeCore interface, not {version}")
     if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
         _refuse(f"{option} with a hybrid model", "the radixd TreeCore serves full-attention models only (phase 1)")
-    if getattr(ctx, "tp_size", 1) > 1:
-        _refuse(f"{option} with --tp-size above 1", "the radixd TreeCore is not verified with a group yet (phase 1)")
     if _schedule_policy(ctx) == "dfs-weight":
         _refuse(f"{option} with --schedule-policy dfs-weight", "the radixd TreeCore does not walk the tree's shape")
     return option

@@ -66,10 +66,9 @@ def test_tlru_beside_what_the_treecore_does_not_serve_is_refused():
     ctx.is_hybrid_swa = True
     with pytest.raises(ValueError, match="--radix-eviction-policy tlru with a hybrid model"):
         radixd_cache_factory(ctx)
-    ctx = build_context(p)
-    ctx.tp_size = 4
-    with pytest.raises(ValueError, match="--radix-eviction-policy tlru with --tp-size above 1"):
-        radixd_cache_factory(ctx)
+    streaming = dataclasses.replace(build_context(p), tp_size=4)
+    with pytest.raises(ValueError, match="--tp-size above 1 without a tensor-parallel process group"):
+        radixd_cache_factory(streaming)
 
 
 def test_pool_sizes_must_agree(start_daemon, monkeypatch):

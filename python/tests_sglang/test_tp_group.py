@@ -26,8 +26,8 @@ HERE = Path(__file__).resolve().parent
 PS, PAGES, OPS = 4, 96, int(os.environ.get("RADIXD_TP_OPS", "700"))
 
 
-def run_ranks(d, tmp_path: Path, size: int, tag: str) -> list:
-    env = dict(os.environ, RADIXD_NAME=d.name, PYTHONPATH=str(HERE))
+def run_ranks(d, tmp_path: Path, size: int, tag: str, streaming: bool = False) -> list:
+    env = dict(os.environ, RADIXD_NAME=d.name, PYTHONPATH=str(HERE), RADIXD_TP_STREAMING="1" if streaming else "0")
     init = tmp_path / f"init-{tag}"
     procs = []
     for rank in range(size):
@@ -49,11 +49,27 @@ def run_ranks(d, tmp_path: Path, size: int, tag: str) -> list:
 
 @pytest.mark.parametrize("size", [2, 4])
 def test_lockstep_ranks_share_one_tree_built_as_one_rank_alone(start_daemon, tmp_path, size):
-    alone_daemon = start_daemon(page_size=PS, capacity=PAGES)
-    (alone,) = run_ranks(alone_daemon, tmp_path, 1, "alone")
-    d = start_daemon(page_size=PS, capacity=PAGES)
-    ranks = run_ranks(d, tmp_path, size, f"tp{size}")
+    check_ranks_against_one_alone(start_daemon, tmp_path, size, streaming=False)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_treecore_ranks_share_one_tree_built_as_one_rank_alone(start_daemon, tmp_path, size):
+    """The same with ``--enable-streaming-session``: every rank runs SGLang's
+    own ``UnifiedRadixCache`` on the radixd TreeCore over its group's
+    client (evictions one ``evict_leaf`` step each, key reads as steps)."""
+    check_ranks_against_one_alone(start_daemon, tmp_path, size, streaming=True)
+
+
+def check_ranks_against_one_alone(start_daemon, tmp_path: Path, size: int, streaming: bool) -> None:
+    # The TreeCore answers as SGLang's tree only under SGLang's recency.
+    serve = ("--recency", "sglang") if streaming else ()
+    alone_daemon = start_daemon(*serve, page_size=PS, capacity=PAGES)
+    (alone,) = run_ranks(alone_daemon, tmp_path, 1, "alone", streaming)
+    d = start_daemon(*serve, page_size=PS, capacity=PAGES)
+    ranks = run_ranks(d, tmp_path, size, f"tp{size}", streaming)
     assert any(op == "arrive" and n > 0 for op, n in (tuple(t) for t in alone["trace"] if t[0] == "arrive"))
+    evicted = [t[1] for t in alone["trace"] if t[0] == "evict"]
+    assert sum(n > 0 for n in evicted) > 5, f"evictions: {evicted}"
     for r, got in enumerate(ranks):
         assert got["trace"] == alone["trace"], f"rank {r} of {size} answered otherwise than one rank alone"
         assert got["tree"] == alone["tree"], f"rank {r} of {size}: the daemon's tree is not one rank's"

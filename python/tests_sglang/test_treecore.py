@@ -192,9 +192,10 @@ def test_what_the_core_does_not_serve_beside_streaming_is_refused_by_name(stream
     ctx.is_hybrid_swa = True
     with pytest.raises(ValueError, match="--enable-streaming-session with a hybrid model"):
         create_tree_cache(ctx)
+    # Tensor parallelism is served (test_tp_group.py), with a group only.
     ctx = build_context(params(1, PAGES))
     ctx.tp_size = 2
-    with pytest.raises(ValueError, match="--enable-streaming-session with --tp-size above 1"):
+    with pytest.raises(ValueError, match="--tp-size above 1 without a tensor-parallel process group"):
         create_tree_cache(ctx)
     streaming_server(schedule_policy="dfs-weight")
     with pytest.raises(ValueError, match="--enable-streaming-session with --schedule-policy dfs-weight"):
@@ -205,8 +206,8 @@ def test_what_the_core_does_not_serve_beside_streaming_is_refused_by_name(stream
 
     publish_runtime()
     ctx = build_context(params(1, PAGES, eviction_policy="tlru"))
-    ctx.tp_size = 2
-    with pytest.raises(ValueError, match="--radix-eviction-policy tlru with --tp-size above 1"):
+    ctx.is_hybrid_swa = True
+    with pytest.raises(ValueError, match="--radix-eviction-policy tlru with a hybrid model"):
         create_tree_cache(ctx)
 
 

@@ -3,7 +3,9 @@ of ``size`` ranks, builds its tree cache with SGLang's registry factory
 (``tp_cache_group`` set, as SGLang's scheduler sets it) and runs random
 scheduler operations through SGLang's functions, the same on every rank,
 synchronised every few operations as a scheduler's batches are. With
-``size`` 1 it is one rank alone, without a process group. Writes its trace
+``size`` 1 it is one rank alone, without a process group. With
+``RADIXD_TP_STREAMING=1`` the server runs streaming sessions, so the
+factory answers SGLang's own ``UnifiedRadixCache`` on the radixd TreeCore. Writes its trace
 (every answer), and what the daemon's tree answers for every prompt it saw
 at the end, as JSON."""
 
@@ -27,7 +29,17 @@ def main(size: int, rank: int, init: str, page_size: int, pages: int, ops: int, 
     from sglang.srt.mem_cache.registry import get_radix_cache_factory
     from sglang.srt.plugins import load_plugins
 
-    publish_runtime()
+    # Streaming sessions: the factory answers SGLang's own UnifiedRadixCache
+    # on the radixd TreeCore (radixd.treecore) instead of RadixdPrefixCache.
+    streaming = os.environ.get("RADIXD_TP_STREAMING") == "1"
+    if streaming:
+        from sglang.srt import runtime_context
+        from sglang.srt.server_args import ServerArgs
+
+        args = ServerArgs(model_path="dummy", radix_cache_backend="radixd", enable_streaming_session=True)
+        runtime_context.publish(args, role="scheduler")
+    else:
+        publish_runtime()
     load_plugins()
     p = params(page_size, pages)
     # EAGLE: the tree keyed by bigrams (radixd.bigram_key's namespaces).
@@ -41,6 +53,15 @@ def main(size: int, rank: int, init: str, page_size: int, pages: int, ops: int, 
     ctx = build_context(p)
     ctx.tp_size, ctx.tp_rank = size, rank
     cache = get_radix_cache_factory("radixd")(ctx)
+    if streaming:
+        from radixd.treecore import RadixdTreeCore
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        assert type(cache) is UnifiedRadixCache and isinstance(cache.tree_core, RadixdTreeCore), type(cache)
+        client = cache.tree_core.backend
+    else:
+        client = cache.backend
+    assert client.rank is None if size == 1 else client.rank[1:] == (rank, size), client.rank
     sim = Sim(cache, p, kv_file)
     rng = random.Random(5)
     work = Workload(random.Random(7), page_size)
@@ -94,7 +115,6 @@ def main(size: int, rank: int, init: str, page_size: int, pages: int, ops: int, 
         dist.barrier(group)  # every rank drained: the tree is final
     import radixd
 
-    client = cache.backend
     if eagle:
         tree = [(tokens, space, client.peek(*radixd.bigram_key(tokens, _ns(space)))) for tokens, space in seen]
     else:

@@ -1055,3 +1055,42 @@ fn values_evicted_at_two_epochs_come_back_one_epoch_apart() {
     assert_eq!(s.index.in_limbo(), 0);
     s.index.validate().unwrap();
 }
+
+#[test]
+fn counters_and_stamps_end_at_the_last_client_and_the_last_entry() {
+    let s = store(64, 4, PAGE);
+    let v = s.reader.view();
+    let l = v.layout();
+    let base = v.header() as *const _ as usize;
+    let at = |p: usize| (p - base) as u64;
+    let last = l.config.clients - 1;
+    assert_eq!(
+        at(v.counters(last).unwrap() as *const _ as usize),
+        l.counters_at + u64::from(last) * std::mem::size_of::<super::layout::Counters>() as u64
+    );
+    assert!(
+        v.counters(l.config.clients).is_none(),
+        "past the last client"
+    );
+    let last = l.config.entries - 1;
+    assert_eq!(
+        at(v.stamp(last).unwrap() as *const _ as usize),
+        l.stamps_at + u64::from(last) * 8
+    );
+    assert!(v.stamp(l.config.entries).is_none(), "past the last entry");
+}
+
+#[test]
+fn a_value_lies_at_the_data_offset_the_layout_gives_it() {
+    let s = store(64, 4, PAGE);
+    let v = s.reader.view();
+    let l = v.layout();
+    let base = v.header() as *const _ as usize;
+    let end = l.config.data_bytes;
+    for at in [0, 64, PAGE + 8, end - 8] {
+        let p = v.data(at, 8).unwrap() as usize;
+        assert_eq!(p.wrapping_sub(base) as u64, l.data_at + at, "offset {at}");
+    }
+    assert!(v.data(end - 7, 8).is_none(), "past the end");
+    assert!(v.data(u64::MAX, 2).is_none(), "wraps");
+}

@@ -530,3 +530,16 @@ fn a_rank_alone_leads_every_step_in_turn() {
     }
     assert_eq!(g.figures().kept_steps, 0, "nobody else to keep it for");
 }
+
+#[test]
+fn a_finished_group_stays_finished_after_others_finish() {
+    let mut g = Groups::new();
+    for (client, key) in [(0, "a"), (1, "b"), (2, "c")] {
+        g.join(client, false, &join(key, 0, 2), PAGE).unwrap();
+        assert!(g.leave(client).is_some(), "{key} finished");
+    }
+    for key in ["a", "b", "c"] {
+        let err = g.join(9, false, &join(key, 1, 2), PAGE).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::GroupClosed, "{key}: {err}");
+    }
+}

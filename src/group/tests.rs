@@ -472,3 +472,74 @@ fn only_what_a_scheduler_decides_by_is_stepped() {
     assert!(!is_stepped(&Request::Namespace { name: "a".into() }));
     assert!(!is_stepped(&Request::Join(join("g", 0, 1))));
 }
+
+#[test]
+fn the_bytes_kept_go_with_the_steps_every_rank_has_taken() {
+    let mut e = engine();
+    let mut g = Groups::new();
+    g.join(0, false, &join("g", 0, 2), PAGE).unwrap();
+    g.join(1, false, &join("g", 1, 2), PAGE).unwrap();
+    let kept = |g: &Groups| g.groups[0].as_ref().unwrap().bytes;
+    let first = Request::Match {
+        tokens: vec![1; 64],
+        lock: false,
+    };
+    step(&mut g, &mut e, 0, first.clone()).unwrap();
+    // 128 bytes a step, and 4 a word of its request and its answer (64
+    // tokens; no pages matched).
+    let one = kept(&g);
+    assert_eq!(one, 128 + 4 * 64);
+    step(&mut g, &mut e, 0, Request::Stats).unwrap();
+    let two = kept(&g);
+    assert_eq!(two, one + 128);
+    step(&mut g, &mut e, 1, first).unwrap();
+    assert_eq!(kept(&g), two - one, "the first step is gone");
+    step(&mut g, &mut e, 1, Request::Stats).unwrap();
+    assert_eq!(kept(&g), 0);
+}
+
+#[test]
+fn a_rank_held_back_is_told_which_rank_is_slowest() {
+    let mut e = engine();
+    let mut g = Groups::new();
+    for rank in 0..3 {
+        g.join(rank, false, &join("g", rank, 3), PAGE).unwrap();
+    }
+    for _ in 0..LAG_STEPS {
+        step(&mut g, &mut e, 0, Request::Stats).unwrap();
+    }
+    // Rank 1 takes a step, rank 2 none: rank 2 is the slowest.
+    step(&mut g, &mut e, 1, Request::Stats).unwrap();
+    let err = step(&mut g, &mut e, 0, Request::Stats).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::GroupLag);
+    assert!(err.message.contains("rank 2 at step 0"), "{err}");
+}
+
+#[test]
+fn a_rank_alone_leads_every_step_in_turn() {
+    let mut e = engine();
+    let mut g = Groups::new();
+    g.join(4, false, &join("solo", 0, 1), PAGE).unwrap();
+    for n in 0..3 {
+        let (answer, led) = g
+            .step_leading(4, Request::Stats, |c, r| apply(&mut e, c, r))
+            .unwrap();
+        assert!(answer.is_ok());
+        assert_eq!(led, Some(n), "step {n}");
+        assert_eq!(g.next_step(0, 0), Some(n + 1));
+    }
+    assert_eq!(g.figures().kept_steps, 0, "nobody else to keep it for");
+}
+
+#[test]
+fn a_finished_group_stays_finished_after_others_finish() {
+    let mut g = Groups::new();
+    for (client, key) in [(0, "a"), (1, "b"), (2, "c")] {
+        g.join(client, false, &join(key, 0, 2), PAGE).unwrap();
+        assert!(g.leave(client).is_some(), "{key} finished");
+    }
+    for key in ["a", "b", "c"] {
+        let err = g.join(9, false, &join(key, 1, 2), PAGE).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::GroupClosed, "{key}: {err}");
+    }
+}

@@ -775,3 +775,322 @@ fn validate_finds_a_looping_chain() {
     e.next.store(at, Relaxed);
     assert_eq!(s.index.validate(), Err("chain loops".into()));
 }
+
+#[test]
+fn an_aborted_slot_is_the_next_one_taken_and_its_neighbours_keep_their_values() {
+    let mut s = store(64, 2, PAGE);
+    let ns = s.index.namespace(b"m", 64).unwrap();
+    // Three slots of one extent, the middle one reserved and given back.
+    assert!(put(&mut s, ns, b"x", None));
+    let held = s.index.reserve(1, ns.id, &[b"y"], &[]).unwrap()[0].unwrap();
+    assert!(put(&mut s, ns, b"z", None));
+    assert_ne!(held.offset % (PAGE), 0, "not the extent's first slot");
+    assert_eq!(s.index.abort(1, ns.id, &[held]), Ok(1));
+    assert!(put(&mut s, ns, b"w", None));
+    assert_eq!(
+        s.reader.find(ns, b"w").unwrap().data,
+        held.offset,
+        "the slot given back is the one taken next"
+    );
+    for k in [b"x", b"z", b"w"] {
+        assert_eq!(get(&s, ns, k), Some(value(k, 64)), "{k:?}");
+    }
+    s.index.validate().unwrap();
+}
+
+/// A grace period no reader holds back: every advance moves the epoch,
+/// counted in `advances`, and a record is reusable one epoch after it.
+struct Unheld {
+    epoch: u64,
+    advances: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl crate::engine::Grace for Unheld {
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn try_advance(&mut self) -> bool {
+        self.advances
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.epoch += 1;
+        true
+    }
+    fn reusable(&self, tag: u64) -> bool {
+        tag < self.epoch
+    }
+}
+
+#[test]
+fn reclaim_advances_the_grace_period_only_for_what_waits_and_frees_it_in_one_call() {
+    use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+    use std::sync::Arc;
+    let advances = Arc::new(AtomicU32::new(0));
+    let (mut s, _) = adoptable();
+    s.index.set_grace(Box::new(Unheld {
+        epoch: 5,
+        advances: advances.clone(),
+    }));
+    assert_eq!(s.index.reclaim(), 0);
+    assert_eq!(advances.load(Relaxed), 0, "nothing in limbo: no advance");
+    assert!(s.index.evict_one());
+    assert_eq!(s.index.in_limbo(), 1);
+    assert_eq!(s.index.reclaim(), 1, "one advance, then it is freed");
+    assert_eq!(advances.load(Relaxed), 1);
+    assert_eq!(s.index.in_limbo(), 0);
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn a_full_store_under_an_unheld_grace_period_evicts_one_value_a_put() {
+    use std::sync::atomic::AtomicU32;
+    use std::sync::Arc;
+    // Eight slots (two 1500-byte values an extent), six taken.
+    let (mut s, ns) = adoptable();
+    s.index.set_grace(Box::new(Unheld {
+        epoch: 0,
+        advances: Arc::new(AtomicU32::new(0)),
+    }));
+    assert!(put(&mut s, ns, &[6], None));
+    assert!(put(&mut s, ns, &[7], None));
+    // Full: each put evicts one value to limbo, then gets it back from
+    // there (the grace period lets go at once) rather than evicting more.
+    for (i, k) in (8..12u8).enumerate() {
+        assert!(put(&mut s, ns, &[k], None));
+        let st = s.reader.stats();
+        assert_eq!(
+            (st.values, st.bytes, st.evicted),
+            (8, 8 * 1500, i as u64 + 1),
+            "key {k}"
+        );
+        s.index.validate().unwrap();
+    }
+}
+
+/// A grace period a reader holds until `until`.
+struct HeldUntil(std::time::Instant);
+
+impl crate::engine::Grace for HeldUntil {
+    fn epoch(&self) -> u64 {
+        0
+    }
+    fn try_advance(&mut self) -> bool {
+        std::time::Instant::now() >= self.0
+    }
+    fn reusable(&self, _tag: u64) -> bool {
+        std::time::Instant::now() >= self.0
+    }
+}
+
+#[test]
+fn a_reserve_waits_briefly_for_readers_holding_limbo_then_calls_the_store_full() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let (mut s, ns) = adoptable();
+    assert!(put(&mut s, ns, &[6], None));
+    assert!(put(&mut s, ns, &[7], None));
+    // A reader that never lets go: everything goes to limbo, and after
+    // its brief wait the reserve calls the store full (it does not spin).
+    s.index
+        .set_grace(Box::new(Held(Arc::new(AtomicBool::new(true)))));
+    assert_eq!(
+        s.index.reserve(0, ns.id, &[&[8][..]], &[]),
+        Err(StoreError::StoreFull { needed: 1 })
+    );
+    assert_eq!(s.index.in_limbo(), 8);
+    s.index.validate().unwrap();
+    // A reader that lets go within the wait: the reserve waits it out.
+    s.index.set_grace(Box::new(HeldUntil(
+        std::time::Instant::now() + std::time::Duration::from_millis(1),
+    )));
+    assert!(put(&mut s, ns, &[8], None));
+    assert_eq!(s.index.in_limbo(), 0);
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn a_reserve_that_runs_out_part_way_names_what_did_not_fit_and_keeps_nothing() {
+    let mut s = store(4, 1, PAGE);
+    let ns = s.index.namespace(b"m", 64).unwrap();
+    let held = s.index.reserve(1, ns.id, &[b"1", b"2", b"3"], &[]).unwrap();
+    assert!(held.iter().all(Option::is_some));
+    // "a" fits, "b" and "c" do not: two are missing, and "a" is given back.
+    assert_eq!(
+        s.index.reserve(2, ns.id, &[b"a", b"b", b"c"], &[]),
+        Err(StoreError::StoreFull { needed: 2 })
+    );
+    assert_eq!(s.index.release_client(2), 0, "client 2 holds nothing");
+    assert!(
+        s.index.reserve(3, ns.id, &[b"a"], &[]).unwrap()[0].is_some(),
+        "the room \"a\" had is free again"
+    );
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn a_commit_drops_the_link_to_a_parent_gone_since_the_reserve_even_if_its_entry_is_reused() {
+    use radixd_ipc::sync::Ordering::Relaxed;
+    let mut s = store(8, 1, PAGE);
+    let ns = s.index.namespace(b"m", 64).unwrap();
+    assert!(put(&mut s, ns, b"p", None));
+    let p = s.reader.find(ns, b"p").unwrap();
+    let c = s.index.reserve(1, ns.id, &[b"c"], &[Some(b"p")]).unwrap()[0].unwrap();
+    let view = *s.index.view();
+    let link = || view.entry(c.index).unwrap().parent.load(Relaxed);
+    assert_ne!(link(), NIL, "reserved under p");
+    // p goes (its child is not committed yet), and a new value q takes its
+    // entry: committed, but another generation.
+    assert_eq!(s.index.clear(ns.id), Ok(1));
+    assert!(put(&mut s, ns, b"q", None));
+    let q = s.reader.find(ns, b"q").unwrap();
+    assert_eq!(q.index, p.index, "q reuses p's entry");
+    assert!(s.index.has_reservations());
+    assert_eq!(s.index.commit(1, ns.id, &[c]), Ok(1));
+    assert!(!s.index.has_reservations(), "the one reservation committed");
+    assert_eq!(link(), NIL, "c's parent is gone: no link, to q or anything");
+    // q has no child: it is a leaf, evicted before c.
+    assert!(s.index.evict_one());
+    assert!(s.reader.exists(ns, b"c") && !s.reader.exists(ns, b"q"));
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn a_key_of_one_namespace_is_not_found_in_another_sharing_its_chain() {
+    // Eight buckets: eight namespaces' copies of one key share chains.
+    let mut s = store(8, 1, PAGE);
+    let names: Vec<StoreNs> = (0..8u8)
+        .map(|i| s.index.namespace(&[b'n', i], 64).unwrap())
+        .collect();
+    for (i, &ns) in names.iter().enumerate() {
+        assert!(put(&mut s, ns, b"k", None), "namespace {i}");
+        assert!(s.index.contains(ns.id, b"k"));
+        for &later in &names[i + 1..] {
+            assert!(!s.index.contains(later.id, b"k"));
+        }
+    }
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn releasing_a_client_or_the_stale_ones_aborts_only_their_reservations() {
+    let mut s = store(16, 1, PAGE);
+    let ns = s.index.namespace(b"m", 64).unwrap();
+    assert!(put(&mut s, ns, b"v", None));
+    let one = s.index.reserve(1, ns.id, &[b"a", b"b"], &[]).unwrap();
+    let two = s.index.reserve(2, ns.id, &[b"c"], &[]).unwrap();
+    let three = s.index.reserve(3, ns.id, &[b"d"], &[]).unwrap();
+    assert_eq!(s.index.release_client(1), 2);
+    assert_eq!(s.index.release_client(1), 0, "nothing left to client 1");
+    assert!(s.index.contains(ns.id, b"v"), "a committed value stays");
+    assert_eq!(
+        s.index.commit(1, ns.id, &[one[0].unwrap()]),
+        Err(StoreError::NotReserved {
+            index: one[0].unwrap().index
+        })
+    );
+    // Client 2 is gone, client 3 alive.
+    assert_eq!(s.index.release_stale(|owner| owner == 3), 1);
+    assert_eq!(s.index.release_stale(|owner| owner == 3), 0);
+    assert_eq!(
+        s.index.commit(2, ns.id, &[two[0].unwrap()]),
+        Err(StoreError::NotReserved {
+            index: two[0].unwrap().index
+        })
+    );
+    assert!(s.index.has_reservations());
+    assert_eq!(s.index.commit(3, ns.id, &[three[0].unwrap()]), Ok(1));
+    assert!(!s.index.has_reservations());
+    assert!(s.index.contains(ns.id, b"d") && !s.index.contains(ns.id, b"c"));
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn an_aborted_child_leaves_its_parent_a_parent_of_its_committed_children() {
+    let mut s = store(16, 1, PAGE);
+    let ns = s.index.namespace(b"m", 64).unwrap();
+    assert!(put(&mut s, ns, b"p", None));
+    assert!(put(&mut s, ns, b"c1", Some(b"p")));
+    let c2 = s.index.reserve(1, ns.id, &[b"c2"], &[Some(b"p")]).unwrap()[0].unwrap();
+    assert_eq!(s.index.abort(1, ns.id, &[c2]), Ok(1));
+    // p is older, but it still has c1: not a leaf, so c1 goes first.
+    assert!(s.index.evict_one());
+    assert!(s.reader.exists(ns, b"p") && !s.reader.exists(ns, b"c1"));
+    assert!(s.index.evict_one());
+    assert!(!s.reader.exists(ns, b"p"));
+    assert!(!s.index.evict_one(), "nothing left");
+    s.index.validate().unwrap();
+}
+
+/// A grace period at the epoch the test sets, which it never advances
+/// itself: a record is reusable once the epoch is past its tag.
+struct Manual(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl crate::engine::Grace for Manual {
+    fn epoch(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    fn try_advance(&mut self) -> bool {
+        false
+    }
+    fn reusable(&self, tag: u64) -> bool {
+        tag < self.epoch()
+    }
+}
+
+#[test]
+fn values_evicted_at_two_epochs_come_back_one_epoch_apart() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::sync::Arc;
+    let epoch = Arc::new(AtomicU64::new(5));
+    let (mut s, _) = adoptable();
+    s.index.set_grace(Box::new(Manual(epoch.clone())));
+    assert!(s.index.evict_one());
+    epoch.store(6, Relaxed);
+    assert!(s.index.evict_one());
+    assert_eq!(s.index.in_limbo(), 2);
+    // Epoch 6: what was evicted at 5 is free, what was evicted at 6 not yet.
+    assert_eq!(s.index.reclaim(), 1);
+    assert_eq!(s.index.in_limbo(), 1);
+    epoch.store(7, Relaxed);
+    assert_eq!(s.index.reclaim(), 1);
+    assert_eq!(s.index.in_limbo(), 0);
+    s.index.validate().unwrap();
+}
+
+#[test]
+fn counters_and_stamps_end_at_the_last_client_and_the_last_entry() {
+    let s = store(64, 4, PAGE);
+    let v = s.reader.view();
+    let l = v.layout();
+    let base = v.header() as *const _ as usize;
+    let at = |p: usize| (p - base) as u64;
+    let last = l.config.clients - 1;
+    assert_eq!(
+        at(v.counters(last).unwrap() as *const _ as usize),
+        l.counters_at + u64::from(last) * std::mem::size_of::<super::layout::Counters>() as u64
+    );
+    assert!(
+        v.counters(l.config.clients).is_none(),
+        "past the last client"
+    );
+    let last = l.config.entries - 1;
+    assert_eq!(
+        at(v.stamp(last).unwrap() as *const _ as usize),
+        l.stamps_at + u64::from(last) * 8
+    );
+    assert!(v.stamp(l.config.entries).is_none(), "past the last entry");
+}
+
+#[test]
+fn a_value_lies_at_the_data_offset_the_layout_gives_it() {
+    let s = store(64, 4, PAGE);
+    let v = s.reader.view();
+    let l = v.layout();
+    let base = v.header() as *const _ as usize;
+    let end = l.config.data_bytes;
+    for at in [0, 64, PAGE + 8, end - 8] {
+        let p = v.data(at, 8).unwrap() as usize;
+        assert_eq!(p.wrapping_sub(base) as u64, l.data_at + at, "offset {at}");
+    }
+    assert!(v.data(end - 7, 8).is_none(), "past the end");
+    assert!(v.data(u64::MAX, 2).is_none(), "wraps");
+}

@@ -151,3 +151,78 @@ fn differing_insert_hints_are_named() {
         "insert of 2 tokens [1, 2] with 2 pages with priority -1 and inserted_len 2"
     );
 }
+
+/// A name clipped inside a two-byte character ends before it (byte 48 of
+/// the quoted name falls inside an `é`), then says it was cut; a name
+/// that fits, exactly too, is quoted whole.
+#[test]
+fn a_clipped_name_ends_on_a_whole_character() {
+    let name = "é".repeat(40);
+    let quoted = format!("{name:?}");
+    let c = clipped(&name);
+    let body = c.strip_suffix("...").expect("a cut name says so");
+    assert_eq!(body.len(), 47, "{c}");
+    assert!(quoted.starts_with(body));
+    let exact = "a".repeat(46);
+    assert_eq!(clipped(&exact), format!("{exact:?}"));
+    assert_eq!(clipped("short"), "\"short\"");
+}
+
+/// A message of exactly a reply window's room goes whole; a longer one is
+/// cut to the room, before a character the room would split, and says so.
+#[test]
+fn a_fitted_message_fills_the_window_and_no_more() {
+    let room = crate::wire::MIN_REPLY_WINDOW;
+    let exact = "x".repeat(room);
+    assert_eq!(fitted(exact.clone()), exact);
+    // `é` starts at even bytes: the cut at room - 3 (odd) splits one.
+    let long = "é".repeat(room);
+    let f = fitted(long.clone());
+    assert_eq!(f.len(), room - 1, "{}", f.len());
+    let body = f.strip_suffix("...").expect("a cut message says so");
+    assert!(long.starts_with(body));
+}
+
+/// The key of a `walk` and the pages of a `free` (and the other page-list
+/// requests) are compared, not only their op.
+#[test]
+fn walks_and_frees_name_their_first_difference() {
+    let led: Vec<u32> = (0..8).collect();
+    let mut ours = led.clone();
+    ours[5] = 50;
+    assert_eq!(
+        first_difference(
+            &Request::Walk {
+                tokens: ours.clone()
+            },
+            &Request::Walk {
+                tokens: led.clone()
+            },
+            1
+        ),
+        "the keys first differ at token 5 (from 0): 50 here, 5 at rank 1"
+    );
+    for (a, b) in [
+        (
+            Request::Free {
+                pages: ours.clone(),
+            },
+            Request::Free { pages: led.clone() },
+        ),
+        (
+            Request::FreeStates {
+                states: ours.clone(),
+            },
+            Request::FreeStates {
+                states: led.clone(),
+            },
+        ),
+    ] {
+        assert_eq!(
+            first_difference(&a, &b, 1),
+            "the pages first differ at page 5 (from 0): 50 here, 5 at rank 1",
+            "{}",
+            a.name()
+        );
+    }
+}

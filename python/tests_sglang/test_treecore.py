@@ -72,6 +72,27 @@ def run(t, ops):
     t.b.cache.sanity_check()
 
 
+def clients_of(name, clients):
+    """A backend factory of clients of the daemon ``name``, each filed in
+    ``clients`` for :func:`run_closing` to close."""
+
+    def client(p):
+        c = radixd.Client(name)
+        clients.append(c)
+        return c
+
+    return client
+
+
+def run_closing(t, ops, clients):
+    """:func:`run`, then ``clients`` closed, whatever happened."""
+    try:
+        run(t, ops)
+    finally:
+        for c in clients:
+            c.close()
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_in_process(page_size):
     t = twin(page_size, engine, seed=400 + page_size)
@@ -83,19 +104,10 @@ def test_in_process(page_size):
 def test_through_daemon(page_size, start_daemon):
     d = start_daemon("--recency", "sglang", page_size=page_size, capacity=PAGES)
     clients = []
-
-    def client(p):
-        c = radixd.Client(d.name)
-        clients.append(c)
-        return c
-
+    client = clients_of(d.name, clients)
     t = twin(page_size, client, seed=500 + page_size)
     assert isinstance(t.b.cache.tree_core.backend, radixd.Client)
-    try:
-        run(t, OPS // 2)
-    finally:
-        for c in clients:
-            c.close()
+    run_closing(t, OPS // 2, clients)
     assert t.evictions > OPS // 40 and t.hits > OPS // 100
 
 
@@ -214,18 +226,9 @@ def test_what_the_core_does_not_serve_beside_streaming_is_refused_by_name(stream
 def test_namespaces_through_daemon(start_daemon):
     d = start_daemon("--recency", "sglang", page_size=4, capacity=PAGES)
     clients = []
-
-    def client(p):
-        c = radixd.Client(d.name)
-        clients.append(c)
-        return c
-
+    client = clients_of(d.name, clients)
     t = twin(4, client, seed=650, spaces=SPACES)
-    try:
-        run(t, OPS // 2)
-    finally:
-        for c in clients:
-            c.close()
+    run_closing(t, OPS // 2, clients)
     assert t.evictions > OPS // 40 and t.hit_spaces == set(SPACES), "every namespace was hit"
 
 
@@ -272,18 +275,9 @@ def test_streaming_sessions_in_process(page_size):
 def test_streaming_sessions_through_daemon(page_size, start_daemon):
     d = start_daemon("--recency", "sglang", page_size=page_size, capacity=PAGES)
     clients = []
-
-    def client(p):
-        c = radixd.Client(d.name)
-        clients.append(c)
-        return c
-
+    client = clients_of(d.name, clients)
     t = session_twin(page_size, client, seed=800 + page_size)
-    try:
-        run(t, OPS // 2)
-    finally:
-        for c in clients:
-            c.close()
+    run_closing(t, OPS // 2, clients)
     assert t.turns > OPS // 60 and t.lent > t.turns // 5, (t.turns, t.lent)
     assert t.session_aborts > 2 and t.released > 2
 
@@ -341,13 +335,7 @@ def daemon_of(policy, config, start_daemon, page_size, clients):
 
     flags = shlex.split(policy_flags(policy, dict(config or {})))
     d = start_daemon("--recency", unified_recency(policy), *flags, page_size=page_size, capacity=PAGES)
-
-    def client(p):
-        c = radixd.Client(d.name)
-        clients.append(c)
-        return c
-
-    return client
+    return clients_of(d.name, clients)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -372,11 +360,7 @@ def test_policy_through_daemon(policy, config, start_daemon):
         page_size, daemon_of(policy, config, start_daemon, page_size, clients), 1100 + len(policy), policy, config
     )
     assert isinstance(t.b.cache.tree_core.backend, radixd.Client)
-    try:
-        run(t, POLICY_OPS // 2)
-    finally:
-        for c in clients:
-            c.close()
+    run_closing(t, POLICY_OPS // 2, clients)
     assert t.evictions > POLICY_OPS // 40 and t.hits > POLICY_OPS // 100, (t.evictions, t.hits)
 
 
@@ -429,11 +413,7 @@ def test_eagle_through_daemon(page_size, policy, start_daemon):
         page_size, daemon_of(policy, None, start_daemon, page_size, clients), 1400 + page_size, policy, None,
         eagle=True,
     )
-    try:
-        run(t, POLICY_OPS // 2)
-    finally:
-        for c in clients:
-            c.close()
+    run_closing(t, POLICY_OPS // 2, clients)
     assert t.evictions > POLICY_OPS // 40 and t.hits > POLICY_OPS // 100, (t.evictions, t.hits)
 
 

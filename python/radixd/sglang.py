@@ -69,6 +69,7 @@ from .sglang_base import (
     cache_key,
     check_eviction_policy,
     check_recency,
+    dfs_weight_order,
     eviction_policy,
     install_allocator,
     note_uncached,
@@ -276,14 +277,17 @@ class RadixdPrefixCache(BasePrefixCache):
         return node is None or node.handle is None
 
     def dfs_weight_order(self, node_handles: Sequence[Any]) -> list[int]:
-        """``BasePrefixCache.dfs_weight_order`` walks the tree's children,
-        which live in the daemon: requests sharing a last node stay
-        together, heavier groups and deeper nodes first."""
-        groups: dict = {}
-        for i, node in enumerate(node_handles):
-            groups.setdefault(node, []).append(i)
-        ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), -getattr(kv[0], "prefix_len", 0)))
-        return [i for _, idx in ordered for i in idx]
+        """``BasePrefixCache.dfs_weight_order`` (``--schedule-policy
+        dfs-weight``): SGLang's order, read off the nodes' paths
+        (:func:`radixd.sglang_base.dfs_weight_order`), since the tree's
+        children live in the daemon."""
+        return dfs_weight_order(
+            [
+                None if node is None or node.handle is None else (node.ns, node.tokens[: node.prefix_len])
+                for node in node_handles
+            ],
+            self.page_size,
+        )
 
     # ----- inserting -----
 

@@ -359,3 +359,58 @@ __all__ = [
     "SGLANG_RECENCY",
     "RECENCY_FLAG",
 ]
+
+
+def dfs_weight_order(paths: Any, page_size: int) -> list:
+    """SGLang's ``--schedule-policy dfs-weight`` order
+    (``base_prefix_cache._dfs_weight_order``) of requests whose last nodes
+    end the given paths: ``paths[i]`` is request ``i``'s ``(namespace,
+    tokens)`` from the root to its last node (``None`` or empty tokens: the
+    root). SGLang walks its tree depth first, a node's children by the
+    number of requests in their subtrees, most first, and lists a node's
+    own requests after its children's. radixd's tree lives in the daemon,
+    but the part of it that orders these requests is fixed by their paths:
+    a node of SGLang's tree that holds requests in more than one child
+    subtree sits where their paths part, at a page boundary. Children of
+    equal weight come in SGLang's tree in the order the tree made them,
+    which radixd does not keep; here the one whose first request is first
+    in the queue leads (python/README.md, "Supported")."""
+    # A path is (namespace,) + tokens: position 0 is the namespace, so a
+    # node ``t`` tokens deep has a path of length ``t + 1``; the root's is 0.
+    items = []
+    for i, path in enumerate(paths):
+        ns, tokens = path if path is not None else (None, ())
+        tokens = tuple(tokens) if tokens is not None else ()
+        items.append(((ns,) + tokens if tokens else (), i))
+    order: list = []
+    stack: list = [(items, 0, False)]
+    while stack:
+        group, length, emit = stack.pop()
+        if emit:
+            order.extend(i for _, i in group)
+            continue
+        # SGLang's child key: a namespace's first page below the root, the
+        # next page below any other node.
+        start = 0 if length == 0 else length
+        edge_len = page_size + 1 if length == 0 else page_size
+        children: dict = {}
+        for p, i in group:
+            if len(p) > length:
+                children.setdefault(p[start : start + edge_len], []).append((p, i))
+        ranked = []
+        for members in children.values():
+            first = members[0][0]
+            end = min(len(p) for p, _ in members)
+            common = start + edge_len
+            while common < end and all(p[common] == first[common] for p, _ in members[1:]):
+                common += 1
+            # The child ends at a request's node or where the paths part,
+            # cut back to a page boundary (a node holds whole pages).
+            child = 1 + (common - 1) // page_size * page_size
+            ranked.append((-len(members), members[0][1], members, min(child, end)))
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        # Children first, the heaviest first; this node's own requests last.
+        stack.append(([(p, i) for p, i in group if len(p) == length], length, True))
+        for _, _, members, child in reversed(ranked):
+            stack.append((members, child, False))
+    return order

@@ -73,6 +73,7 @@ from .sglang_base import (
     cache_key,
     check_eviction_policy,
     check_recency,
+    dfs_weight_order,
     install_allocator,
     note_uncached,
 )
@@ -99,22 +100,31 @@ class HybridNode:
     """``req.last_node`` of a hybrid request: radixd's handle of the node
     (``None`` for the root; with SWA, a checkpoint's node is named by the
     handle of the lock its insert took, which names the node too), the
-    tokens from the root to it, the FULL pages on that path as read, and the
+    tokens from the root to it and their namespace, the FULL pages on that path as read, and the
     MAMBA state at it (radixd's slot) when there is one. Two of them are
     equal when they name the same node slot (a node named by a lock lives
     while locked, so its slot is not reused meanwhile)."""
 
-    __slots__ = ("handle", "prefix_len", "pages", "tokens", "mamba_state", "_indices")
+    __slots__ = ("handle", "prefix_len", "pages", "tokens", "mamba_state", "ns", "_indices")
 
     # SGLang's base dfs_weight_order walks ``children``; the tree is radixd's.
     children: dict = {}
 
-    def __init__(self, handle: Optional[int], prefix_len: int, pages: Any = (), tokens: Any = None, mamba_state=None):
+    def __init__(
+        self,
+        handle: Optional[int],
+        prefix_len: int,
+        pages: Any = (),
+        tokens: Any = None,
+        mamba_state=None,
+        ns: Optional[str] = None,
+    ):
         self.handle = handle
         self.prefix_len = prefix_len
         self.pages = pages
         self.tokens = tokens
         self.mamba_state = mamba_state
+        self.ns = ns
         self._indices: Optional[torch.Tensor] = None
 
     @property
@@ -579,7 +589,7 @@ class RadixdHybridCache(BasePrefixCache):
         if n == 0:
             node = self.root_node
         else:
-            node = HybridNode(m.handle, n, m.pages, tokens, m.mamba_state)
+            node = HybridNode(m.handle, n, m.pages, tokens, m.mamba_state, ns)
         ps = self.page_size
         swa_branch = mamba_branch = None
         if self.is_swa_enabled:
@@ -624,11 +634,16 @@ class RadixdHybridCache(BasePrefixCache):
         return ind
 
     def dfs_weight_order(self, node_handles: Sequence[Any]) -> list[int]:
-        groups: dict = {}
-        for i, node in enumerate(node_handles):
-            groups.setdefault(node, []).append(i)
-        ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), -getattr(kv[0], "prefix_len", 0)))
-        return [i for _, idx in ordered for i in idx]
+        """``BasePrefixCache.dfs_weight_order`` (``--schedule-policy
+        dfs-weight``): SGLang's order, read off the nodes' paths
+        (:func:`radixd.sglang_base.dfs_weight_order`)."""
+        return dfs_weight_order(
+            [
+                None if node is None or node.handle is None else (node.ns, node.tokens[: node.prefix_len])
+                for node in node_handles
+            ],
+            self.page_size,
+        )
 
     # ----- locks -----
 
@@ -796,7 +811,7 @@ class RadixdHybridCache(BasePrefixCache):
         got = len(key_pages) * self.page_size
         if got != aligned:
             raise RuntimeError(f"radixd: an insert of {aligned} tokens left {got} cached under its lock")
-        node = HybridNode(handle, aligned, key_pages, tokens)
+        node = HybridNode(handle, aligned, key_pages, tokens, ns=ns)
         new_indices = self.path_device_indices(node)
         start = kv.cache_protected_len
         if aligned > start:

@@ -25,6 +25,11 @@ rounds, µs per call). Run in the environment scripts/test-sglang builds:
 4. the step of 2 with and without EAGLE (bigram keys): ``RadixCache`` and
    ``RadixdPrefixCache`` (through a daemon with ``RADIXD_BIN``), each
    against its own plain step.
+5. the step of 2 on SGLang's ``UnifiedRadixCache`` (what streaming sessions
+   and ``tlru`` run on): its Python and Rust tree cores in-process, and the
+   radixd TreeCore; beside them ``RadixdPrefixCache``, both radixd ones
+   through a daemon each with ``RADIXD_BIN`` (in-process engines without).
+   Issue 39's goal: the TreeCore within 1.2x of SGLang's own core.
 """
 
 from __future__ import annotations
@@ -350,15 +355,84 @@ def eagle_step_bench(ps: int) -> None:
         d.stop()
 
 
+def treecore_step_bench(ps: int) -> None:
+    """The scheduler step of ``step_bench`` on SGLang's ``UnifiedRadixCache``
+    over its own Python and Rust cores and over the radixd TreeCore, with
+    ``RadixdPrefixCache`` beside them, alternated in rounds (median µs per
+    step, each over SGLang's Python core)."""
+    from radixd.treecore import unified_radix_cache
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    n, cached = 1024, 512
+    pages = 4 * n // ps
+    shared = list(range(100, 100 + cached))
+    daemons, sims = [], {}
+
+    def backend():
+        d = Daemon(ps, pages, "--recency", "sglang")
+        daemons.append(d)
+        return (d.client, "daemon") if d.proc is not None else (radixd.Engine(ps, pages, recency="sglang"), "engine")
+
+    for core in ("python", "rust"):
+        p = params(ps, pages, context=2 * n)
+        p.tree_components = (ComponentType.FULL,)
+        p.tree_core_backend = core
+        try:
+            sims[f"SGLang UnifiedRadixCache, {core} core"] = Sim(UnifiedRadixCache(p), p)
+        except Exception as e:  # not every build ships the Rust core
+            print(f"  (SGLang's {core} tree core unavailable: {type(e).__name__}: {e})")
+    p = params(ps, pages, context=2 * n)
+    p.tree_components = (ComponentType.FULL,)
+    b, where = backend()
+    sims[f"UnifiedRadixCache, radixd TreeCore ({where})"] = Sim(unified_radix_cache(p, b), p)
+    p = params(ps, pages, context=2 * n)
+    b, where = backend()
+    sims[f"RadixdPrefixCache ({where})"] = Sim(RadixdPrefixCache(p, b), p)
+    count = [0]
+
+    def step(sim):
+        count[0] += 1
+        rid = f"t{count[0]}"
+        prompt = shared + [count[0] % 30000 + 40000 + i for i in range(n - cached)]
+        sim.arrive(rid, prompt)
+        sim.extend(rid, n - sim.running[rid].kv.kv_committed_len)
+        sim.checkpoint(rid)
+        sim.finish(rid)
+        sim.cache.evict(EvictParams(n - cached))
+
+    for k, sim in sims.items():
+        sim.arrive("seed", shared)
+        sim.extend("seed", cached)
+        sim.finish("seed")
+        step(sim)
+        total = sim.cache.total_size()
+        total = total[0] if isinstance(total, tuple) else total  # the unified cache's is per component
+        assert total == cached, (k, total)
+    runs = {k: [] for k in sims}
+    for _ in range(ROUNDS):
+        for k, sim in sims.items():
+            runs[k].append(per_call(lambda sim=sim: step(sim), 100))
+    print(f"scheduler step on UnifiedRadixCache, {n}-token prompt, {cached} cached, page size {ps} (median µs per step):")
+    medians = {k: statistics.median(v) for k, v in runs.items()}
+    base = next(iter(medians.values()))
+    for k, v in medians.items():
+        print(f"  {k:52s} {v:8.1f}  ({v / base:.2f}x SGLang's Python core)")
+    for d in daemons:
+        d.stop()
+
+
 if __name__ == "__main__":
     # SGLANG_MATCH_PARTS picks parts (scripts/bench-compare runs match,step).
-    parts = set(os.environ.get("SGLANG_MATCH_PARTS", "match,step,hybrid,eagle").split(","))
+    parts = set(os.environ.get("SGLANG_MATCH_PARTS", "match,step,hybrid,eagle,treecore").split(","))
     publish_runtime()
     for part, bench in (
         ("match", match_bench),
         ("step", step_bench),
         ("hybrid", hybrid_step_bench),
         ("eagle", eagle_step_bench),
+        ("treecore", treecore_step_bench),
     ):
         if part in parts:
             for ps in (1, 16):

@@ -610,19 +610,7 @@ def _unified_only(ctx: Any, serving: Any, policy: str) -> Optional[str]:
         _refuse(option, f"the radixd TreeCore implements SGLang {TREECORE_SGLANG}'s TreeCore interface, not {version}")
     if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
         _refuse(f"{option} with a hybrid model", "the radixd TreeCore serves full-attention models only (phase 1)")
-    if _schedule_policy(ctx) == "dfs-weight":
-        _refuse(f"{option} with --schedule-policy dfs-weight", "the radixd TreeCore does not walk the tree's shape")
     return option
-
-
-def _schedule_policy(ctx: Any) -> str:
-    """The server's ``--schedule-policy``."""
-    try:
-        from sglang.srt.runtime_context import get_schedule
-
-        return str(get_schedule().schedule_policy)
-    except Exception:  # no runtime context (tests building the cache by hand)
-        return str(getattr(ctx.server_args, "schedule_policy", "") or "")
 
 
 def _unified_radix_cache(ctx: Any, client: Any, option: str) -> Any:

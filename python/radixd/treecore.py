@@ -88,7 +88,14 @@ from sglang.srt.mem_cache.unified_cache.unified_tree_core_interface import (
 
 import radixd
 
-from .sglang_base import _pages_tensor, cache_key, check_eviction_policy, eviction_policy, unified_recency
+from .sglang_base import (
+    _pages_tensor,
+    cache_key,
+    check_eviction_policy,
+    dfs_weight_order,
+    eviction_policy,
+    unified_recency,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +216,9 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         )
         # Handle -> the SGLang KV slots of the path from the root to it.
         self._paths: OrderedDict[int, torch.Tensor] = OrderedDict()
+        # Handle -> its namespace and tokens from the root, kept with its path
+        # (what ``dfs_weight_order`` orders by).
+        self._keys: dict[int, tuple] = {}
         self._max_paths = int(backend.capacity) + _RECENT_PATHS
         # Handle -> this core's locks on it (their paths are kept).
         self._locks: dict[int, int] = {}
@@ -280,6 +290,7 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
             self.backend.reset()
         self._joined = True
         self._paths.clear()
+        self._keys.clear()
         self._locks.clear()
         self._walk_quota = None
         self._victim = None
@@ -334,10 +345,14 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
             sg = (sg[:, None] * self._page_size + self._arange).reshape(-1)
         return sg.to(self.device)
 
-    def _remember(self, handle: int, path: torch.Tensor) -> None:
+    def _remember(self, handle: int, path: torch.Tensor, key: Optional[tuple] = None) -> None:
+        """Keeps ``handle``'s path (its KV slots) and ``key`` (its namespace
+        and tokens) for the calls that read them next."""
         paths = self._paths
         paths[handle] = path
         paths.move_to_end(handle)
+        if key is not None:
+            self._keys[handle] = key
         while len(paths) > self._max_paths:
             old = next(iter(paths))
             if old in self._locks:
@@ -346,6 +361,7 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
                     break
                 continue
             del paths[old]
+            self._keys.pop(old, None)
 
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         tokens, ns = self._key(params.key)
@@ -360,7 +376,7 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
                 best_match_node=ROOT,
                 cache_actions=[],
             )
-        self._remember(m.handle, self._slots(m.pages))
+        self._remember(m.handle, self._slots(m.pages), (ns, tokens[: m.len]))
         return MatchResult(
             device_prefix_len=m.len,
             last_device_node=m.handle,
@@ -421,10 +437,14 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         r = self.backend.insert(tokens, pages, ns=ns, **self._hints(params))
         handle = r.node  # the node covering the key, named without a lock
         if r.cached == cached:
-            path = list(tree_pages[: cached // ps]) + list(pages[cached // ps :])
+            # The tree's pages below ``cached``, the request's own slots past
+            # it (radixd cached them): no page list is rebuilt in Python.
+            head = self._slots(tree_pages[: cached // ps])
+            path = torch.cat((head, value[cached:n].to(self.device, torch.int64)))
         else:  # the tree changed in between (another scheduler): read it again
-            _, path = self.backend.peek_full(tokens, ns=ns)
-        self._remember(handle, self._slots(radixd_pages(path)))
+            _, path_pages = self.backend.peek_full(tokens, ns=ns)
+            path = self._slots(path_pages)
+        self._remember(handle, path, (ns, tokens[: len(path)]))
         return InsertStepResult(actions=[], result=InsertResult(prefix_len=r.cached, last_device_node=handle))
 
     def resume_insert(self) -> InsertStepResult:
@@ -487,6 +507,7 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         # names it, evict_device_leaf reports what went.
         self._victim = (handle, tokens)
         self._paths.pop(handle, None)
+        self._keys.pop(handle, None)
         self._locks.pop(handle, None)
         result.node_id = handle
         result.made_progress = True
@@ -559,7 +580,13 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         print(f"#tokens: {s['total_tokens']} ({s['nodes']} nodes, {s['free_pages']} free pages, radixd TreeCore)")
 
     def dfs_weight_order(self, node_ids: Sequence[NodeId]) -> list[int]:
-        raise _unserved("--schedule-policy dfs-weight (the tree's shape)", "a later phase")
+        """SGLang's ``--schedule-policy dfs-weight`` order, read off the
+        nodes' paths (:func:`radixd.sglang_base.dfs_weight_order`): the
+        scheduler matches every waiting request just before it orders them,
+        so each node's key was kept by that match. A node no longer known
+        (named long ago, or evicted since) is ordered as the root's."""
+        keys = self._keys
+        return dfs_weight_order([None if h == ROOT else keys.get(h) for h in node_ids], self._page_size)
 
     def all_values_flatten(self) -> torch.Tensor:
         raise _unserved("all_values_flatten (a census of the tree's slots)", "a later phase")
@@ -707,13 +734,6 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
 
     def finish_external_linker_offload(self, node_ids, ack_id, success) -> None:
         raise _unserved("the external cache linker", "a later phase")
-
-
-def radixd_pages(pages: Any) -> Any:
-    """``pages`` (a list or an ``array``) as radixd's ``array('I')``."""
-    from array import array
-
-    return pages if isinstance(pages, array) else array("I", (int(p) for p in pages))
 
 
 def file_backend(params: Any, backend: Any) -> None:

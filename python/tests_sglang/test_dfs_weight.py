@@ -168,3 +168,71 @@ def test_hybrid_order_is_sglangs(kind, page_size):
         deep += sum(n is not core.root_node and n.parent is not core.root_node for n in a_nodes)
     twin.drain()
     assert exact > 0 and deep > queues // 4, (queues, exact, deep)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_treecore_order_is_sglangs(page_size, start_daemon, monkeypatch):
+    """The radixd TreeCore under SGLang's ``UnifiedRadixCache`` against the
+    same controller on SGLang's Python core, through a daemon, with LoRA and
+    tenant namespaces; and built by SGLang's ``create_tree_cache`` with
+    ``--schedule-policy dfs-weight`` beside streaming sessions."""
+    from sglang.srt import runtime_context
+    from sglang.srt.mem_cache.registry import create_tree_cache
+    from sglang.srt.server_args import ServerArgs
+
+    from radixd.treecore import RadixdTreeCore
+    from sim import build_context, params, publish_runtime
+    from test_treecore import python_core, radixd_core
+
+    d = start_daemon("--recency", "sglang", page_size=page_size, capacity=48)
+    clients = []
+
+    def client(p):
+        clients.append(radixd.Client(d.name))
+        return clients[-1]
+
+    twin = Twin(
+        page_size, 48, radixd_core(client), seed=11 + page_size, lru=True, spaces=SPACES,
+        reference=python_core, same_evictions=True,
+    )
+    core = twin.a.cache.tree_core
+    queues = exact = deep = 0
+    try:
+        for step in range(OPS):
+            twin.step()
+            if step % 5:
+                continue
+            a_ids = [req.last_node for req in twin.a.running.values()]
+            b_ids = [twin.b.running[rid].last_node for rid in twin.a.running]
+            for _ in range(twin.rng.randrange(0, 8)):
+                tokens = twin.work.prompt()
+                space = twin.rng.choice(twin.spaces)
+                for s, ids in ((twin.a, a_ids), (twin.b, b_ids)):
+                    key = RadixKey(array("q", tokens), extra_key=space[0], cache_salt=space[1])
+                    ids.append(s.cache.match_prefix(MatchPrefixParams(key=key)).last_device_node)
+            a_nodes = [core.node_by_id(i) for i in a_ids]
+            got = twin.b.cache.dfs_weight_order(b_ids)
+            want, tied = sglang_order(core.root_node, a_nodes)
+            twin.same("dfs-weight order", want, got)
+            own = twin.a.cache.dfs_weight_order(a_ids)
+            assert sglang_order(core.root_node, a_nodes, by_first=False)[0] == own
+            if not tied:
+                twin.same("dfs-weight order, SGLang's own", own, got)
+            queues += 1
+            exact += not tied
+            deep += sum(n is not core.root_node and n.parent is not core.root_node for n in a_nodes)
+        twin.drain()
+        assert exact > 0 and deep > queues // 4, (queues, exact, deep)
+
+        monkeypatch.setenv("RADIXD_NAME", d.name)
+        args = ServerArgs(
+            model_path="dummy", radix_cache_backend="radixd", enable_streaming_session=True, schedule_policy="dfs-weight"
+        )
+        runtime_context.publish(args, role="scheduler")
+        cache = create_tree_cache(build_context(params(page_size, 48)))
+        assert isinstance(cache.tree_core, RadixdTreeCore)
+        clients.append(cache.tree_core.backend)
+    finally:
+        publish_runtime()
+        for c in clients:
+            c.close()

@@ -209,9 +209,6 @@ def test_what_the_core_does_not_serve_beside_streaming_is_refused_by_name(stream
     ctx.tp_size = 2
     with pytest.raises(ValueError, match="--tp-size above 1 without a tensor-parallel process group"):
         create_tree_cache(ctx)
-    streaming_server(schedule_policy="dfs-weight")
-    with pytest.raises(ValueError, match="--enable-streaming-session with --schedule-policy dfs-weight"):
-        create_tree_cache(build_context(params(1, PAGES)))
     # T-LRU goes to the core without streaming sessions too: what the core
     # does not serve beside it is refused naming it.
     from sim import publish_runtime

@@ -59,10 +59,11 @@ trips):
   ``evict_device_leaf`` reports what that freed;
 - under SWA: a match is cut back to where the window holds (radixd's);
   an insert is ``insert_paired`` (tombstones, recovery, duplicates freed
-  with their SWA peers) and a lock ``lock_paired`` (FULL on the path, SWA
-  on the window, named by the lock's handle, which the receipt carries),
-  both answering the window's pairing into the allocator's mapping; the
-  SWA eviction walk is one ``evict_components``;
+  with their SWA peers; the key's pages answered) and a lock
+  ``lock_paired`` (FULL on the path, SWA on the window, named by the lock's
+  handle, which the receipt carries), answering the window's pairing into
+  the allocator's mapping; the SWA eviction walk is one
+  ``evict_components``;
 - ``collect_full_device_indices``: the path's slots as the match or insert
   that named the node read them (a node's path never changes while it
   lives; SGLang reads it right after that call, or while it holds the
@@ -484,19 +485,18 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         radixd frees the duplicates and their SWA peers, makes the leading
         ``swa_evicted`` tokens a tombstone, recovers tombstones the key
         crosses with the request's SWA pages, and answers the key's pages
-        and the window's pairing, which the allocator's
-        ``full_to_swa_index_mapping`` takes (recovery may have moved SWA
-        pages onto the tree's FULL pages, and the request reads its window
-        next). SGLang's Python core emits the same as actions
+        (the node's path). SGLang's Python core emits the same as actions
         (``FreeDeviceKV``, ``RecoverEvictedSWA``, ``RecoverSWAWithLockedFull``)
-        at barriers; here they are done, so none is returned."""
+        at barriers; here they are done, so none is returned. The window's
+        pairing, which a recovery may have moved onto the tree's FULL pages,
+        reaches the allocator's mapping with the lock the controller takes
+        on the key's node right after (``checkpoint_into_tree``), before the
+        request reads its window again (:meth:`_lock_swa`)."""
         n = len(tokens)
         swa_evicted = min(int(params.get_evicted_seqlen(SWA) or 0), n)
-        r, key_pages, peers = self.backend.insert_paired(
-            tokens, pages, lock=False, swa_evicted=swa_evicted or None, tail=self._window_len, ns=ns
+        r, key_pages, _ = self.backend.insert_paired(
+            tokens, pages, lock=False, swa_evicted=swa_evicted or None, ns=ns
         )
-        tail = key_pages[max(0, len(key_pages) - self._window_len) :]
-        self._allocator.radixd_set_pairs(tail, peers)
         handle = r.node
         self._remember(handle, self._slots(key_pages))
         result = InsertResult(prefix_len=r.cached, total_len=r.len, last_device_node=handle)

@@ -396,12 +396,18 @@ class HybridTwin:
         release: str = "random",
         spaces: Optional[list] = None,
         eagle: bool = False,
+        same_evictions: bool = False,
     ):
         assert release in self.RELEASES, release
         # eagle: both caches built with CacheInitParams.is_eagle (EAGLE /
         # MTP): FULL+SWA trees keyed by bigrams; FULL+MAMBA ones by tokens
         # still, as SGLang's UnifiedTreeCore keys them.
         self.eagle = eagle
+        # same_evictions: radixd's side is SGLang's controller too (the radixd
+        # TreeCore), whose walks evict whole leaves: both are asked the same,
+        # and some evictions ask FULL and SWA in one call (the SWA walk then
+        # counts what FULL's freed).
+        self.same_evictions = same_evictions
         # The (extra_key, cache_salt) pairs requests come in (LoRA adapters,
         # tenants); with one, no draw is made (the steps stay those of the
         # twins without namespaces).
@@ -483,7 +489,8 @@ class HybridTwin:
         least recently used leaves, page by page). SWA and MAMBA free whole
         nodes on both, with what their leaves' FULL pages cascade."""
         got = self.a.cache.evict(EvictParams(num_tokens=full, swa_num_tokens=swa, mamba_num=mamba))
-        ours = self.b.cache.evict(EvictParams(num_tokens=got.num_tokens_evicted if full else 0, swa_num_tokens=swa, mamba_num=mamba))
+        asked = full if self.same_evictions else got.num_tokens_evicted if full else 0
+        ours = self.b.cache.evict(EvictParams(num_tokens=asked, swa_num_tokens=swa, mamba_num=mamba))
         self.same(
             what,
             (got.num_tokens_evicted, got.swa_num_tokens_evicted, got.mamba_num_evicted),
@@ -582,9 +589,12 @@ class HybridTwin:
             n = r.randrange(1, 4) * self.ps
             swa = r.randrange(0, 3) * self.ps if self.kind == "swa" else 0
             mamba = r.randrange(0, 2) if self.kind == "mamba" else 0
-            self.evict("evict", full=n)
-            if swa or mamba:
-                self.evict("evict", swa=swa, mamba=mamba)
+            if self.same_evictions and swa and r.random() < 0.5:
+                self.evict("evict", full=n, swa=swa)
+            else:
+                self.evict("evict", full=n)
+                if swa or mamba:
+                    self.evict("evict", swa=swa, mamba=mamba)
         else:
             tokens = self.work.prompt()
             space = r.choice(self.spaces) if len(self.spaces) > 1 else (None, None)
@@ -723,12 +733,12 @@ class HybridSessionTwin(HybridTwin):
         roll = r.random()
         idle = sorted(sid for sid, s in self.a.sessions.items() if not s._inflight)
         turns = sorted(self.turn_of)
-        if roll < 0.05 and len(self.a.sessions) < 3:
+        if roll < 0.04 and len(self.a.sessions) < 3:
             sid = f"s{self.next_sid}"
             self.next_sid += 1
             self.a.open(sid)
             self.b.open(sid)
-        elif roll < 0.15 and idle and self.can_admit():
+        elif roll < 0.16 and idle and self.can_admit():
             self.ops += 1
             sid = r.choice(idle)
             rid = f"t{self.next_rid}"
@@ -751,7 +761,7 @@ class HybridSessionTwin(HybridTwin):
             self.turns += 1
             self.lent += self.a.cache.session.borrowed_slot(self.a.running[rid]) is not None
             self.check_sizes("after a turn's arrival")
-        elif roll < 0.25 and turns:
+        elif roll < 0.26 and turns:
             self.ops += 1
             rid = r.choice(turns)
             req = self.a.running[rid]
@@ -764,7 +774,7 @@ class HybridSessionTwin(HybridTwin):
             self.b.finish_turn(rid, abort)
             self.session_aborts += abort
             self.check_sizes(f"after {sid}'s turn {'aborted' if abort else 'finished'}")
-        elif roll < 0.28 and idle:
+        elif roll < 0.27 and idle:
             self.ops += 1
             sid = r.choice(idle)
             self.a.release(sid)

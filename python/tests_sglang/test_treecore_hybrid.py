@@ -80,7 +80,8 @@ def run_closing(twin_of, clients, ops: int = OPS) -> HybridTwin:
 @pytest.mark.parametrize("release", HybridTwin.RELEASES)
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_swa_in_process(page_size, release):
-    twin = HybridTwin("swa", page_size, swa_core(swa_engine), seed=1300 + page_size * 7 + len(release), release=release)
+    seed = 1300 + page_size * 7 + len(release)
+    twin = HybridTwin("swa", page_size, swa_core(swa_engine), seed=seed, release=release, same_evictions=True)
     run(twin)
 
 
@@ -92,14 +93,15 @@ def test_swa_through_daemon(page_size, seed, start_daemon):
     )
     clients = []
     client = clients_of(d.name, clients)
-    run_closing(lambda: HybridTwin("swa", page_size, swa_core(client), seed=1400 + page_size * 7 + seed), clients)
+    seed = 1400 + page_size * 7 + seed
+    run_closing(lambda: HybridTwin("swa", page_size, swa_core(client), seed=seed, same_evictions=True), clients)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_swa_eagle_in_process(page_size):
     """EAGLE / MTP: both caches keyed by bigrams (``CacheInitParams.is_eagle``),
     windows and SWA lengths in bigrams (KV slots)."""
-    twin = HybridTwin("swa", page_size, swa_core(swa_engine), seed=1700 + page_size, eagle=True)
+    twin = HybridTwin("swa", page_size, swa_core(swa_engine), seed=1700 + page_size, eagle=True, same_evictions=True)
     assert twin.b.cache.tree_core.is_eagle
     run(twin)
 
@@ -108,7 +110,7 @@ def test_swa_eagle_in_process(page_size):
 
 
 def check_sessions(twin) -> None:
-    assert twin.turns > OPS // 40 and twin.lent > twin.turns // 5, (twin.turns, twin.lent)
+    assert twin.turns > OPS // 60 and twin.lent > twin.turns // 6, (twin.turns, twin.lent)
     assert twin.session_aborts > 2 and twin.released > 2, (twin.session_aborts, twin.released)
 
 
@@ -116,7 +118,7 @@ def check_sessions(twin) -> None:
 def test_swa_streaming_sessions_in_process(page_size):
     from hybrid_sim import HybridSessionTwin
 
-    twin = HybridSessionTwin("swa", page_size, swa_core(swa_engine), seed=1500 + page_size)
+    twin = HybridSessionTwin("swa", page_size, swa_core(swa_engine), seed=1500 + page_size, same_evictions=True)
     run(twin)
     check_sessions(twin)
 
@@ -130,7 +132,10 @@ def test_swa_streaming_sessions_through_daemon(page_size, start_daemon):
     )
     clients = []
     client = clients_of(d.name, clients)
-    twin = run_closing(lambda: HybridSessionTwin("swa", page_size, swa_core(client), seed=1600 + page_size), clients)
+    seed = 1600 + page_size
+    twin = run_closing(
+        lambda: HybridSessionTwin("swa", page_size, swa_core(client), seed=seed, same_evictions=True), clients
+    )
     check_sessions(twin)
 
 

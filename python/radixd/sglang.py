@@ -567,10 +567,19 @@ def radixd_cache_factory(ctx: Any) -> Any:
     pool = pool_identity(ctx, group)
     if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
         # SWA and Mamba models: radixd's components (radixd.sglang_hybrid,
-        # imported here: a full-attention server never loads it).
-        from .sglang_hybrid import hybrid_cache_factory
+        # imported here: a full-attention server never loads it); with
+        # streaming sessions SGLang's own controller on the radixd TreeCore
+        # over them (FULL+SWA only: _unified_only refuses Mamba).
+        from .sglang_hybrid import connect_hybrid, hybrid_cache_factory
 
-        return hybrid_cache_factory(ctx, name, pool, group)
+        if not unified:
+            return hybrid_cache_factory(ctx, name, pool, group)
+        client = connect_hybrid(ctx, name, pool, group)
+        try:
+            return _unified_radix_cache(ctx, client, unified)
+        except BaseException:
+            client.close()
+            raise
     # The TreeCore answers as SGLang's unified tree, whose fifo/filo keep a
     # split's creation: radixd's --recency exact (sglang_base.unified_recency).
     recency = unified_recency(policy) if unified else SGLANG_RECENCY
@@ -608,8 +617,8 @@ def _unified_only(ctx: Any, serving: Any, policy: str) -> Optional[str]:
     version = getattr(sglang, "__version__", "unknown")
     if version != TREECORE_SGLANG:
         _refuse(option, f"the radixd TreeCore implements SGLang {TREECORE_SGLANG}'s TreeCore interface, not {version}")
-    if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
-        _refuse(f"{option} with a hybrid model", "the radixd TreeCore serves full-attention models only (phase 1)")
+    if ctx.is_hybrid_ssm:
+        _refuse(f"{option} with a Mamba model", "the radixd TreeCore serves full-attention and FULL+SWA models only")
     return option
 
 
@@ -623,7 +632,13 @@ def _unified_radix_cache(ctx: Any, client: Any, option: str) -> Any:
     from . import treecore
 
     params = ctx.params
-    install_allocator(params.token_to_kv_pool_allocator, client)
+    if ctx.is_hybrid_swa:
+        from .sglang_hybrid import install_swa_allocator
+
+        # FULL pages and their SWA peers from radixd's paired pools.
+        install_swa_allocator(params.token_to_kv_pool_allocator, client)
+    else:
+        install_allocator(params.token_to_kv_pool_allocator, client)
     treecore.register()
     params.tree_core_backend = treecore.BACKEND_NAME
     treecore.file_backend(params, client)

@@ -982,13 +982,13 @@ def check_daemon(backend: Any, name: str, params: Any, is_swa: bool) -> None:
         )
 
 
-def hybrid_cache_factory(ctx: Any, name: str, pool: Optional[dict] = None, group: Any = None) -> RadixdHybridCache:
-    """The ``radixd`` backend for a hybrid model: refuses what it does not
-    run, connects to the daemon ``name`` binding its pool to ``pool`` (the
+def connect_hybrid(ctx: Any, name: str, pool: Optional[dict] = None, group: Any = None) -> Any:
+    """The daemon ``name``'s client for a hybrid model: refuses what radixd
+    does not run beside one, connects binding its pool to ``pool`` (the
     scheduler's KV pool, ``radixd.sglang.pool_identity``) and, for a
     tensor-parallel rank, joining its ``group`` (``radixd.sglang.tp_group``),
-    checks its components against the model's pools and builds the cache on
-    it."""
+    and checks its components, window and capacities against the model's
+    pools and its eviction policy (LRU)."""
     check_hybrid_model(ctx)
     params = ctx.params
     is_swa = bool(ctx.is_hybrid_swa)
@@ -1005,8 +1005,8 @@ def hybrid_cache_factory(ctx: Any, name: str, pool: Optional[dict] = None, group
             f"`{_serve_line(name, params, is_swa)}`, or set RADIXD_NAME to the name of the running one"
         ) from e
     try:
-        # The backend evicts by LRU only (the factory refuses other policies
-        # for hybrid models): a daemon on another policy is refused.
+        # Hybrid models are served under LRU only (the factory refuses other
+        # policies for them): a daemon on another policy is refused.
         check_eviction_policy(client, name, "lru", {})
         check_daemon(client, name, params, is_swa)
     except ValueError:
@@ -1017,7 +1017,13 @@ def hybrid_cache_factory(ctx: Any, name: str, pool: Optional[dict] = None, group
         name, client.components, client.page_size, client.recency,
     )
     check_recency(client, name)
-    return RadixdHybridCache(params, client)
+    return client
+
+
+def hybrid_cache_factory(ctx: Any, name: str, pool: Optional[dict] = None, group: Any = None) -> RadixdHybridCache:
+    """The ``radixd`` backend for a hybrid model: :func:`connect_hybrid`,
+    then the cache on the daemon."""
+    return RadixdHybridCache(ctx.params, connect_hybrid(ctx, name, pool, group))
 
 
 __all__ = [
@@ -1030,4 +1036,5 @@ __all__ = [
     "check_hybrid_model",
     "check_daemon",
     "hybrid_cache_factory",
+    "connect_hybrid",
 ]

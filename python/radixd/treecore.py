@@ -9,16 +9,19 @@ shared by every scheduler of the node): SGLang's controller, its
 Rust one, so streaming sessions and everything else the controller keeps
 work on radixd's tree.
 
-Served (phases 1 and 3): full-attention models (the FULL component only),
+Served (phases 1 to 3): full-attention models (the FULL component only),
 every eviction policy SGLang 0.5.23 ships (radixd's engine evicts by the
 same one, its parameters too: a backend on another is refused naming both;
 inserts carry ``InsertParams.priority`` and ``inserted_len``, which the
 policies' keys read), EAGLE's bigram keys (the mapping of
-``sglang_base.cache_key``), no HiCache. What is not served is refused at
-construction by name, and the methods only it would call raise
+``sglang_base.cache_key``); FULL+SWA models under LRU (radixd's SWA
+component keeps the windows, tombstones and page pairing; the scheduler's
+``SWATokenToKVPoolAllocator`` hands out radixd's paired pages:
+docs/sglang-parity.md, section 13); no HiCache. What is not served is
+refused at construction by name, and the methods only it would call raise
 ``NotImplementedError`` naming the feature, as SGLang's Rust adapter does
-(``rust_tree_core/adapter.py``): HiCache and its storage, hybrid components
-(SWA, Mamba), KV events (the daemon publishes its own: ``radixd serve
+(``rust_tree_core/adapter.py``): HiCache and its storage, the MAMBA
+component, KV events (the daemon publishes its own: ``radixd serve
 --kv-events``), the external cache linker, buffer-only host memory, session
 radix caches.
 
@@ -54,6 +57,13 @@ trips):
   strategy's tuple, as SGLang's walk's heap; the walk evicts whole leaves
   and checks its stop rule between them), answered as the walk's victim;
   ``evict_device_leaf`` reports what that freed;
+- under SWA: a match is cut back to where the window holds (radixd's);
+  an insert is ``insert_paired`` (tombstones, recovery, duplicates freed
+  with their SWA peers; the key's pages answered) and a lock
+  ``lock_paired`` (FULL on the path, SWA on the window, named by the lock's
+  handle, which the receipt carries), answering the window's pairing into
+  the allocator's mapping; the SWA eviction walk is one
+  ``evict_components``;
 - ``collect_full_device_indices``: the path's slots as the match or insert
   that named the node read them (a node's path never changes while it
   lives; SGLang reads it right after that call, or while it holds the
@@ -108,6 +118,7 @@ _INT64_MAX = (1 << 63) - 1
 ROOT = 0
 
 FULL = ComponentType.FULL
+SWA = ComponentType.SWA
 
 #: Paths kept past the nodes' locks, besides one per page of the pool: the
 #: nodes the last calls named (SGLang reads a path right after the call
@@ -133,7 +144,7 @@ def _hicache(method: str) -> NotImplementedError:
 
 
 def _hybrid(method: str) -> NotImplementedError:
-    return _unserved(f"{method} (hybrid models: the SWA and Mamba components)", "phase 2")
+    return _unserved(f"{method} (Mamba models: the MAMBA component)", "phase 2")
 
 
 class RadixdTreeCore(UnifiedTreeCoreInterface):
@@ -146,10 +157,13 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
 
     def __init__(self, params: Any, components: dict, backend: Any):
         self.tree_components = tuple(components)
-        extra = set(self.tree_components) - {FULL}
+        extra = set(self.tree_components) - {FULL, SWA}
         if extra:
             names = ", ".join(sorted(c.name for c in extra))
-            raise _unserved(f"the tree components {names} (hybrid models)", "phase 2")
+            raise _unserved(f"the tree components {names} (Mamba models)", "phase 2")
+        # FULL+SWA: radixd's SWA component keeps the window's pages, their
+        # pairing and the tombstones (docs/sglang-parity.md, section 13).
+        self._swa = SWA in self.tree_components
         if getattr(params, "enable_session_radix_cache", False):
             raise _unserved("--enable-session-radix-cache", "a later phase")
         if getattr(params, "component_registry_override", None):
@@ -172,7 +186,27 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
                 f"the radixd TreeCore: radixd's page size is {backend.page_size}, SGLang's --page-size "
                 f"{params.page_size}"
             )
-        if backend.components != "full":
+        if self._swa:
+            window = params.swa_retain_window
+            if backend.components != "full,swa" or backend.swa_window != window:
+                raise ValueError(
+                    f"the radixd TreeCore: a sliding-window model (window {window}) needs radixd on "
+                    f"--components full,swa --swa-window {window}; it runs --components {backend.components}"
+                    + (f" --swa-window {backend.swa_window}" if backend.swa_window is not None else "")
+                )
+            if policy != "lru":
+                raise _unserved(f"--radix-eviction-policy {policy} with a sliding-window model", "phase 2")
+            allocator = params.token_to_kv_pool_allocator
+            if getattr(allocator, "radixd_backend", None) is not backend:
+                raise ValueError(
+                    "the radixd TreeCore: a sliding-window model's SWATokenToKVPoolAllocator must hand out "
+                    "radixd's paired pages (radixd.sglang_hybrid.install_swa_allocator)"
+                )
+            # Pages of a path's end inside the window, the ones the SWA layers
+            # read (RadixdHybridCache._window_len).
+            self._window_len = -(-(window + params.page_size) // params.page_size)
+            self._allocator = allocator
+        elif backend.components != "full":
             raise ValueError(
                 f"the radixd TreeCore: radixd runs --components {backend.components}; a full-attention "
                 "model's matches must not be cut back by a second component"
@@ -222,9 +256,15 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         self._max_paths = int(backend.capacity) + _RECENT_PATHS
         # Handle -> this core's locks on it (their paths are kept).
         self._locks: dict[int, int] = {}
-        # The eviction walk: its quota, and the victim evict_leaf took.
+        # The eviction walk: its component and quota, the victim evict_leaf
+        # took (handle, FULL tokens, SWA tokens), and under SWA the SWA
+        # tokens still evictable before it (what the victim's freed is the
+        # difference) and whether the SWA walk ran.
+        self._walk: Optional[ComponentType] = None
         self._walk_quota: Optional[int] = None
-        self._victim: Optional[tuple[int, int]] = None
+        self._victim: Optional[tuple[int, int, int]] = None
+        self._swa_evictable: Optional[int] = None
+        self._swa_walked = False
         # URC.__init__ resets its core: the first reset leaves radixd's tree
         # as it is (a daemon's is shared by every scheduler of the node).
         self._joined = False
@@ -292,8 +332,7 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         self._paths.clear()
         self._keys.clear()
         self._locks.clear()
-        self._walk_quota = None
-        self._victim = None
+        self._end_walk()
 
     def node_by_id(self, node_id: NodeId) -> Any:
         raise NotImplementedError("node_by_id: radixd's tree has no Python nodes (NodeIds are radixd handles)")
@@ -368,12 +407,23 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         if len(tokens) == 0:
             return self._empty_match_result
         m = self.backend.match_prefix(tokens, ns=ns)
+        # Under SWA radixd cuts the match back to where the window holds
+        # (full_kv_hit_length: what FULL alone matched); the branching point
+        # is FULL's page-aligned hit past it, as SGLang's SWA component sets
+        # it (RadixdHybridCache.match_prefix).
+        full = m.full_kv_hit_length if self._swa else m.len
+        swa_branch = None
+        if self._swa:
+            aligned = full // self._page_size * self._page_size
+            swa_branch = aligned if aligned > m.len else None
         if m.handle is None:
             return MatchResult(
                 device_prefix_len=0,
                 last_device_node=ROOT,
                 last_host_node=ROOT,
                 best_match_node=ROOT,
+                swa_branching_seqlen=swa_branch,
+                full_kv_hit_length=full,
                 cache_actions=[],
             )
         self._remember(m.handle, self._slots(m.pages), (ns, tokens[: m.len]))
@@ -382,7 +432,8 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
             last_device_node=m.handle,
             last_host_node=m.handle,
             best_match_node=m.handle,
-            full_kv_hit_length=m.len,
+            swa_branching_seqlen=swa_branch,
+            full_kv_hit_length=full,
             last_visited_node_id=m.handle,
             cache_actions=[],
         )
@@ -434,6 +485,8 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         pages = own.copy()
         if keep:
             pages[:keep] = tree_pages[:keep]
+        if self._swa:
+            return self._insert_swa(tokens, ns, pages, params)
         r = self.backend.insert(tokens, pages, ns=ns, **self._hints(params))
         handle = r.node  # the node covering the key, named without a lock
         if r.cached == cached:
@@ -446,6 +499,31 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
             path = self._slots(path_pages)
         self._remember(handle, path, (ns, tokens[: len(path)]))
         return InsertStepResult(actions=[], result=InsertResult(prefix_len=r.cached, last_device_node=handle))
+
+    def _insert_swa(self, tokens: Any, ns: Optional[str], pages: Any, params: InsertParams) -> InsertStepResult:
+        """A FULL+SWA insert, whole in one request (``insert_paired``):
+        radixd frees the duplicates and their SWA peers, makes the leading
+        ``swa_evicted`` tokens a tombstone, recovers tombstones the key
+        crosses with the request's SWA pages, and answers the key's pages
+        (the node's path). SGLang's Python core emits the same as actions
+        (``FreeDeviceKV``, ``RecoverEvictedSWA``, ``RecoverSWAWithLockedFull``)
+        at barriers; here they are done, so none is returned. The window's
+        pairing, which a recovery may have moved onto the tree's FULL pages,
+        reaches the allocator's mapping with the lock the controller takes
+        on the key's node right after (``checkpoint_into_tree``), before the
+        request reads its window again (:meth:`_lock_swa`)."""
+        n = len(tokens)
+        swa_evicted = min(int(params.get_evicted_seqlen(SWA) or 0), n)
+        r, key_pages, _ = self.backend.insert_paired(
+            tokens, pages, lock=False, swa_evicted=swa_evicted or None, ns=ns
+        )
+        handle = r.node
+        path = self._slots(key_pages)
+        self._remember(handle, path, (ns, tokens[: len(path)]))
+        result = InsertResult(prefix_len=r.cached, total_len=r.len, last_device_node=handle)
+        if params.swa_branching_seqlen is not None:
+            result.swa_branch_inserted = n >= params.swa_branching_seqlen
+        return InsertStepResult(actions=[], result=result)
 
     def resume_insert(self) -> InsertStepResult:
         # A full-attention insert without HiCache never stops at a barrier.
@@ -463,17 +541,53 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         skipped = tuple(skip_lock_components)
         if node_id == ROOT or FULL in skipped:
             return IncLockRefResult(delta=0, node_id=node_id, skipped_lock_components=skipped)
+        if self._swa:
+            return self._lock_swa(node_id, skipped)
         # radixd answers the change in protected tokens before minus after.
         delta = -self.backend._lock_delta(node_id, True)
         self._locks[node_id] = self._locks.get(node_id, 0) + 1
         return IncLockRefResult(delta=delta, node_id=node_id, skipped_lock_components=skipped)
+
+    def _lock_swa(self, node_id: NodeId, skipped: tuple) -> IncLockRefResult:
+        """Locks FULL on the path and SWA on the window as radixd has it now
+        (``lock_paired``). radixd's lock handle names this lock, so its
+        release gives back exactly the window it took, whatever the order
+        locks go in (SGLang's receipt); the receipt carries it as FULL's lock
+        id (the controller reads only SWA's, for
+        ``SGLANG_OPT_RELEASE_PREFILL_SWA``, which radixd does not serve). The
+        window's pairing comes back with it into the allocator's mapping
+        (another insert's tombstone recovery may have moved it)."""
+        if skipped:
+            names = ", ".join(c.name for c in skipped)
+            raise ValueError(f"the radixd TreeCore locks a node's FULL and SWA together; asked to skip {names}")
+        path = self._paths.get(node_id)
+        if path is None:
+            raise KeyError(
+                f"radixd TreeCore: node {node_id:#x} was neither named by a recent match or insert nor locked since"
+            )
+        ps = self._page_size
+        pages = (path[::ps].to("cpu", torch.int64) // ps - 1).tolist()
+        window = radixd_pages(pages[max(0, len(pages) - self._window_len) :])
+        lock, delta, peers = self.backend.lock_paired(node_id, window)
+        self._allocator.radixd_set_pairs(window, peers)
+        self._locks[node_id] = self._locks.get(node_id, 0) + 1
+        result = IncLockRefResult(delta=-delta, node_id=node_id, skipped_lock_components=skipped)
+        result.set_lock_uuid(FULL, lock)
+        return result
 
     def dec_lock_ref(self, node_id: NodeId, params: DecLockRefParams, skip_swa: bool = False) -> DecLockRefResult:
         if params.node_id != node_id:
             raise ValueError(f"lock receipt anchored on node {params.node_id} released on node {node_id}")
         if node_id == ROOT or FULL in params.skipped_lock_components:
             return DecLockRefResult()
-        self.backend.unlock(node_id)
+        if skip_swa:
+            raise ValueError(
+                "the radixd TreeCore releases a lock's FULL and SWA together (SGLANG_OPT_RELEASE_PREFILL_SWA "
+                "is not served)"
+            )
+        # Under SWA the receipt names the lock (its window); else the node.
+        lock = params.component_lock_uuids.get(FULL) if self._swa else None
+        self.backend.unlock(node_id if lock is None else lock)
         held = self._locks.get(node_id, 0) - 1
         if held > 0:
             self._locks[node_id] = held
@@ -484,18 +598,23 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
     # ==== device eviction ====
 
     def evict_device_start(self, component_type: ComponentType, request_cnt: int) -> None:
-        if component_type != FULL:
-            raise _hybrid(f"evicting {component_type.name}")
+        if component_type not in (FULL, SWA) or (component_type == SWA and not self._swa):
+            raise ValueError(f"the radixd TreeCore has no {component_type.name} component to evict")
+        self._walk = component_type
         self._walk_quota = request_cnt
         self._victim = None
+        self._swa_walked = False
+        self._swa_evictable = self._stats()["swa_evictable_tokens"] if self._swa and component_type == FULL else None
 
     def evict_device_next_node(
         self, component_type: ComponentType, tracker: dict[ComponentType, int]
     ) -> EvictDeviceNextNodeResult:
-        if self._walk_quota is None or component_type != FULL:
-            raise RuntimeError("no FULL eviction walk in progress (evict_device_start)")
+        if self._walk_quota is None or component_type != self._walk:
+            raise RuntimeError(f"no {component_type.name} eviction walk in progress (evict_device_start)")
         if self._victim is not None:
             raise RuntimeError("evict the walk's victim (evict_device_leaf) before the next one")
+        if component_type == SWA:
+            return self._evict_swa(tracker)
         result = EvictDeviceNextNodeResult()
         if tracker.get(FULL, 0) >= self._walk_quota:
             return result
@@ -503,9 +622,16 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         if leaf is None:
             return result
         handle, tokens = leaf
+        swa = 0
+        if self._swa:
+            # The leaf's SWA went with it when it held any (a tombstone holds
+            # none): what SWA's evictable count lost, as SGLang's tracker
+            # counts it.
+            now = self._stats()["swa_evictable_tokens"]
+            swa, self._swa_evictable = self._swa_evictable - now, now
         # radixd evicted it whole now, its pages back in the pool: the walk
         # names it, evict_device_leaf reports what went.
-        self._victim = (handle, tokens)
+        self._victim = (handle, tokens, swa)
         self._paths.pop(handle, None)
         self._keys.pop(handle, None)
         self._locks.pop(handle, None)
@@ -513,20 +639,51 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         result.made_progress = True
         return result
 
+    def _evict_swa(self, tracker: dict[ComponentType, int]) -> EvictDeviceNextNodeResult:
+        """SGLang's SWA walk (``SWAComponent._evict_device_next_node``), whole
+        in one request: radixd's ``evict_components`` walks SWA's list from
+        its least recently used end, passing locked nodes, evicting unlocked
+        leaves whole and making other nodes tombstones, until the SWA tokens
+        the walk still wants went. SGLang's walk stops at the same point:
+        its quota, or (``evict_for_alloc``) the SWA pool's free target, which
+        every SWA token freed moves by one. Its leaves, which SGLang's walk
+        names for ``evict_device_leaf``, are gone in this step; their counts
+        come in the tracker."""
+        result = EvictDeviceNextNodeResult()
+        want = self._walk_quota - tracker.get(SWA, 0)
+        if self._swa_walked or want <= 0:
+            return result
+        self._swa_walked = True
+        r = self.backend.evict_components(0, want, 0)
+        if r.evicted:
+            result.tracker[FULL] = r.evicted
+        if r.swa_evicted:
+            result.tracker[SWA] = r.swa_evicted
+        result.made_progress = bool(result.tracker)
+        return result
+
     def evict_device_leaf(self, node_id: NodeId, is_write_back: bool) -> EvictDeviceLeafResult:
         if is_write_back:
             raise _hicache("write-back eviction")
         if self._victim is None or self._victim[0] != node_id:
             raise KeyError(f"node {node_id:#x} is not the eviction walk's victim")
-        _, tokens = self._victim
+        _, tokens, swa = self._victim
         self._victim = None
         result = EvictDeviceLeafResult()
         result.tracker[FULL] = tokens
+        if swa:
+            result.tracker[SWA] = swa
         return result
 
     def evict_device_end(self, component_type: ComponentType) -> None:
+        self._end_walk()
+
+    def _end_walk(self) -> None:
+        self._walk = None
         self._walk_quota = None
         self._victim = None
+        self._swa_evictable = None
+        self._swa_walked = False
 
     # ==== sizes ====
 
@@ -546,16 +703,20 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         return self.protected_size()
 
     def component_evictable_size(self, component_type: ComponentType) -> int:
-        return self.evictable_size() if component_type == FULL else 0
+        if component_type == FULL:
+            return self.evictable_size()
+        return self.swa_evictable_size() if component_type == SWA else 0
 
     def component_protected_size(self, component_type: ComponentType) -> int:
-        return self.protected_size() if component_type == FULL else 0
+        if component_type == FULL:
+            return self.protected_size()
+        return self.swa_protected_size() if component_type == SWA else 0
 
     def swa_evictable_size(self) -> int:
-        return 0
+        return self._stats()["swa_evictable_tokens"] if self._swa else 0
 
     def swa_protected_size(self) -> int:
-        return 0
+        return self._stats()["swa_protected_tokens"] if self._swa else 0
 
     def mamba_evictable_size(self) -> int:
         return 0
@@ -564,7 +725,11 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         return 0
 
     def total_size(self) -> tuple[int, int]:
-        return self._stats()["total_tokens"], 0
+        """FULL's cached tokens and the other component's: SWA's live ones
+        (a tombstone's are gone), as SGLang's core sums its values."""
+        s = self._stats()
+        aux = s["swa_evictable_tokens"] + s["swa_protected_tokens"] if self._swa else 0
+        return s["total_tokens"], aux
 
     # ==== others ====
 
@@ -598,18 +763,25 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         raise _unserved("collect_path_info (HiCache and the external cache linker)", "a later phase")
 
     def adjust_component_size(self, node_id: NodeId, component_type: ComponentType, delta: int) -> None:
-        raise _hybrid("adjust_component_size")
+        raise _unserved("adjust_component_size (sizes are radixd's, kept by its components)", "a later phase")
 
-    # ==== hybrid components (phase 2) ====
+    # ==== hybrid components ====
+    # FULL+SWA is served with radixd doing SWA's bookkeeping itself (section
+    # 13): the core emits no component action, so the controller never
+    # calls back the methods that execute them; the SWA methods left are
+    # HiCache's or serve options radixd refuses. Mamba waits for phase 2's
+    # rest.
 
     def dec_swa_lock_only(self, node_id: NodeId, params: DecLockRefParams) -> Any:
-        raise _hybrid("dec_swa_lock_only")
+        raise _unserved(
+            "dec_swa_lock_only (SGLANG_OPT_RELEASE_PREFILL_SWA=1: releasing a lock's SWA part alone)", "a later phase"
+        )
 
     def finish_mamba_state_eviction(self, node_id: NodeId) -> Any:
         raise _hybrid("finish_mamba_state_eviction")
 
     def finish_swa_state_eviction(self, node_id: NodeId) -> Any:
-        raise _hybrid("finish_swa_state_eviction")
+        raise _hicache("finish_swa_state_eviction (an SWA host pool)")
 
     def evict_excess_path_states(self, tail_node_id, device_frees, host_frees, cache_actions) -> None:
         raise _hybrid("evict_excess_path_states")
@@ -618,19 +790,23 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         raise _hybrid("all_mamba_values_flatten")
 
     def swa_tombstone_ranges(self, key, start, end, component_type=ComponentType.SWA) -> list:
-        raise _hybrid("swa_tombstone_ranges")
+        raise _hicache("swa_tombstone_ranges (buffer-only host memory)")
 
     def attach_swa_window(self, key, window_start, window_end, swa_values, component_type=ComponentType.SWA) -> list:
-        raise _hybrid("attach_swa_window")
+        raise _hicache("attach_swa_window (buffer-only host memory)")
 
     def set_component_device_value(self, node_id, component_type, value) -> None:
-        raise _hybrid("set_component_device_value")
+        raise _unserved(
+            "set_component_device_value (radixd keeps the components' values; the core emits no action that "
+            "sets one)",
+            "a later phase",
+        )
 
     def get_component_device_value(self, node_id, component_type) -> Any:
         raise _hybrid("get_component_device_value")
 
     def component_has_host_value_only(self, node_id, component_type) -> bool:
-        raise _hybrid("component_has_host_value_only")
+        raise _hicache("component_has_host_value_only")
 
     # ==== HiCache (phase 4) ====
 
@@ -771,10 +947,15 @@ def unified_radix_cache(params: Any, backend: Any, install: bool = True) -> Any:
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     from .sglang_base import install_allocator
+    from .sglang_hybrid import install_swa_allocator
 
     register()
     if install and params.token_to_kv_pool_allocator is not None:
-        install_allocator(params.token_to_kv_pool_allocator, backend)
+        if SWA in (params.tree_components or ()):
+            # FULL pages and their SWA peers from radixd's paired pools.
+            install_swa_allocator(params.token_to_kv_pool_allocator, backend)
+        else:
+            install_allocator(params.token_to_kv_pool_allocator, backend)
     params.tree_core_backend = BACKEND_NAME
     file_backend(params, backend)
     try:

@@ -78,6 +78,9 @@ def test_paired_calls_answer_what_the_separate_calls_do(make):
     r2, kept2, window2 = a.insert_paired(KEY, more, swa_evicted=4, tail=9)
     s2 = b.insert(KEY, more, swa_evicted=4)
     assert (r2.cached, r2.len, r2.handle) == (s2.cached, s2.len, None)
+    # Without a lock both name the key's node (the TreeCore reads it).
+    assert r2.node is not None and r2.node == s2.node
+    assert a.match_prefix(KEY).handle == r2.node
     assert list(kept2) == list(b.peek_full(KEY)[1])
     assert list(window2) == peers(b.swa_pages(kept2[-8:]))
     # A lock with the window's pairing and its receipt's delta.

@@ -120,16 +120,26 @@ def server_args(
     return args
 
 
-def server(args: Any, page_size: int, tokens: int, rows: int = 16, context: int = 1024, core: str = "python") -> tuple:
+def server(
+    args: Any,
+    page_size: int,
+    tokens: int,
+    rows: int = 16,
+    context: int = 1024,
+    core: str = "python",
+    layers: int = LAYERS,
+    heads: int = HEADS,
+    head_dim: int = HEAD_DIM,
+) -> tuple:
     """One scheduler's ``UnifiedRadixCache`` with HiCache over an MHA KV pool
     of ``tokens`` CPU slots: ``(cache, params)``."""
     kv = MHATokenToKVPool(
         tokens,
         page_size=page_size,
         dtype=torch.bfloat16,
-        head_num=HEADS,
-        head_dim=HEAD_DIM,
-        layer_num=LAYERS,
+        head_num=heads,
+        head_dim=head_dim,
+        layer_num=layers,
         device="cpu",
         enable_memory_saver=False,
     )
@@ -152,29 +162,31 @@ def server(args: Any, page_size: int, tokens: int, rows: int = 16, context: int 
     return cache, p
 
 
-def kv_of(tokens: torch.Tensor, layer: int, which: int) -> torch.Tensor:
-    """The KV a model would compute for ``tokens`` (one row per token), small
-    integers that bf16 holds exactly: the same on every server."""
+def kv_of(kv: Any, tokens: torch.Tensor, layer: int, which: int) -> torch.Tensor:
+    """The KV a model would compute for ``tokens`` (one row per token) in the
+    shape of the pool ``kv``: small integers that bf16 holds exactly, the
+    same on every server."""
+    heads, dim = kv.head_num, kv.head_dim
     t = tokens.to(torch.int64).reshape(-1, 1, 1)
-    col = torch.arange(HEADS * HEAD_DIM, dtype=torch.int64).reshape(1, HEADS, HEAD_DIM)
+    col = torch.arange(heads * dim, dtype=torch.int64).reshape(1, heads, dim)
     return ((t * 7 + col + 31 * layer + 101 * which) % 251).to(torch.bfloat16)
 
 
 def write_kv(cache: Any, slots: torch.Tensor, tokens: torch.Tensor) -> None:
     """The forward pass's writes: ``tokens``' KV into the device ``slots``."""
     kv = cache.token_to_kv_pool_allocator.get_kvcache()
-    for layer in range(LAYERS):
-        kv.k_buffer[layer][slots] = kv_of(tokens, layer, 0)
-        kv.v_buffer[layer][slots] = kv_of(tokens, layer, 1)
+    for layer in range(kv.layer_num):
+        kv.k_buffer[layer][slots] = kv_of(kv, tokens, layer, 0)
+        kv.v_buffer[layer][slots] = kv_of(kv, tokens, layer, 1)
 
 
 def kv_holds(cache: Any, slots: torch.Tensor, tokens: torch.Tensor) -> bool:
     """Whether the device ``slots`` hold ``tokens``' KV, every layer."""
     kv = cache.token_to_kv_pool_allocator.get_kvcache()
     return all(
-        torch.equal(kv.k_buffer[layer][slots], kv_of(tokens, layer, 0))
-        and torch.equal(kv.v_buffer[layer][slots], kv_of(tokens, layer, 1))
-        for layer in range(LAYERS)
+        torch.equal(kv.k_buffer[layer][slots], kv_of(kv, tokens, layer, 0))
+        and torch.equal(kv.v_buffer[layer][slots], kv_of(kv, tokens, layer, 1))
+        for layer in range(kv.layer_num)
     )
 
 

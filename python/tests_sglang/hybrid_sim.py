@@ -384,6 +384,8 @@ class HybridTwin:
     release exactly what it took (issue 29), in whatever order."""
 
     RELEASES = ("arrival", "reverse", "random")
+    #: The scheduler each side runs.
+    SIM: type = HybridSim
 
     def __init__(
         self,
@@ -394,12 +396,18 @@ class HybridTwin:
         release: str = "random",
         spaces: Optional[list] = None,
         eagle: bool = False,
+        same_evictions: bool = False,
     ):
         assert release in self.RELEASES, release
         # eagle: both caches built with CacheInitParams.is_eagle (EAGLE /
         # MTP): FULL+SWA trees keyed by bigrams; FULL+MAMBA ones by tokens
         # still, as SGLang's UnifiedTreeCore keys them.
         self.eagle = eagle
+        # same_evictions: radixd's side is SGLang's controller too (the radixd
+        # TreeCore), whose walks evict whole leaves: both are asked the same,
+        # and some evictions ask FULL and SWA in one call (the SWA walk then
+        # counts what FULL's freed).
+        self.same_evictions = same_evictions
         # The (extra_key, cache_salt) pairs requests come in (LoRA adapters,
         # tenants); with one, no draw is made (the steps stay those of the
         # twins without namespaces).
@@ -410,8 +418,8 @@ class HybridTwin:
         publish(page_size)
         pa, pb = self.make_params(), self.make_params()
         pa.is_eagle = pb.is_eagle = eagle
-        self.a = HybridSim(kind, sglang_cache(kind, pa), pa)
-        self.b = HybridSim(kind, backend_cache(pb), pb)
+        self.a = self.SIM(kind, sglang_cache(kind, pa), pa)
+        self.b = self.SIM(kind, backend_cache(pb), pb)
         longest = 6 * self.window_or_grid()
         self.work = Workload(self.rng, page_size, longest)
         self.prompts: dict[str, list] = {}
@@ -481,7 +489,8 @@ class HybridTwin:
         least recently used leaves, page by page). SWA and MAMBA free whole
         nodes on both, with what their leaves' FULL pages cascade."""
         got = self.a.cache.evict(EvictParams(num_tokens=full, swa_num_tokens=swa, mamba_num=mamba))
-        ours = self.b.cache.evict(EvictParams(num_tokens=got.num_tokens_evicted if full else 0, swa_num_tokens=swa, mamba_num=mamba))
+        asked = full if self.same_evictions else got.num_tokens_evicted if full else 0
+        ours = self.b.cache.evict(EvictParams(num_tokens=asked, swa_num_tokens=swa, mamba_num=mamba))
         self.same(
             what,
             (got.num_tokens_evicted, got.swa_num_tokens_evicted, got.mamba_num_evicted),
@@ -580,9 +589,12 @@ class HybridTwin:
             n = r.randrange(1, 4) * self.ps
             swa = r.randrange(0, 3) * self.ps if self.kind == "swa" else 0
             mamba = r.randrange(0, 2) if self.kind == "mamba" else 0
-            self.evict("evict", full=n)
-            if swa or mamba:
-                self.evict("evict", swa=swa, mamba=mamba)
+            if self.same_evictions and swa and r.random() < 0.5:
+                self.evict("evict", full=n, swa=swa)
+            else:
+                self.evict("evict", full=n)
+                if swa or mamba:
+                    self.evict("evict", swa=swa, mamba=mamba)
         else:
             tokens = self.work.prompt()
             space = r.choice(self.spaces) if len(self.spaces) > 1 else (None, None)
@@ -607,3 +619,189 @@ class HybridTwin:
                     s.pool.free_mamba_cache(req)
                 s.pool.free(req)
         self.check_sizes("drained")
+
+
+class HybridSessionSim(HybridSim):
+    """``HybridSim`` with streaming sessions as SGLang's scheduler runs them
+    on a ``UnifiedRadixCache`` (``session/streaming_session.py``), as
+    ``sim.SessionSim`` does for full attention: a turn comes with its
+    session's history (the last finished turn's input and output) and new
+    tokens; its match borrows the session's KV record when the session
+    holds one; its first allocation hands the record to the session
+    (``maybe_hand_to_session``); finishing keeps the record in the session;
+    an abort frees it; ``release`` closes the session."""
+
+    def __init__(self, kind: str, cache: Any, p: CacheInitParams):
+        super().__init__(kind, cache, p)
+        from sglang.srt.session.session_controller import Session
+
+        self._session_class = Session
+        self.sessions: dict[str, Any] = {}
+
+    def open(self, sid: str) -> None:
+        self.sessions[sid] = self._session_class(capacity_of_str_len=1 << 20, session_id=sid, streaming=True)
+
+    def history(self, sid: str) -> list:
+        s = self.sessions[sid]
+        if not s.req_nodes:
+            return []
+        [node] = s.req_nodes.values()
+        return list(node.req.origin_input_ids) + list(node.req.output_ids)
+
+    def arrive_turn(self, rid: str, sid: str, tokens: list) -> int:
+        session = self.sessions[sid]
+        req = Req(rid, "", array("q", tokens), SamplingParams(max_new_tokens=64), session=session)
+        session._inflight = True
+        req.init_next_round_input(self.cache)
+        req.lock = self.cache.lock(req.last_node)
+        n = req.prefix_len
+        lent = req.kv.holds_kv
+        alloc_req_slots(self.pool, [req], self.cache)
+        if lent:
+            # The session's record: its row holds the prefix already.
+            self.check_kv(req, n)
+        else:
+            if n:
+                self.pool.write((req.kv.req_pool_idx, slice(0, n)), self.cache.prefix_device_indices(req))
+                self.check_kv(req, n)
+            req.kv.cache_protected_len = n
+            req.kv.kv_committed_len = req.kv.kv_allocated_len = n
+        self.running[rid] = req
+        return n
+
+    def extend(self, rid: str, n: int, new_tokens: Optional[list] = None) -> None:
+        super().extend(rid, n, new_tokens)
+        self.cache.maybe_hand_to_session(self.running[rid])
+
+    def finish_turn(self, rid: str, abort: bool) -> None:
+        req = self.running.pop(rid)
+        req.finished_reason = FINISH_ABORT("aborted by the twin") if abort else FINISH_LENGTH(len(req.output_ids))
+        release_kv_cache(req, self.cache, checkpoint=not abort)
+
+    def release(self, sid: str) -> None:
+        s = self.sessions.pop(sid)
+        for node in s.req_nodes.values():
+            node.req.session = None
+        self.cache.release_radix_session(sid)
+        self.cache.release_session(sid)
+
+    def held(self) -> tuple:
+        """Per session: (protected, committed, allocated) of its record."""
+        slots = self.cache.session.slots
+        return tuple(
+            (sid, s.kv.cache_protected_len, s.kv.kv_committed_len, s.kv.kv_allocated_len)
+            for sid, s in sorted(slots.items())
+        )
+
+
+class HybridSessionTwin(HybridTwin):
+    """``HybridTwin`` with streaming sessions beside plain requests (as
+    ``sim.SessionTwin``): turns arrive (each session one at a time, with its
+    history), extend, checkpoint, finish or abort, sessions close; every
+    answer, every session's record and every size compared after every
+    step."""
+
+    SIM = HybridSessionSim
+
+    def __init__(self, kind: str, page_size: int, backend_cache: Callable, seed: int, **kw: Any):
+        super().__init__(kind, page_size, backend_cache, seed, **kw)
+        self.turn_of: dict[str, str] = {}
+        self.next_sid = 0
+        self.turns = self.lent = self.session_aborts = self.released = 0
+
+    def check_sizes(self, what: str) -> None:
+        super().check_sizes(what)
+        self.same(f"{what}: sessions' records", self.a.held(), self.b.held())
+
+    def finishing(self) -> Optional[str]:
+        # Plain requests only: a turn ends through finish_turn.
+        running = [
+            r
+            for r in self.order
+            if r in self.a.running and r not in self.turn_of and self.a.running[r].kv.kv_allocated_len
+        ]
+        if not running:
+            return None
+        if self.release == "arrival":
+            return running[0]
+        if self.release == "reverse":
+            return running[-1]
+        return self.rng.choice(running)
+
+    def step(self) -> None:
+        r = self.rng
+        roll = r.random()
+        idle = sorted(sid for sid, s in self.a.sessions.items() if not s._inflight)
+        turns = sorted(self.turn_of)
+        if roll < 0.04 and len(self.a.sessions) < 3:
+            sid = f"s{self.next_sid}"
+            self.next_sid += 1
+            self.a.open(sid)
+            self.b.open(sid)
+        elif roll < 0.16 and idle and self.can_admit():
+            self.ops += 1
+            sid = r.choice(idle)
+            rid = f"t{self.next_rid}"
+            self.next_rid += 1
+            history = self.a.history(sid)
+            self.same(f"{sid}'s history", history, self.b.history(sid))
+            if len(history) > MAX_CONTEXT // 2:
+                return
+            prompt = history + [r.randrange(6) for _ in range(r.randrange(1, 3 * self.ps + 4))]
+            self.prompts[rid] = prompt
+            self.order.append(rid)
+            hit = self.a.arrive_turn(rid, sid, prompt)
+            self.same(f"turn of {sid}: match", hit, self.b.arrive_turn(rid, sid, prompt))
+            self.same(
+                f"turn of {sid}: cache_protected_len",
+                self.a.running[rid].kv.cache_protected_len,
+                self.b.running[rid].kv.cache_protected_len,
+            )
+            self.turn_of[rid] = sid
+            self.turns += 1
+            self.lent += self.a.cache.session.borrowed_slot(self.a.running[rid]) is not None
+            self.check_sizes("after a turn's arrival")
+        elif roll < 0.26 and turns:
+            self.ops += 1
+            rid = r.choice(turns)
+            req = self.a.running[rid]
+            if self.a.cache.session.borrowed_slot(req) is None:
+                return  # a scheduler releases a request after its first chunk
+            abort = req.kv.kv_committed_len < len(self.prompts[rid]) or r.random() < 0.2
+            sid = self.turn_of.pop(rid)
+            self.prompts.pop(rid)
+            self.a.finish_turn(rid, abort)
+            self.b.finish_turn(rid, abort)
+            self.session_aborts += abort
+            self.check_sizes(f"after {sid}'s turn {'aborted' if abort else 'finished'}")
+        elif roll < 0.27 and idle:
+            self.ops += 1
+            sid = r.choice(idle)
+            self.a.release(sid)
+            self.b.release(sid)
+            self.released += 1
+            self.check_sizes(f"after {sid} closed")
+        else:
+            super().step()
+
+    def drain(self) -> None:
+        for rid in sorted(self.turn_of):
+            req = self.a.running[rid]
+            self.turn_of.pop(rid)
+            if self.a.cache.session.borrowed_slot(req) is None:
+                # Never allocated for: it leaves the waiting queue.
+                for s in (self.a, self.b):
+                    req = s.running.pop(rid)
+                    s.cache.unlock(req.lock)
+                    if req.kv.holds_kv:
+                        s.pool.free(req)
+                    req.session.abort_req()
+                continue
+            abort = req.kv.kv_committed_len < len(self.prompts[rid])
+            self.a.finish_turn(rid, abort)
+            self.b.finish_turn(rid, abort)
+        for sid in sorted(self.a.sessions):
+            self.a.release(sid)
+            self.b.release(sid)
+        super().drain()
+        self.same("sessions left", self.a.held(), ())

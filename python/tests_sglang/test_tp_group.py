@@ -159,16 +159,18 @@ def test_a_rank_of_a_finished_group_is_refused(start_daemon):
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("kind", ["swa", "mamba"])
-def test_hybrid_ranks_in_lockstep_agree_with_sglang(start_daemon, tmp_path, kind):
+@pytest.mark.parametrize("kind, streaming", [("swa", False), ("mamba", False), ("swa", True)])
+def test_hybrid_ranks_in_lockstep_agree_with_sglang(start_daemon, tmp_path, kind, streaming):
     """Two ranks of a hybrid model (FULL+SWA, FULL+MAMBA) on one group: each
     runs the hybrid twin against SGLang's own ``UnifiedRadixCache``, so every
-    answer every rank gets is the one SGLang gives a single scheduler."""
+    answer every rank gets is the one SGLang gives a single scheduler. With
+    streaming sessions (FULL+SWA) each rank's cache is that controller on the
+    radixd TreeCore over the group's client."""
     from hybrid_sim import HybridTwin
 
     ps = 16
     d = start_daemon(*HybridTwin.serve_args(kind, ps), page_size=ps, capacity=HybridTwin.FULL_PAGES[ps])
-    env = dict(os.environ, RADIXD_NAME=d.name, PYTHONPATH=str(HERE))
+    env = dict(os.environ, RADIXD_NAME=d.name, PYTHONPATH=str(HERE), RADIXD_TP_STREAMING="1" if streaming else "0")
     init = tmp_path / f"init-{kind}"
     ops = int(os.environ.get("RADIXD_SGLANG_HYBRID_OPS", "1500"))
     procs = [

@@ -200,9 +200,10 @@ def test_what_the_core_does_not_serve_beside_streaming_is_refused_by_name(stream
 
     d = start_daemon("--recency", "sglang", page_size=1, capacity=PAGES)
     monkeypatch.setenv("RADIXD_NAME", d.name)
+    # FULL+SWA is served (test_treecore_hybrid.py); Mamba models are not yet.
     ctx = build_context(params(1, PAGES))
-    ctx.is_hybrid_swa = True
-    with pytest.raises(ValueError, match="--enable-streaming-session with a hybrid model"):
+    ctx.is_hybrid_ssm = True
+    with pytest.raises(ValueError, match="--enable-streaming-session with a Mamba model"):
         create_tree_cache(ctx)
     # Tensor parallelism is served (test_tp_group.py), with a group only.
     ctx = build_context(params(1, PAGES))
@@ -242,8 +243,10 @@ def test_the_core_refuses_what_this_phase_does_not_serve_by_name():
         core.set_hicache_enabled()
     with pytest.raises(NotImplementedError, match="HiCache"):
         core.inc_host_lock_ref(0)
-    with pytest.raises(NotImplementedError, match="hybrid models"):
+    with pytest.raises(NotImplementedError, match="SGLANG_OPT_RELEASE_PREFILL_SWA"):
         core.dec_swa_lock_only(0, None)
+    with pytest.raises(NotImplementedError, match="Mamba models"):
+        core.finish_mamba_state_eviction(0)
     with pytest.raises(NotImplementedError, match="HiCache storage"):
         core.enable_storage = True
     core.enable_storage = False  # what UnifiedRadixCache's reset sets

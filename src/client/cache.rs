@@ -168,14 +168,14 @@ impl Client {
                 cached,
                 len,
                 handle,
+                locked,
                 mamba_exist,
-                ..
             } => Ok((
                 InsertResult {
                     cached: cached as usize,
                     len: len as usize,
-                    handle: handle.map(Handle::from_raw),
-                    node: None,
+                    handle: handle.filter(|_| locked).map(Handle::from_raw),
+                    node: handle.filter(|_| !locked).map(Handle::from_raw),
                 },
                 InsertedExtra { mamba_exist },
             )),
@@ -339,16 +339,17 @@ impl Client {
                 cached,
                 len,
                 handle,
+                locked,
                 mamba_exist,
                 pages,
                 swa_pages,
-                ..
             } => Ok(InsertPaired {
                 result: InsertResult {
                     cached: cached as usize,
                     len: len as usize,
-                    handle: handle.map(Handle::from_raw),
-                    node: None,
+                    // Without a lock the answer names the key's node.
+                    handle: handle.filter(|_| locked).map(Handle::from_raw),
+                    node: handle.filter(|_| !locked).map(Handle::from_raw),
                 },
                 mamba_exist,
                 pages,

@@ -362,10 +362,12 @@ pub fn apply_with<R: Region>(
                 0 => Vec::new(),
                 _ => engine.swa_pages(&key_pages[key_pages.len() - tail..])?,
             };
+            // Without a lock the answer names the key's node (`inserted`).
+            let handle = if lock { r.handle } else { r.node };
             Reply::InsertedPaired {
                 cached: r.cached as u64,
                 len: r.len as u64,
-                handle: r.handle.map(|h| h.to_raw()),
+                handle: handle.map(|h| h.to_raw()),
                 locked: lock,
                 mamba_exist: ie.mamba_exist,
                 pages: key_pages,
@@ -426,12 +428,14 @@ pub fn apply_with<R: Region>(
     })
 }
 
-/// The answer to an `InsertWith` that did `r` and `extra`.
+/// The answer to an `InsertWith` that did `r` and `extra`: the lock's
+/// handle, or without a lock the node's (as [`inserted`]).
 fn inserted_with(r: Inserted, locked: bool, extra: InsertedExtra) -> Reply {
+    let handle = if locked { r.handle } else { r.node };
     Reply::InsertedWith {
         cached: r.cached as u64,
         len: r.len as u64,
-        handle: r.handle.map(|h| h.to_raw()),
+        handle: handle.map(|h| h.to_raw()),
         locked,
         mamba_exist: extra.mamba_exist,
     }

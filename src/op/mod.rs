@@ -274,8 +274,9 @@ pub enum Reply {
         full_len: u64,
         mamba_state: Option<u32>,
     },
-    /// `InsertWith`: `Inserted` and whether the key's node held a state
-    /// already, so the one given went back to the pool.
+    /// `InsertWith`: `Inserted` (without a lock, `handle` names the key's
+    /// node) and whether the key's node held a state already, so the one
+    /// given went back to the pool.
     InsertedWith {
         cached: u64,
         len: u64,
@@ -333,7 +334,8 @@ pub enum Reply {
     },
     /// `InsertPaired`: `InsertedWith`, the key's pages as the tree holds
     /// them, and the SWA page paired with each of the last `tail` of them
-    /// (`u32::MAX` for none).
+    /// (`u32::MAX` for none). `handle` is the lock's when `locked`, else
+    /// the key's node's (as [`Reply::Inserted`]'s).
     InsertedPaired {
         cached: u64,
         len: u64,

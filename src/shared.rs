@@ -41,8 +41,10 @@ use crate::wire::{WireReply, WireRequest};
 /// `AllocStates`, `FreeStates`), counted requests and
 /// `LiveStats::free_holder`; 8: the eviction policy (`Info`'s policy
 /// words, an insert's hints, `FLAG_HINTS`); 9: `EvictLeaf`, a step of
-/// SGLang's eviction walk (the TreeCore's).
-pub const PROTOCOL_VERSION: u32 = 9;
+/// SGLang's eviction walk (the TreeCore's); 10: an `InsertWith` or
+/// `InsertPaired` without a lock answers the key's node, its lock flag off
+/// (a client of 9 took any handle in those answers for a lock).
+pub const PROTOCOL_VERSION: u32 = 10;
 /// Requests (and replies) a client may have in flight.
 pub const RING_CAPACITY: u32 = 64;
 

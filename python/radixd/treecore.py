@@ -912,6 +912,13 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         raise _unserved("the external cache linker", "a later phase")
 
 
+def radixd_pages(pages: Any) -> Any:
+    """``pages`` (a list or an ``array``) as radixd's ``array('I')``."""
+    from array import array
+
+    return pages if isinstance(pages, array) else array("I", (int(p) for p in pages))
+
+
 def file_backend(params: Any, backend: Any) -> None:
     """Files ``backend`` for the core SGLang builds with ``params`` (the very
     object): SGLang's TreeCore factory gets only ``(params, components)``."""

@@ -646,6 +646,153 @@ mod tests {
         assert_eq!(read_components(&info), None);
     }
 
+    /// Each bucket's floor falls in it and the nanosecond below it in the
+    /// bucket before: the buckets tile `u64` with no gap and no overlap.
+    #[test]
+    fn each_bucket_starts_at_its_floor() {
+        for ns in 0..16 {
+            assert_eq!(bucket_of(ns), ns as usize, "exact below 16 ns");
+        }
+        // Four buckets per power of two from 16 ns: 16, 20, 24, 28, 32, ...
+        assert_eq!(bucket_of(20), 17);
+        assert_eq!(bucket_of(31), 19);
+        assert_eq!(bucket_of(32), 20);
+        assert_eq!(bucket_of(1000), 39);
+        assert_eq!(bucket_floor(17), 20);
+        assert_eq!(bucket_floor(39), 896);
+        for b in 1..HISTOGRAM_BUCKETS {
+            let floor = bucket_floor(b);
+            assert_eq!(bucket_of(floor), b, "floor {floor} of bucket {b}");
+            assert_eq!(bucket_of(floor - 1), b - 1, "below the floor of {b}");
+        }
+    }
+
+    fn zeroed_stats() -> LiveStats {
+        let zero = || AtomicU64::new(0);
+        LiveStats {
+            requests: zero(),
+            rejected: zero(),
+            clients: zero(),
+            reaped: zero(),
+            held_by_readers: zero(),
+            engine: std::array::from_fn(|_| zero()),
+            events_enabled: zero(),
+            events_batches: zero(),
+            events_overflows: zero(),
+            service_ns: std::array::from_fn(|_| zero()),
+            components: std::array::from_fn(|_| zero()),
+            groups: std::array::from_fn(|_| zero()),
+            free_holder: zero(),
+        }
+    }
+
+    /// What the daemon publishes is what `radixd stat` reads back, every
+    /// figure in its place (the sessions after the engine's own).
+    #[test]
+    fn live_figures_read_back_as_published() {
+        let live = zeroed_stats();
+        LiveStats::bump(&live.requests, 5);
+        LiveStats::bump(&live.requests, -2);
+        assert_eq!(live.requests.load(Ordering::Relaxed), 3);
+        let stats = Stats::from_array(std::array::from_fn(|i| 10 + i as u64));
+        live.set_engine(&stats, 7);
+        assert_eq!(live.engine(), (stats, 7));
+        let groups = crate::group::GroupFigures {
+            groups: 1,
+            ranks: 4,
+            kept_steps: 9,
+        };
+        live.set_groups(groups);
+        assert_eq!(live.groups(), groups);
+        let components = ComponentStats::from_array(std::array::from_fn(|i| 20 + i as u64));
+        live.set_components(&components);
+        assert_eq!(live.components(), components);
+    }
+
+    #[test]
+    fn layout_problems_say_what_is_out_of_range() {
+        assert_eq!(
+            LayoutProblem::Clients(0).to_string(),
+            "0 clients is outside 1..=1024"
+        );
+        assert_eq!(
+            LayoutProblem::Scratch(5).to_string(),
+            "scratch of 5 bytes is outside 64 KiB..=1 GiB"
+        );
+    }
+
+    /// Half as many boards as client slots, one at least and eight at
+    /// most, in whole pages that hold them all.
+    #[test]
+    fn the_boards_fill_whole_pages_and_no_more() {
+        for (clients, boards) in [(1, 1), (2, 1), (5, 2), (16, 8), (1024, 8)] {
+            assert_eq!(boards_for(clients), boards, "{clients} clients");
+            let need = size_of::<Board>() as u64 * u64::from(boards);
+            let bytes = boards_bytes(clients);
+            assert_eq!(bytes % LIVE_STATS_BYTES, 0, "{clients} clients");
+            assert!(
+                bytes >= need && bytes - need < LIVE_STATS_BYTES,
+                "{clients} clients: {bytes} bytes for {need}"
+            );
+        }
+    }
+
+    /// In a real segment: the boards lie one after another right after
+    /// the reader table, as many as the layout counts, and the engine
+    /// region is where the layout puts it, as long as the engine's layout.
+    #[test]
+    fn boards_and_the_engine_region_lie_where_the_layout_puts_them() {
+        let layout = SharedLayout::new(SegmentConfig {
+            page_size: 16,
+            capacity: 64,
+            clients: 4,
+            scratch_bytes: 64 << 10,
+        })
+        .expect("layout");
+        let name = format!("radixd-shared-test-{}", std::process::id());
+        let segment = Segment::create_in(
+            &std::env::temp_dir(),
+            &name,
+            layout.ipc.total_size,
+            0o600,
+            layout.ipc.hash,
+        )
+        .expect("segment");
+        let (clock, _) = layout.readers(&segment).expect("reader table");
+        let base = std::ptr::from_ref(clock) as usize - layout.readers_at as usize;
+        let at = |b: &Board| std::ptr::from_ref(b) as usize - base;
+        assert_eq!(layout.boards, 2);
+        assert_eq!(layout.boards_at, layout.readers_at + readers_bytes(4));
+        let first = layout.board(&segment, 0).expect("board 0");
+        let second = layout.board(&segment, 1).expect("board 1");
+        assert_eq!(at(first) as u64, layout.boards_at);
+        assert_eq!(at(second) - at(first), size_of::<Board>());
+        assert!(layout.board(&segment, 2).is_none(), "past the boards");
+        // SAFETY: this test created the segment and maps its engine
+        // region once.
+        let region = unsafe { ShmRegion::new(&segment, &layout) }.expect("region");
+        assert_eq!(region.len(), layout.engine.size());
+        assert_eq!((region.as_ptr() as usize - base) as u64, layout.engine_at);
+    }
+
+    #[test]
+    fn the_policy_round_trips_through_info() {
+        let info = Info::default();
+        for policy in [
+            Policy::Lfu,
+            Policy::Tlru {
+                threshold: 5,
+                next_prompt_estimate: 7,
+            },
+            Policy::Slru {
+                protected_threshold: 3,
+            },
+        ] {
+            write_policy(&info, policy);
+            assert_eq!(read_policy(&info), Some(policy));
+        }
+    }
+
     #[test]
     fn recency_round_trips_through_info_and_garbage_is_refused() {
         let info = Info::default();

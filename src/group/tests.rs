@@ -543,3 +543,308 @@ fn a_finished_group_stays_finished_after_others_finish() {
         assert_eq!(err.kind, ErrorKind::GroupClosed, "{key}: {err}");
     }
 }
+
+#[test]
+fn the_group_owns_its_pages_even_against_the_client_of_its_index() {
+    // Client 0 is rank 0 of group 0: the group's id must not be 0 too,
+    // or the rank could free the group's pages as its own.
+    let mut e = engine();
+    let mut g = Groups::new();
+    g.join(0, false, &join("g", 0, 1), PAGE).unwrap();
+    let Ok(Reply::Pages(pages)) = step(&mut g, &mut e, 0, Request::Alloc { n: 2 }) else {
+        panic!("an alloc answers pages")
+    };
+    assert!(e.free(0, &pages).is_err(), "the group's, not client 0's");
+    assert!(e.free(Groups::group_client(0), &pages).is_ok());
+}
+
+#[test]
+fn membership_and_position_name_the_group_and_the_rank() {
+    let mut g = Groups::new();
+    assert!(g.is_empty());
+    g.join(10, false, &join("a", 0, 1), PAGE).unwrap();
+    g.join(11, false, &join("b", 2, 3), PAGE).unwrap();
+    assert!(!g.is_empty());
+    assert!(g.is_member(11));
+    assert!(!g.is_member(12));
+    assert_eq!(g.position(10), Some((0, 0)));
+    assert_eq!(g.position(11), Some((1, 2)));
+    assert_eq!(g.position(12), None);
+    assert_eq!(g.leave(10), Some(GROUP_CLIENT));
+    assert_eq!(g.leave(11), Some(GROUP_CLIENT | 1));
+    assert!(g.is_empty(), "every rank left");
+}
+
+#[test]
+fn a_group_key_of_exactly_the_longest_length_is_taken() {
+    let mut g = Groups::new();
+    let key = "k".repeat(MAX_GROUP_KEY);
+    assert!(g.join(0, false, &join(&key, 0, 1), PAGE).is_ok());
+}
+
+#[test]
+fn kept_steps_and_their_requests_are_those_a_rank_has_yet_to_take() {
+    let mut e = engine();
+    let mut g = Groups::new();
+    g.join(0, false, &join("g", 0, 2), PAGE).unwrap();
+    g.join(1, false, &join("g", 1, 2), PAGE).unwrap();
+    let second = Request::Alloc { n: 1 };
+    step(&mut g, &mut e, 0, Request::Stats).unwrap();
+    step(&mut g, &mut e, 0, second.clone()).unwrap();
+    assert_eq!(g.kept(0), 2);
+    assert_eq!(g.kept(1), 0, "no such group");
+    assert_eq!(g.kept_request(0, 0), Some(&Request::Stats));
+    assert_eq!(g.kept_request(0, 1), Some(&second));
+    assert_eq!(g.kept_request(0, 2), None, "not made yet");
+    step(&mut g, &mut e, 1, Request::Stats).unwrap();
+    assert_eq!(g.kept(0), 1);
+    assert_eq!(g.kept_request(0, 0), None, "taken by every rank");
+    assert_eq!(g.kept_request(0, 1), Some(&second));
+}
+
+#[test]
+fn step_leading_names_the_step_only_when_the_rank_carried_one_out() {
+    let mut e = engine();
+    let mut g = Groups::new();
+    g.join(0, false, &join("g", 0, 2), PAGE).unwrap();
+    g.join(1, false, &join("g", 1, 2), PAGE).unwrap();
+    let mut lead = |g: &mut Groups, client: ClientId, request: Request| {
+        g.step_leading(client, request, |c, r| apply(&mut e, c, r))
+            .expect("a member")
+    };
+    let (a, led) = lead(&mut g, 0, Request::Stats);
+    assert!(a.is_ok());
+    assert_eq!(led, Some(0));
+    assert_eq!(lead(&mut g, 0, Request::Alloc { n: 1 }).1, Some(1));
+    // Following a step is not leading it.
+    assert_eq!(lead(&mut g, 1, Request::Stats).1, None);
+    assert_eq!(lead(&mut g, 1, Request::Alloc { n: 1 }).1, None);
+    // Rank 1 leads step 2 once both have taken steps 0 and 1.
+    assert_eq!(lead(&mut g, 1, Request::Evict { tokens: 0 }).1, Some(2));
+    // A refused request at the head of the steps leads nothing.
+    let anchored = Request::MatchAt {
+        anchor: crate::engine::Anchor {
+            node: 0,
+            generation: 0,
+            version: 0,
+            pages_into_node: 0,
+        },
+        matched_pages: 0,
+        next_hash: None,
+        lock: false,
+    };
+    let (refused, led) = lead(&mut g, 1, anchored);
+    assert!(refused.is_err());
+    assert_eq!(led, None);
+    assert_eq!(
+        g.step_leading(9, Request::Stats, |_, _| Ok(Reply::Done)),
+        None
+    );
+}
+
+#[test]
+fn catching_up_off_the_board_takes_the_steps_below_the_cursor_and_no_more() {
+    let mut e = engine();
+    let mut g = Groups::new();
+    for rank in 0..3 {
+        g.join(rank, false, &join("g", rank, 3), PAGE).unwrap();
+    }
+    let script = [
+        Request::Stats,
+        Request::Alloc { n: 1 },
+        Request::Evict { tokens: 0 },
+        Request::Alloc { n: 2 },
+    ];
+    for r in &script {
+        step(&mut g, &mut e, 0, r.clone()).unwrap();
+    }
+    assert_eq!(g.kept(0), 4);
+    // Rank 1 has taken steps 0 and 1 off the board: rank 2 still needs
+    // every step.
+    g.catch_up(0, 1, 2);
+    assert_eq!(g.next_step(0, 1), Some(2));
+    assert_eq!(g.kept(0), 4);
+    // A cursor past the steps made stops at the last one; steps 0 and 1
+    // are now every rank's.
+    g.catch_up(0, 2, 99);
+    assert_eq!(g.next_step(0, 2), Some(4));
+    assert_eq!(g.kept(0), 2);
+    // A cursor behind the rank changes nothing.
+    g.catch_up(0, 1, 1);
+    assert_eq!(g.next_step(0, 1), Some(2));
+    assert_eq!(g.kept(0), 2);
+    // From past the forgotten steps: step 2 goes, step 3 waits for rank 1.
+    g.catch_up(0, 1, 3);
+    assert_eq!(g.next_step(0, 1), Some(3));
+    assert_eq!(g.kept(0), 1);
+    assert_eq!(g.kept_request(0, 3), Some(&script[3]));
+    // Rank 1 takes step 3 as a step: the answer rank 0 got.
+    assert!(step(&mut g, &mut e, 1, script[3].clone()).is_ok());
+    assert_eq!(g.kept(0), 0);
+    // No such group or rank: nothing happens.
+    g.catch_up(5, 0, 9);
+    g.catch_up(0, 7, 9);
+    assert_eq!(g.next_step(0, 0), Some(4));
+}
+
+#[test]
+fn only_joined_ranks_catch_up() {
+    let mut e = engine();
+    let mut g = Groups::new();
+    g.join(0, false, &join("g", 0, 3), PAGE).unwrap();
+    g.join(1, false, &join("g", 1, 3), PAGE).unwrap();
+    step(&mut g, &mut e, 0, Request::Stats).unwrap();
+    // Rank 1 out of step, rank 2 not joined: neither moves.
+    assert!(step(&mut g, &mut e, 1, Request::Alloc { n: 1 }).is_err());
+    g.catch_up(0, 1, 1);
+    g.catch_up(0, 2, 1);
+    assert_eq!(g.next_step(0, 1), Some(0));
+    assert_eq!(g.next_step(0, 2), Some(0));
+    assert_eq!(g.kept(0), 1, "rank 2 has yet to take step 0");
+}
+
+#[test]
+fn catch_up_all_reads_each_ranks_cursor() {
+    let mut e = engine();
+    let mut g = Groups::new();
+    for rank in 0..3 {
+        g.join(rank, false, &join("g", rank, 3), PAGE).unwrap();
+    }
+    for _ in 0..3 {
+        step(&mut g, &mut e, 0, Request::Stats).unwrap();
+    }
+    // Each rank has taken the steps below its own number.
+    g.catch_up_all(0, u64::from);
+    assert_eq!(g.next_step(0, 1), Some(1));
+    assert_eq!(g.next_step(0, 2), Some(2));
+    assert_eq!(g.kept(0), 2, "step 0 taken by all");
+    g.catch_up_all(3, |_| 9);
+}
+
+#[test]
+fn kept_bytes_count_each_request_and_answer_by_its_words() {
+    // What `LAG_BYTES` measures: the tokens and pages a step carries.
+    let t = |n: u32| (0..n).collect::<Vec<u32>>();
+    let insert = Request::Insert {
+        tokens: t(8),
+        pages: t(2),
+        lock: false,
+    };
+    let match8 = Request::Match {
+        tokens: t(8),
+        lock: false,
+    };
+    for r in [
+        insert.clone(),
+        Request::InsertWith {
+            tokens: t(8),
+            pages: t(2),
+            lock: false,
+            mamba_state: None,
+            swa_evicted: 0,
+        },
+        Request::InsertPaired {
+            tokens: t(8),
+            pages: t(2),
+            lock: false,
+            mamba_state: None,
+            swa_evicted: 0,
+            tail: 0,
+        },
+        Request::SessionCommit {
+            session: "s".into(),
+            tokens: t(8),
+            pages: t(2),
+        },
+    ] {
+        assert_eq!(payload_words(&r), 10, "{r:?}");
+    }
+    for r in [
+        match8.clone(),
+        Request::MatchWith {
+            tokens: t(8),
+            lock: false,
+        },
+        Request::Walk { tokens: t(8) },
+    ] {
+        assert_eq!(payload_words(&r), 8, "{r:?}");
+    }
+    for r in [
+        Request::Free { pages: t(3) },
+        Request::FreeSwa { pages: t(3) },
+        Request::SwaPages { pages: t(3) },
+        Request::LockPaired {
+            handle: 1,
+            pages: t(3),
+        },
+        Request::FreeStates { states: t(3) },
+    ] {
+        assert_eq!(payload_words(&r), 3, "{r:?}");
+    }
+    // A namespace's name in words, plus one, around what it wraps.
+    let namespaced = Request::Namespaced {
+        ns: "abcdefgh".into(),
+        request: Box::new(match8.clone()),
+    };
+    assert_eq!(payload_words(&namespaced), 2 + 1 + 8);
+    assert_eq!(payload_words(&Request::Counted(Box::new(match8))), 8);
+    let hinted = Request::Hinted {
+        hints: Default::default(),
+        request: Box::new(insert),
+    };
+    assert_eq!(payload_words(&hinted), 4 + 10);
+    assert_eq!(payload_words(&Request::Stats), 0);
+    // An error's message in words, plus one.
+    let refused = Err(Rejection::new(ErrorKind::Malformed, "123456789"));
+    assert_eq!(answer_words(&refused), 9 / 4 + 1);
+    assert_eq!(answer_words(&Ok(Reply::Pages(t(3)))), 3);
+    for r in [
+        Reply::Pages(t(3)),
+        Reply::SwaPages(t(3)),
+        Reply::States(t(3)),
+    ] {
+        assert_eq!(reply_words(&r), 3, "{r:?}");
+    }
+    let matched = Reply::Matched {
+        len: 8,
+        pages: t(2),
+        handle: None,
+    };
+    assert_eq!(reply_words(&matched), 2);
+    let with = Reply::MatchedWith {
+        len: 8,
+        pages: t(2),
+        handle: None,
+        full_len: 8,
+        mamba_state: None,
+    };
+    assert_eq!(reply_words(&with), 2);
+    let paired = Reply::PagesPaired {
+        pages: t(2),
+        swa_pages: t(3),
+    };
+    assert_eq!(reply_words(&paired), 5);
+    let inserted = Reply::InsertedPaired {
+        cached: 0,
+        len: 8,
+        handle: None,
+        locked: false,
+        mamba_exist: false,
+        pages: t(2),
+        swa_pages: t(3),
+    };
+    assert_eq!(reply_words(&inserted), 5);
+    let locked = Reply::LockedPaired {
+        lock: 1,
+        delta: 0,
+        swa_pages: t(3),
+    };
+    assert_eq!(reply_words(&locked), 3);
+    // The free counts: six words.
+    let counted = Reply::Counted {
+        reply: Box::new(Reply::Pages(t(3))),
+        free: Default::default(),
+    };
+    assert_eq!(reply_words(&counted), 3 + 6);
+    assert_eq!(reply_words(&Reply::Done), 0);
+}

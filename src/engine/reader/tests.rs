@@ -162,3 +162,207 @@ fn whole_lanes_and_remainders_compare_every_token() {
         }
     }
 }
+
+/// `namespace_tokens` (what `radixd stat` shows) counts each namespace's
+/// cached tokens as the engine does, and a peek walks only its own
+/// namespace's keys.
+#[test]
+fn namespaces_are_counted_and_walked_apart() {
+    let mut e = engine_with(&[&[1, 2, 3, 4]]);
+    let ns = e.namespace("a").expect("namespace");
+    e.with_namespace(ns, |e| {
+        let pages = e.alloc(1, 3).expect("alloc");
+        e.insert(1, &[1, 2, 3, 4, 5, 6], &pages, false)
+            .expect("insert");
+    });
+    let r = reader(&e);
+    assert_eq!(r.namespace_tokens(), vec![(0, 4), (ns, 6)]);
+    let sizes = e.namespace_sizes();
+    let want: Vec<(u32, u64)> = sizes.iter().map(|s| (s.id, s.tokens)).collect();
+    assert_eq!(r.namespace_tokens(), want);
+    let mut pages = Vec::new();
+    assert_eq!(r.peek_in(ns, &[1, 2, 3, 4, 5, 6], &mut pages), Some(6));
+    assert_eq!(r.peek(&[1, 2, 3, 4, 5, 6], &mut pages), Some(4));
+}
+
+/// `generation_of` reads a node's generation as it stands (what a lock's
+/// handle is checked against), a reused node's too.
+#[test]
+fn generation_of_reads_the_nodes_generation_as_it_stands() {
+    let a: &[u32] = &[1, 2, 3, 4];
+    let mut e = engine_with(&[a]);
+    // Evicted and cached again: the node comes back at a later generation.
+    assert_eq!(e.evict(4), 4);
+    let pages = e.alloc(1, 2).expect("alloc");
+    e.insert(1, a, &pages, false).expect("insert");
+    let r = reader(&e);
+    let mut out = Vec::new();
+    let peeked = r.peek_anchored(a, &mut out).expect("peek");
+    let anchor = peeked.anchor.expect("a whole node matched");
+    let generation = e.arena.nodes()[anchor.node as usize].generation;
+    assert!(generation > 1, "generation {generation}");
+    assert_eq!(anchor.generation, generation);
+    assert_eq!(r.generation_of(anchor.node), Some(generation));
+    assert_eq!(r.generation_of(u32::MAX), None, "past the nodes");
+}
+
+/// A node whose pages run to the pool's last page is read whole: the
+/// bound check of a run admits one that ends exactly at the pool's end,
+/// and measures it by its first page plus its length.
+#[test]
+fn a_run_to_the_last_page_of_the_pool_is_read() {
+    let mut e = Engine::new(Config {
+        page_size: 2,
+        capacity: 8,
+    })
+    .expect("engine");
+    let pages = e.alloc(1, 2).expect("alloc");
+    e.insert(1, &[1, 2, 3, 4], &pages, false).expect("insert");
+    // Pages 2..8: the node's first page, then a run of five from page 3.
+    let key: Vec<u32> = (10..22).collect();
+    let pages = e.alloc(1, 6).expect("alloc");
+    assert_eq!(pages, (2..8).collect::<Vec<u32>>());
+    e.insert(1, &key, &pages, false).expect("insert");
+    let r = reader(&e);
+    let mut out = Vec::new();
+    assert_eq!(r.peek(&key, &mut out), Some(key.len()));
+    assert_eq!(out, pages);
+}
+
+/// A key shorter than a page (empty included) matches nothing, and says
+/// so: the walk's step budget is never zero.
+#[test]
+fn a_key_shorter_than_a_page_matches_nothing() {
+    let e = engine_with(&[&[1, 2, 3, 4]]);
+    let r = reader(&e);
+    let mut pages = vec![9];
+    assert_eq!(r.peek(&[], &mut pages), Some(0));
+    assert!(pages.is_empty());
+    assert_eq!(r.peek(&[1], &mut pages), Some(0));
+    let peeked = r.peek_anchored(&[1], &mut pages).expect("peek");
+    assert_eq!(peeked.anchor, None);
+}
+
+/// The engine's region as `Mapped` reads it, except that the version of
+/// the node at `at` reads as mid-change for `torn` loads after the first
+/// `real` ones: a writer that changes that node while the walk is on it
+/// (and, with `torn` at `u32::MAX`, never finishes).
+struct Flaky {
+    inner: Mapped,
+    at: usize,
+    real: std::cell::Cell<u32>,
+    torn: std::cell::Cell<u32>,
+    busy: Version,
+}
+
+impl Flaky {
+    fn over(e: &Engine, node: u32, real: u32, torn: u32) -> TreeReader<Flaky> {
+        let base = NonNull::new(e.region().as_ptr()).expect("region");
+        let layout = e.layout();
+        let busy = Version::new();
+        busy.begin();
+        TreeReader::over(Flaky {
+            // SAFETY: as `reader`'s.
+            inner: unsafe { Mapped::new(base, layout) },
+            at: layout.versions_at + node as usize * size_of::<Version>(),
+            real: real.into(),
+            torn: torn.into(),
+            busy,
+        })
+    }
+}
+
+// SAFETY: every read goes to `Mapped`'s, at the same offsets, but for the
+// stand-in version, which lives as long as `self`.
+unsafe impl TreeMem for Flaky {
+    fn layout(&self) -> EngineLayout {
+        self.inner.layout()
+    }
+    unsafe fn version(&self, at: usize) -> &Version {
+        if at == self.at {
+            if self.real.get() > 0 {
+                self.real.set(self.real.get() - 1);
+            } else if self.torn.get() > 0 {
+                if self.torn.get() != u32::MAX {
+                    self.torn.set(self.torn.get() - 1);
+                }
+                return &self.busy;
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.version(at) }
+    }
+    unsafe fn word(&self, at: usize) -> u32 {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.word(at) }
+    }
+    unsafe fn same(&self, at: usize, key: &[u32]) -> bool {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.same(at, key) }
+    }
+}
+
+/// The two-branch tree of `a_change_elsewhere_...`, the key of its deeper
+/// branch, that key's pages, and the nodes on its path: `[1, 2]`, then
+/// `[3, 4, 5, 6]`.
+fn two_branches() -> (Engine, Vec<u32>, Vec<u32>, u32, u32) {
+    let a = vec![1, 2, 3, 4, 5, 6];
+    let e = engine_with(&[&a, &[1, 2, 7, 7]]);
+    let mut want = Vec::new();
+    assert_eq!(e.peek(&a, &mut want), 6);
+    let node_of = |page: u32| {
+        let i = e
+            .arena
+            .nodes()
+            .iter()
+            .position(|n| n.state == NODE_LIVE && n.first_page == page);
+        i.expect("a node on the path") as u32
+    };
+    let (upper, leaf) = (node_of(want[0]), node_of(want[1]));
+    (e, a, want, upper, leaf)
+}
+
+/// A node the walk finds mid-change, whose writer finishes within the
+/// walk's budget: the walk retries it and answers in full, the pages of
+/// the nodes above it kept.
+#[test]
+fn a_change_that_ends_during_the_retries_is_read_through() {
+    let (e, a, want, _, leaf) = two_branches();
+    let r = Flaky::over(&e, leaf, 0, 3);
+    let mut pages = Vec::new();
+    assert_eq!(r.peek(&a, &mut pages), Some(6));
+    assert_eq!(pages, want);
+}
+
+/// A node the walk stood on changes after it was copied, for good: the
+/// walk steps back to the frame still valid (the root), finds it
+/// mid-change from there, and gives up after its budget instead of
+/// spinning on the stale frame.
+#[test]
+fn a_frame_changed_for_good_is_left_and_the_walk_gives_up() {
+    let (e, a, _, upper, _) = two_branches();
+    // The first load is the copy of `[1, 2]`; every later one sees it
+    // mid-change.
+    let r = Flaky::over(&e, upper, 1, u32::MAX);
+    let mut pages = Vec::new();
+    assert_eq!(r.peek(&a, &mut pages), None);
+}
+
+/// A key that ends inside a node's run of consecutive pages: the run is
+/// compared only as far as the key goes.
+#[test]
+fn a_key_ending_inside_a_run_reads_its_whole_pages() {
+    let mut e = Engine::new(Config {
+        page_size: 2,
+        capacity: 8,
+    })
+    .expect("engine");
+    let key: Vec<u32> = (1..=10).collect();
+    let pages = e.alloc(1, 5).expect("alloc");
+    e.insert(1, &key, &pages, false).expect("insert");
+    let r = reader(&e);
+    let mut out = Vec::new();
+    // Three pages and a half of the five: three whole pages match.
+    assert_eq!(r.peek(&key[..7], &mut out), Some(6));
+    assert_eq!(out, pages[..3]);
+}

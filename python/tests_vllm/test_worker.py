@@ -10,6 +10,7 @@ B's GPU blocks, where they must be the same bytes."""
 from __future__ import annotations
 
 import hashlib
+import time
 
 import numpy as np
 import torch
@@ -98,8 +99,6 @@ class Worker:
                     self.engine.finished.add(o.request_id)
 
     def run(self, req_id: str, steps: int = 400) -> None:
-        import time
-
         for _ in range(steps):
             self.step()
             if req_id in self.engine.finished and not self.engine.manager.has_pending_work():
@@ -120,10 +119,14 @@ def test_save_kv_layer_to_a_load_in_another_engine(store, engines):
         a.add("a", p)
         wa.run("a")
         # A's stores are deferred to its next step's start_kv_transfers,
-        # then cascade to the store.
-        for _ in range(50):
-            wa.step()
+        # then cascade to the store on the tier's copy thread: step until
+        # they land (a loaded machine may run that thread late), not for a
+        # fixed count of steps.
+        deadline = time.monotonic() + 60
         with store.client() as c:
+            while c.store_stats()["values"] < 6 and time.monotonic() < deadline:
+                wa.step()
+                time.sleep(0.001)
             assert c.store_stats()["values"] == 6
         b.add("b", p)
         wb.run("b")

@@ -391,17 +391,16 @@ def dfs_weight_order(paths: Any, page_size: int) -> list:
             continue
         # SGLang's child key: a namespace's first page below the root, the
         # next page below any other node.
-        start = 0 if length == 0 else length
         edge_len = page_size + 1 if length == 0 else page_size
         children: dict = {}
         for p, i in group:
             if len(p) > length:
-                children.setdefault(p[start : start + edge_len], []).append((p, i))
+                children.setdefault(p[length : length + edge_len], []).append((p, i))
         ranked = []
         for members in children.values():
             first = members[0][0]
             end = min(len(p) for p, _ in members)
-            common = start + edge_len
+            common = length + edge_len
             while common < end and all(p[common] == first[common] for p, _ in members[1:]):
                 common += 1
             # The child ends at a request's node or where the paths part,

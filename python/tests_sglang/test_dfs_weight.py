@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from array import array
+from typing import Any
 
 import pytest
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
@@ -62,37 +63,47 @@ def sglang_order(root, nodes, by_first: bool = True) -> tuple:
     return order, tied
 
 
+def compare(twin: Any, root: Any, a_handles: list, a_nodes: list, b_handles: list) -> bool:
+    """radixd's order of a queue (``b_handles``) against SGLang's algorithm
+    over SGLang's tree (``a_nodes``, the nodes of ``a_handles``) under
+    radixd's tie rule; True when nothing tied, and SGLang's own answer was
+    compared as well."""
+    got = twin.b.cache.dfs_weight_order(b_handles)
+    want, tied = sglang_order(root, a_nodes)
+    twin.same("dfs-weight order", want, got)
+    # The reference is SGLang's algorithm: under SGLang's tie rule it gives
+    # SGLang's own answer, which radixd's equals where nothing ties.
+    own = twin.a.cache.dfs_weight_order(a_handles)
+    assert sglang_order(root, a_nodes, by_first=False)[0] == own
+    if not tied:
+        twin.same("dfs-weight order, SGLang's own", own, got)
+    return not tied
+
+
+def queue_fresh_matches(twin: Any, a: list, b: list, n: int) -> None:
+    """``n`` new prompts matched on both sides, their last nodes queued."""
+    for _ in range(n):
+        tokens = twin.work.prompt()
+        space = twin.rng.choice(twin.spaces)
+        for s, queue in ((twin.a, a), (twin.b, b)):
+            key = RadixKey(array("q", tokens), extra_key=space[0], cache_salt=space[1])
+            queue.append(s.cache.match_prefix(MatchPrefixParams(key=key)).last_device_node)
+
+
 def check_queue(twin: Twin, extra: int) -> bool:
     """Compares the orders of a queue; True when SGLang's own order was
     compared as well (no ties)."""
     r = twin.rng
     a_nodes = [req.last_node for req in twin.a.running.values()]
     b_nodes = [twin.b.running[rid].last_node for rid in twin.a.running]
-    for _ in range(extra):
-        tokens = twin.work.prompt()
-        space = r.choice(twin.spaces)
-        nodes = []
-        for s in (twin.a, twin.b):
-            key = RadixKey(array("q", tokens), extra_key=space[0], cache_salt=space[1])
-            nodes.append(s.cache.match_prefix(MatchPrefixParams(key=key)).last_device_node)
-        a_nodes.append(nodes[0])
-        b_nodes.append(nodes[1])
+    queue_fresh_matches(twin, a_nodes, b_nodes, extra)
     if twin.ps > 1 or r.random() < 0.5:
         # Requests sharing a last node, as a burst of one prompt queues them.
         k = r.randrange(len(a_nodes)) if a_nodes else None
         if k is not None:
             a_nodes.append(a_nodes[k])
             b_nodes.append(b_nodes[k])
-    got = twin.b.cache.dfs_weight_order(b_nodes)
-    want, tied = sglang_order(twin.a.cache.root_node, a_nodes)
-    twin.same("dfs-weight order", want, got)
-    # The reference is SGLang's algorithm: under SGLang's tie rule it gives
-    # SGLang's own answer, which radixd's equals where nothing ties.
-    own = twin.a.cache.dfs_weight_order(a_nodes)
-    assert sglang_order(twin.a.cache.root_node, a_nodes, by_first=False)[0] == own
-    if not tied:
-        twin.same("dfs-weight order, SGLang's own", own, got)
-    return not tied
+    return compare(twin, twin.a.cache.root_node, a_nodes, a_nodes, b_nodes)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -156,15 +167,8 @@ def test_hybrid_order_is_sglangs(kind, page_size):
             a_ids.append(a_ids[k])
             a_nodes.append(a_nodes[k])
             b_nodes.append(b_nodes[k])
-        got = twin.b.cache.dfs_weight_order(b_nodes)
-        want, tied = sglang_order(core.root_node, a_nodes)
-        twin.same("dfs-weight order", want, got)
-        own = twin.a.cache.dfs_weight_order(a_ids)
-        assert sglang_order(core.root_node, a_nodes, by_first=False)[0] == own
-        if not tied:
-            twin.same("dfs-weight order, SGLang's own", own, got)
+        exact += compare(twin, core.root_node, a_ids, a_nodes, b_nodes)
         queues += 1
-        exact += not tied
         deep += sum(n is not core.root_node and n.parent is not core.root_node for n in a_nodes)
     twin.drain()
     assert exact > 0 and deep > queues // 4, (queues, exact, deep)
@@ -204,22 +208,10 @@ def test_treecore_order_is_sglangs(page_size, start_daemon, monkeypatch):
                 continue
             a_ids = [req.last_node for req in twin.a.running.values()]
             b_ids = [twin.b.running[rid].last_node for rid in twin.a.running]
-            for _ in range(twin.rng.randrange(0, 8)):
-                tokens = twin.work.prompt()
-                space = twin.rng.choice(twin.spaces)
-                for s, ids in ((twin.a, a_ids), (twin.b, b_ids)):
-                    key = RadixKey(array("q", tokens), extra_key=space[0], cache_salt=space[1])
-                    ids.append(s.cache.match_prefix(MatchPrefixParams(key=key)).last_device_node)
+            queue_fresh_matches(twin, a_ids, b_ids, twin.rng.randrange(0, 8))
             a_nodes = [core.node_by_id(i) for i in a_ids]
-            got = twin.b.cache.dfs_weight_order(b_ids)
-            want, tied = sglang_order(core.root_node, a_nodes)
-            twin.same("dfs-weight order", want, got)
-            own = twin.a.cache.dfs_weight_order(a_ids)
-            assert sglang_order(core.root_node, a_nodes, by_first=False)[0] == own
-            if not tied:
-                twin.same("dfs-weight order, SGLang's own", own, got)
+            exact += compare(twin, core.root_node, a_ids, a_nodes, b_ids)
             queues += 1
-            exact += not tied
             deep += sum(n is not core.root_node and n.parent is not core.root_node for n in a_nodes)
         twin.drain()
         assert exact > 0 and deep > queues // 4, (queues, exact, deep)

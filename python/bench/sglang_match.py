@@ -155,6 +155,26 @@ def match_bench(ps: int) -> None:
     daemon.stop()
 
 
+def request_step(sim, rid: str, prompt: list, evict: int) -> None:
+    """One request through ``sim``: arrives (match + lock), its new tokens
+    allocated, inserted at the end of prefill (checkpoint), released; then
+    ``evict`` tokens evicted, so every step sees the same tree."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    sim.arrive(rid, prompt)
+    sim.extend(rid, len(prompt) - sim.running[rid].kv.kv_committed_len)
+    sim.checkpoint(rid)
+    sim.finish(rid)
+    sim.cache.evict(EvictParams(evict))
+
+
+def seed(sim, shared: list) -> None:
+    """The cached prefix every step's prompt begins with."""
+    sim.arrive("seed", shared)
+    sim.extend("seed", len(shared))
+    sim.finish("seed")
+
+
 def step_bench(ps: int) -> None:
     n, cached = 1024, 512
     pages = 4 * n // ps
@@ -173,16 +193,10 @@ def step_bench(ps: int) -> None:
         count[0] += 1
         rid = f"s{count[0]}"
         prompt = shared + [count[0] % 30000 + 40000 + i for i in range(n - cached)]
-        sim.arrive(rid, prompt)
-        sim.extend(rid, n - sim.running[rid].kv.kv_committed_len)
-        sim.checkpoint(rid)
-        sim.finish(rid)
-        sim.cache.evict(__import__("sglang.srt.mem_cache.base_prefix_cache", fromlist=["E"]).EvictParams(n - cached))
+        request_step(sim, rid, prompt, n - cached)
 
     for sim in sims.values():
-        sim.arrive("seed", shared)  # the cached 512-token prefix
-        sim.extend("seed", cached)
-        sim.finish("seed")
+        seed(sim, shared)  # the cached 512-token prefix
         step(sim)
         assert sim.cache.total_size() == cached, sim.cache.total_size()
     runs = {k: [] for k in sims}
@@ -302,8 +316,6 @@ def eagle_step_bench(ps: int) -> None:
     keys, alternated in rounds: SGLang's ``RadixCache`` in-process and
     ``RadixdPrefixCache`` through a daemon (in-process without
     ``RADIXD_BIN``), median µs per step."""
-    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-
     n, cached = 1024, 512
     pages = 4 * n // ps
     shared = list(range(100, 100 + cached))
@@ -330,16 +342,10 @@ def eagle_step_bench(ps: int) -> None:
         count[0] += 1
         rid = f"e{count[0]}"
         prompt = shared + [count[0] % 30000 + 40000 + i for i in range(n - cached)]
-        sim.arrive(rid, prompt)
-        sim.extend(rid, n - sim.running[rid].kv.kv_committed_len)
-        sim.checkpoint(rid)
-        sim.finish(rid)
-        sim.cache.evict(EvictParams(aligned(n, eagle) - aligned(cached, eagle)))
+        request_step(sim, rid, prompt, aligned(n, eagle) - aligned(cached, eagle))
 
     for sim, eagle in sims.values():
-        sim.arrive("seed", shared)
-        sim.extend("seed", cached)
-        sim.finish("seed")
+        seed(sim, shared)
         step(sim, eagle)
         assert sim.cache.total_size() == aligned(cached, eagle), sim.cache.total_size()
     runs = {k: [] for k in sims}
@@ -361,7 +367,6 @@ def treecore_step_bench(ps: int) -> None:
     ``RadixdPrefixCache`` beside them, alternated in rounds (median µs per
     step, each over SGLang's Python core)."""
     from radixd.treecore import unified_radix_cache
-    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
@@ -396,16 +401,10 @@ def treecore_step_bench(ps: int) -> None:
         count[0] += 1
         rid = f"t{count[0]}"
         prompt = shared + [count[0] % 30000 + 40000 + i for i in range(n - cached)]
-        sim.arrive(rid, prompt)
-        sim.extend(rid, n - sim.running[rid].kv.kv_committed_len)
-        sim.checkpoint(rid)
-        sim.finish(rid)
-        sim.cache.evict(EvictParams(n - cached))
+        request_step(sim, rid, prompt, n - cached)
 
     for k, sim in sims.items():
-        sim.arrive("seed", shared)
-        sim.extend("seed", cached)
-        sim.finish("seed")
+        seed(sim, shared)
         step(sim)
         total = sim.cache.total_size()
         total = total[0] if isinstance(total, tuple) else total  # the unified cache's is per component

@@ -456,6 +456,24 @@ class HybridTwin:
             return ("--components", "full,swa", "--swa-window", window, "--swa-capacity", pages, *sglang)
         return ("--components", "full,mamba", "--mamba-capacity", str(cls.SLOTS[page_size]), *sglang)
 
+    @classmethod
+    def engine(cls, kind: str, page_size: int) -> Any:
+        """An in-process ``radixd.Engine`` with the pools and rules of the
+        daemon :meth:`serve_args` describes."""
+        import radixd
+
+        ps = page_size
+        if kind == "swa":
+            return radixd.Engine(
+                ps,
+                cls.FULL_PAGES[ps],
+                components="full,swa",
+                swa_window=cls.window(ps),
+                swa_capacity=cls.SWA_PAGES[ps],
+                recency="sglang",
+            )
+        return radixd.Engine(ps, cls.FULL_PAGES[ps], components="full,mamba", mamba_capacity=cls.SLOTS[ps], recency="sglang")
+
     def same(self, what: str, x: Any, y: Any) -> None:
         assert x == y, f"op {self.ops}: {what}: SGLang {x!r}, radixd {y!r}"
 

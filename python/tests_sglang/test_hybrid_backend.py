@@ -34,22 +34,8 @@ RELEASE_ORDERS = list(HybridTwin.RELEASES)
 
 def _engine_cache(kind: str, page_size: int):
     def build(p):
-        ps = page_size
-        if kind == "swa":
-            engine = radixd.Engine(
-                ps,
-                HybridTwin.FULL_PAGES[ps],
-                components="full,swa",
-                swa_window=HybridTwin.window(ps),
-                swa_capacity=HybridTwin.SWA_PAGES[ps],
-                recency="sglang",
-            )
-        else:
-            engine = radixd.Engine(
-                ps, HybridTwin.FULL_PAGES[ps], components="full,mamba", mamba_capacity=HybridTwin.SLOTS[ps], recency="sglang"
-            )
         p.tree_components = None
-        return RadixdHybridCache(p, engine)
+        return RadixdHybridCache(p, HybridTwin.engine(kind, page_size))
 
     return build
 

@@ -31,15 +31,7 @@ FULL, SWA = ComponentType.FULL, ComponentType.SWA
 
 
 def swa_engine(p):
-    ps = p.page_size
-    return radixd.Engine(
-        ps,
-        HybridTwin.FULL_PAGES[ps],
-        components="full,swa",
-        swa_window=HybridTwin.window(ps),
-        swa_capacity=HybridTwin.SWA_PAGES[ps],
-        recency="sglang",
-    )
+    return HybridTwin.engine("swa", p.page_size)
 
 
 def swa_core(backend_of):

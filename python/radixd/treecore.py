@@ -250,8 +250,9 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         )
         # Handle -> the SGLang KV slots of the path from the root to it.
         self._paths: OrderedDict[int, torch.Tensor] = OrderedDict()
-        # Handle -> its namespace and tokens from the root, kept with its path
-        # (what ``dfs_weight_order`` orders by).
+        # Handle -> its namespace, the key that named it (not copied) and its
+        # length in tokens, kept with its path (what ``dfs_weight_order``
+        # orders by, cut to the node only then, off every match's path).
         self._keys: dict[int, tuple] = {}
         self._max_paths = int(backend.capacity) + _RECENT_PATHS
         # Handle -> this core's locks on it (their paths are kept).
@@ -385,8 +386,9 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         return sg.to(self.device)
 
     def _remember(self, handle: int, path: torch.Tensor, key: Optional[tuple] = None) -> None:
-        """Keeps ``handle``'s path (its KV slots) and ``key`` (its namespace
-        and tokens) for the calls that read them next."""
+        """Keeps ``handle``'s path (its KV slots) and ``key`` (its namespace,
+        a key through it and the node's length) for the calls that read them
+        next."""
         paths = self._paths
         paths[handle] = path
         paths.move_to_end(handle)
@@ -426,7 +428,7 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
                 full_kv_hit_length=full,
                 cache_actions=[],
             )
-        self._remember(m.handle, self._slots(m.pages), (ns, tokens[: m.len]))
+        self._remember(m.handle, self._slots(m.pages), (ns, tokens, m.len))
         return MatchResult(
             device_prefix_len=m.len,
             last_device_node=m.handle,
@@ -497,7 +499,7 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         else:  # the tree changed in between (another scheduler): read it again
             _, path_pages = self.backend.peek_full(tokens, ns=ns)
             path = self._slots(path_pages)
-        self._remember(handle, path, (ns, tokens[: len(path)]))
+        self._remember(handle, path, (ns, tokens, len(path)))
         return InsertStepResult(actions=[], result=InsertResult(prefix_len=r.cached, last_device_node=handle))
 
     def _insert_swa(self, tokens: Any, ns: Optional[str], pages: Any, params: InsertParams) -> InsertStepResult:
@@ -519,7 +521,7 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         )
         handle = r.node
         path = self._slots(key_pages)
-        self._remember(handle, path, (ns, tokens[: len(path)]))
+        self._remember(handle, path, (ns, tokens, len(path)))
         result = InsertResult(prefix_len=r.cached, total_len=r.len, last_device_node=handle)
         if params.swa_branching_seqlen is not None:
             result.swa_branch_inserted = n >= params.swa_branching_seqlen
@@ -750,8 +752,11 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         scheduler matches every waiting request just before it orders them,
         so each node's key was kept by that match. A node no longer known
         (named long ago, or evicted since) is ordered as the root's."""
-        keys = self._keys
-        return dfs_weight_order([None if h == ROOT else keys.get(h) for h in node_ids], self._page_size)
+        paths = []
+        for h in node_ids:
+            key = None if h == ROOT else self._keys.get(h)
+            paths.append(None if key is None else (key[0], key[1][: key[2]]))
+        return dfs_weight_order(paths, self._page_size)
 
     def all_values_flatten(self) -> torch.Tensor:
         raise _unserved("all_values_flatten (a census of the tree's slots)", "a later phase")

@@ -1098,3 +1098,62 @@ fn a_mamba_daemon_answers_as_the_engine_with_anchoring() {
     ];
     hybrid_client_agrees_with_the_engine(&args, comps);
 }
+
+#[test]
+fn an_unlock_held_rides_with_the_next_request_and_a_refused_one_is_kept_apart() {
+    use radixd::op::{ErrorKind, Request};
+    let daemon = Daemon::start(&["--page-size", "1", "--capacity", "64"]);
+    let mut a = connect(&daemon);
+    let mut b = connect(&daemon);
+    let protected = |c: &mut Client| c.stats().unwrap().0.protected_tokens;
+    let pages = a.alloc(4).unwrap();
+    let h = a
+        .insert(&[1, 2, 3, 4], &pages, true)
+        .unwrap()
+        .handle
+        .unwrap();
+    a.free_counts().unwrap(); // the counts kept from here on
+
+    // Held: the daemon has not seen it, so the node stays locked.
+    a.unlock_later(h).unwrap();
+    assert_eq!(a.unlocks_held(), 1);
+    assert_eq!(protected(&mut b), 4);
+    // The next request carries it, ahead of itself.
+    let more = a.alloc(1).unwrap();
+    assert_eq!(a.unlocks_held(), 0);
+    assert_eq!(protected(&mut b), 0);
+    // The request's own counts are still the ones kept.
+    let free = b.stats().unwrap().0.free_pages;
+    assert_eq!(a.free_counts().unwrap().pages, free);
+    assert!(a.take_unlock_failures().is_empty());
+
+    // A refused one (no lock held any more) fails nothing it rode with: a
+    // batch answers its own requests only, the refusal is kept apart.
+    a.unlock_later(h).unwrap();
+    let answers = a.batch(&[Request::Stats]).unwrap();
+    assert_eq!(answers.len(), 1);
+    assert!(answers[0].is_ok());
+    let failed = a.take_unlock_failures();
+    assert_eq!(failed.len(), 1);
+    assert_eq!((failed[0].0, failed[0].1.kind), (h, ErrorKind::NotLocked));
+    assert!(a.take_unlock_failures().is_empty());
+
+    // No more than `MOST_HELD` (32) wait: the 32nd goes at once with them.
+    for _ in 0..32 {
+        a.lock(h).unwrap();
+    }
+    for i in 1..=32 {
+        a.unlock_later(h).unwrap();
+        assert_eq!(a.unlocks_held(), i % 32);
+    }
+    assert_eq!(protected(&mut b), 0);
+    // `flush_unlocks` sends what is held; nothing held, no round trip.
+    a.lock(h).unwrap();
+    a.unlock_later(h).unwrap();
+    a.flush_unlocks().unwrap();
+    assert_eq!((a.unlocks_held(), protected(&mut b)), (0, 0));
+    a.flush_unlocks().unwrap();
+    a.free(&more).unwrap();
+    a.validate().unwrap();
+    assert!(a.take_unlock_failures().is_empty());
+}

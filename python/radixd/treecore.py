@@ -589,7 +589,9 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
             )
         # Under SWA the receipt names the lock (its window); else the node.
         lock = params.component_lock_uuids.get(FULL) if self._swa else None
-        self.backend.unlock(node_id if lock is None else lock)
+        # Held for the next request (SGLang reads nothing of the answer):
+        # one round trip fewer per release (docs/sglang-parity.md, section 6).
+        self.backend.unlock_later(node_id if lock is None else lock)
         held = self._locks.get(node_id, 0) - 1
         if held > 0:
             self._locks[node_id] = held

@@ -156,6 +156,21 @@ cache_methods! {
             })
         }
 
+        /// As `unlock` (in-process there is no round trip to save);
+        /// `Client.unlock_later` holds it for the daemon's next call.
+        fn unlock_later(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
+            self.unlock(py, handle)
+        }
+
+        /// Nothing to send in-process: as `Client.flush_unlocks`.
+        fn flush_unlocks(&self) {}
+
+        /// Always 0 in-process: as `Client.unlocks_held`.
+        #[getter]
+        fn unlocks_held(&self) -> usize {
+            0
+        }
+
         /// As `Client._lock_delta`.
         fn _lock_delta(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, lock: bool) -> PyResult<i64> {
             let requests = lock_delta_batch(handle, lock)?;

@@ -59,6 +59,34 @@ def test_every_method(daemon):
     c.close()  # idempotent
 
 
+def test_an_unlock_held_rides_with_the_next_call_and_a_refusal_is_a_warning(daemon):
+    with daemon.client() as a, daemon.client() as b:
+        ins = a.insert(list(range(8)), a.alloc(2), lock=True)
+        a.unlock_later(ins.handle)
+        # Not sent yet: the node stays locked for everyone else.
+        assert a.unlocks_held == 1 and b.stats()["protected_tokens"] == 8
+        # The next call carries it; its own answer is unchanged.
+        assert a.match_prefix(list(range(8))).len == 8
+        assert a.unlocks_held == 0 and b.stats()["protected_tokens"] == 0
+        # A lock not held: the call it rode with answers, the refusal warns.
+        a.unlock_later(ins.handle)
+        with pytest.warns(RuntimeWarning, match="was refused"):
+            assert a.stats()["protected_tokens"] == 0
+        a.lock(ins.handle)
+        a.unlock_later(ins.handle)
+        a.flush_unlocks()
+        assert a.unlocks_held == 0 and b.stats()["protected_tokens"] == 0
+        a.validate()
+    # In-process there is nothing to hold: it unlocks at once.
+    e = radixd.Engine(4, 16)
+    r = e.insert(list(range(8)), e.alloc(2), lock=True)
+    e.unlock_later(r.handle)
+    assert e.unlocks_held == 0 and e.stats()["protected_tokens"] == 0
+    e.flush_unlocks()
+    with pytest.raises(radixd.RadixdError):
+        e.unlock_later(r.handle)
+
+
 def test_reset_through_a_daemon(daemon):
     c = daemon.client()
     c.insert(list(range(8)), c.alloc(2))

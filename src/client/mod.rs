@@ -16,11 +16,13 @@
 //! `match_prefix` and `insert`), `cache` (the cache calls: match, lock,
 //! insert, alloc, evict, sessions, stats, and the hybrid step's paired
 //! calls), `free` (the pools' free counts kept from the answers that carry
-//! them), `scope` (namespaces, the pool binding, groups) and `store` (the
-//! node-wide KV store).
+//! them), `deferred` (unlocks posted with the next request), `scope`
+//! (namespaces, the pool binding, groups) and `store` (the node-wide KV
+//! store).
 
 mod anchor;
 mod cache;
+mod deferred;
 mod error;
 mod free;
 mod port;
@@ -41,6 +43,7 @@ use crate::shared::{
 };
 
 use anchor::Anchoring;
+use deferred::Deferred;
 pub use error::{ClientError, ProtocolError};
 use free::FreeTrack;
 use port::{port_of, Returns, Sent};
@@ -155,6 +158,8 @@ pub struct Client {
     board_buf: Vec<u8>,
     /// The pools' free counts as answers carried them (see `free`).
     free: FreeTrack,
+    /// Unlocks held for the next request (see `deferred`).
+    deferred: Deferred,
 }
 
 impl Client {
@@ -253,6 +258,7 @@ impl Client {
             step: 0,
             board_buf: Vec::new(),
             free: FreeTrack::default(),
+            deferred: Deferred::default(),
         };
         // From here on `Drop` releases the claim on every error path.
         let port = port_of(&client.segment, &client.layout, client.slot)?;

@@ -160,7 +160,16 @@ impl Client {
         }
         let mut answers = std::mem::take(&mut self.answers);
         answers.clear();
-        let done = self.round_trip(std::slice::from_ref(&e), half, &mut answers);
+        let done = if self.deferred.is_empty() {
+            self.round_trip(std::slice::from_ref(&e), half, &mut answers)
+        } else {
+            // The unlocks held ride ahead of the request (`deferred`).
+            let (held, mut batch) = self.take_unlocks();
+            batch.push(e);
+            let done = self.round_trip(&batch, half, &mut answers);
+            self.settle_unlocks(&held, &mut answers);
+            done
+        };
         let answer = answers.pop();
         self.answers = answers;
         done?;
@@ -195,7 +204,10 @@ impl Client {
                 .collect();
         }
         self.resync()?;
-        let (encoded, half) = self.encode(requests);
+        let (mut encoded, half) = self.encode(requests);
+        // The unlocks held ride ahead of the batch (`deferred`).
+        let (held, unlocks) = self.take_unlocks();
+        encoded.splice(0..0, unlocks);
         if let Some(big) = encoded
             .iter()
             .find(|e| e.payload_len() > half || e.reply_need > half)
@@ -233,6 +245,7 @@ impl Client {
             }
             rest = later;
         }
+        self.settle_unlocks(&held, &mut answers);
         Ok(answers)
     }
 

@@ -7,14 +7,15 @@
 //! binding a pool, joining a group, and the store methods (in `client::store`;
 //! what they take from Python is made in `crate::store`).
 
+use std::ffi::CString;
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeWarning, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use radixd::engine::{Components, Policy as EvictionPolicy, Recency};
+use radixd::engine::{Components, Handle, Policy as EvictionPolicy, Recency};
 use radixd::op::{Backend, Reply, Request};
 use radixd::Client as RustClient;
 
@@ -69,12 +70,28 @@ pub struct Client {
 impl Client {
     /// Runs `f` on the connection, the GIL released (while waiting for the
     /// connection too).
+    /// Unlocks held for the next request that the daemon refused when it
+    /// came (`unlock_later`) are reported as a `RuntimeWarning` each.
     pub(crate) fn with<R: Send>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut RustClient) -> R + Send,
     ) -> PyResult<R> {
-        py.allow_threads(|| guard(&self.inner)?.as_mut().map(f).ok_or_else(closed))
+        let (r, refused) = py.allow_threads(|| {
+            let mut held = guard(&self.inner)?;
+            let c = held.as_mut().ok_or_else(closed)?;
+            let r = f(c);
+            PyResult::Ok((r, c.take_unlock_failures()))
+        })?;
+        for (handle, why) in refused {
+            let message = format!(
+                "radixd: the unlock of {:#x} held for this call was refused: {why}",
+                handle.to_raw()
+            );
+            let message = CString::new(message).unwrap_or_default();
+            PyErr::warn(py, &py.get_type::<PyRuntimeWarning>(), &message, 1)?;
+        }
+        Ok(r)
     }
 
     /// The connection, for work done holding the GIL (lock-free reads);
@@ -522,6 +539,32 @@ cache_methods! {
         /// `misses`, `evicted`, `namespaces`, `failed_reserves`.
         fn store_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
             self.store_figures(py)
+        }
+
+        /// Drops one of this client's locks with its next call to the
+        /// daemon, ahead of it in the same round trip, instead of a round
+        /// trip now (SGLang reads nothing of `dec_lock_ref`'s answer). Until
+        /// then other clients see the node locked; this client's own calls
+        /// all find it unlocked (lock-free reads never look at locks). A
+        /// lock the daemon then refuses to drop changed nothing and is
+        /// reported as a `RuntimeWarning`, not as the call's error. At most
+        /// 32 are held; a rank of a group unlocks at once.
+        fn unlock_later(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
+            let handle = Handle::from_raw(count(handle, "handle")?);
+            self.with(py, |c| c.unlock_later(handle))?
+                .map_err(|e| rejected(py, client_error(e)))
+        }
+
+        /// Sends the unlocks `unlock_later` holds now (one round trip), if any.
+        fn flush_unlocks(&self, py: Python<'_>) -> PyResult<()> {
+            self.with(py, |c| c.flush_unlocks())?
+                .map_err(|e| rejected(py, client_error(e)))
+        }
+
+        /// How many unlocks `unlock_later` holds for the next call.
+        #[getter]
+        fn unlocks_held(&self, py: Python<'_>) -> PyResult<usize> {
+            Ok(self.hold(py)?.as_ref().ok_or_else(closed)?.unlocks_held())
         }
 
         /// Disconnects; the daemon releases whatever this client still holds

@@ -431,12 +431,13 @@ unsafe impl TreeMem for Decoy {
     }
     unsafe fn word(&self, at: usize) -> u32 {
         let layout = self.inner.layout();
-        let table = layout.buckets_at..layout.buckets_at + layout.buckets as usize * 8;
+        let size = size_of::<Bucket>();
+        let table = layout.buckets_at..layout.buckets_at + layout.buckets as usize * size;
         if !table.contains(&at) {
             // SAFETY: forwarded from the caller.
             return unsafe { self.inner.word(at) };
         }
-        let (i, field) = ((at - table.start) / 8, (at - table.start) % 8);
+        let (i, field) = ((at - table.start) / size, (at - table.start) % size);
         let mask = layout.buckets - 1;
         let (home, i) = (self.hash & mask, i as u32);
         if i == home {

@@ -19,6 +19,10 @@
 //!   the reader's `find` done before the writer starts, so only the copy
 //!   and its re-check (`copy_found`) race the writer: every interleaving of
 //!   the copy with the eviction, reuse, copy-in and commit.
+//! - `the_loom_store_keeps_what_the_store_keeps`: one thread, no race: the
+//!   `LoomStore`'s clock, counters, use stamps and data words hold what
+//!   the store's code puts there (at an unaligned offset too), so the
+//!   models above run on a store that keeps them, not on stand-ins.
 //!
 //! On the path: the executions whose get began before the writer's first
 //! change and ended after its last (stage witnesses, SeqCst, outside the
@@ -26,7 +30,7 @@
 //! `copy_found` without its `version.still` re-check fails the model.
 #![cfg(loom)]
 
-use loom_tests::explore_bounded;
+use loom_tests::{explore, explore_bounded};
 use radixd::store::layout::PAGE;
 use radixd::store::{LoomStore, StoreConfig, StoreIndex, StoreNs, StoreReader};
 
@@ -159,4 +163,39 @@ fn a_copy_is_kept_only_under_an_unchanged_version() {
             before == 0 && after == 1
         },
     );
+}
+
+/// One execution: the loom store's accessors, which only the models use
+/// (`cargo mutants` found the models blind to a fresh clock, no counters
+/// or stamps, and data words counted from the wrong end).
+#[test]
+fn the_loom_store_keeps_what_the_store_keeps() {
+    explore("the_loom_store_keeps_what_the_store_keeps", 1, || {
+        let (store, index, ns) = store_with_o();
+        let reader = StoreReader::new(store.view(), 0);
+        let first = reader.stamps(3);
+        assert_eq!(reader.stamps(1), first + 3, "one clock");
+        assert_eq!(get(&reader, ns, b"o", first + 2), Some(value(b"o")));
+        let view = store.view();
+        let stamp = view.stamp(0).expect("entry 0's stamp");
+        assert_eq!(stamp.load(Ordering::Relaxed), first + 2, "the get's stamp");
+        reader.count(2, 1);
+        let stats = reader.stats();
+        assert_eq!((stats.client_hits, stats.client_misses), (2, 1));
+        // Values of their own (nothing reads "o" after this): one a few
+        // words on, one starting inside a word (word 1, byte 4 of it).
+        for at in [24u64, 12] {
+            let v = value(&[at as u8]);
+            let mut out = [0u8; SIZE];
+            // SAFETY: one thread, nothing else reads or writes these
+            // bytes; `v` and `out` are live buffers of `SIZE` bytes.
+            unsafe {
+                assert!(view.copy_in(at, v.as_ptr(), SIZE));
+                assert!(view.copy_out(at, out.as_mut_ptr(), SIZE));
+            }
+            assert_eq!(out, v, "at {at}");
+        }
+        drop(index);
+        true
+    });
 }

@@ -246,13 +246,16 @@ fn a_key_shorter_than_a_page_matches_nothing() {
 /// The engine's region as `Mapped` reads it, except that the version of
 /// the node at `at` reads as mid-change for `torn` loads after the first
 /// `real` ones: a writer that changes that node while the walk is on it
-/// (and, with `torn` at `u32::MAX`, never finishes).
+/// (and, with `torn` at `u32::MAX`, never finishes). It also counts the
+/// loads of the word at `watch` (none by default).
 struct Flaky {
     inner: Mapped,
     at: usize,
     real: std::cell::Cell<u32>,
     torn: std::cell::Cell<u32>,
     busy: Version,
+    watch: usize,
+    loads: std::cell::Cell<u32>,
 }
 
 impl Flaky {
@@ -268,6 +271,8 @@ impl Flaky {
             real: real.into(),
             torn: torn.into(),
             busy,
+            watch: usize::MAX,
+            loads: 0.into(),
         })
     }
 }
@@ -293,6 +298,9 @@ unsafe impl TreeMem for Flaky {
         unsafe { self.inner.version(at) }
     }
     unsafe fn word(&self, at: usize) -> u32 {
+        if at == self.watch {
+            self.loads.set(self.loads.get() + 1);
+        }
         // SAFETY: forwarded from the caller.
         unsafe { self.inner.word(at) }
     }
@@ -365,4 +373,254 @@ fn a_key_ending_inside_a_run_reads_its_whole_pages() {
     // Three pages and a half of the five: three whole pages match.
     assert_eq!(r.peek(&key[..7], &mut out), Some(6));
     assert_eq!(out, pages[..3]);
+}
+
+/// The live node whose first page is `page`.
+fn node_of(e: &Engine, page: u32) -> u32 {
+    let i = e
+        .arena
+        .nodes()
+        .iter()
+        .position(|n| n.state == NODE_LIVE && n.first_page == page);
+    i.expect("a node holding the page") as u32
+}
+
+/// The engine's region as `Mapped` reads it, but with one more entry in
+/// the child table, `(hash, node)`, filed at the head of `hash`'s probe
+/// sequence: the entries of its cluster (up to the first empty bucket)
+/// each read one bucket further on. A probe for `hash` meets `node`
+/// first: a collision of the 32-bit hash, forged.
+struct Decoy {
+    inner: Mapped,
+    hash: u32,
+    node: u32,
+}
+
+impl Decoy {
+    fn over(e: &Engine, hash: u32, node: u32) -> TreeReader<Decoy> {
+        let base = NonNull::new(e.region().as_ptr()).expect("region");
+        TreeReader::over(Decoy {
+            // SAFETY: as `reader`'s.
+            inner: unsafe { Mapped::new(base, e.layout()) },
+            hash,
+            node,
+        })
+    }
+
+    /// Word `field` of real bucket `i`.
+    fn real(&self, i: u32, field: usize) -> u32 {
+        let layout = self.inner.layout();
+        // SAFETY: `i < buckets` (every caller masks it) and `field` is a
+        // word of `Bucket`: inside the child table.
+        unsafe {
+            self.inner
+                .word(layout.buckets_at + i as usize * size_of::<Bucket>() + field)
+        }
+    }
+}
+
+// SAFETY: every read goes to `Mapped`'s, at offsets inside the region
+// (a bucket's word read from another bucket, or not at all).
+unsafe impl TreeMem for Decoy {
+    fn layout(&self) -> EngineLayout {
+        self.inner.layout()
+    }
+    unsafe fn version(&self, at: usize) -> &Version {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.version(at) }
+    }
+    unsafe fn word(&self, at: usize) -> u32 {
+        let layout = self.inner.layout();
+        let size = size_of::<Bucket>();
+        let table = layout.buckets_at..layout.buckets_at + layout.buckets as usize * size;
+        if !table.contains(&at) {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.inner.word(at) };
+        }
+        let (i, field) = ((at - table.start) / size, (at - table.start) % size);
+        let mask = layout.buckets - 1;
+        let (home, i) = (self.hash & mask, i as u32);
+        if i == home {
+            return if field == offset_of!(Bucket, hash) {
+                self.hash
+            } else {
+                self.node
+            };
+        }
+        // Shifted if inside the cluster from `home` on (cyclically), up
+        // to and including its first empty bucket.
+        let mut j = home;
+        while j != i && self.real(j, offset_of!(Bucket, node)) != NIL {
+            j = (j + 1) & mask;
+        }
+        if j == i {
+            self.real((i + mask) & mask, field)
+        } else {
+            self.real(i, field)
+        }
+    }
+    unsafe fn same(&self, at: usize, key: &[u32]) -> bool {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.same(at, key) }
+    }
+}
+
+/// A child-table entry whose hash matches but whose node is not the
+/// child (a collision) is passed over: a node of another parent holding
+/// the same tokens, a child of the root in another namespace, a child of
+/// the same parent whose first page differs (its pages a run). The probe
+/// goes on to the real child, and the walk reads the whole key.
+#[test]
+fn a_colliding_entry_that_is_not_the_child_is_passed_over() {
+    let mut e = engine_with(&[
+        &[1, 2, 3, 4],
+        &[1, 2, 9, 9],
+        &[5, 6, 3, 4],
+        &[5, 6, 8, 8],
+        &[7, 7, 8, 8],
+    ]);
+    let ns = e.namespace("other").expect("namespace");
+    e.with_namespace(ns, |e| {
+        let pages = e.alloc(1, 2).expect("alloc");
+        e.insert(1, &[1, 2, 5, 6], &pages, false).expect("insert");
+    });
+    let pages_of = |e: &mut Engine, ns: u32, key: &[u32]| {
+        let mut pages = Vec::new();
+        e.with_namespace(ns, |e| e.peek(key, &mut pages));
+        pages
+    };
+    let key = [1, 2, 3, 4];
+    let want = pages_of(&mut e, 0, &key);
+    assert_eq!(want.len(), 2);
+    let upper = node_of(&e, want[0]);
+    let (elsewhere, other_ns, sibling) = (
+        pages_of(&mut e, 0, &[5, 6, 3, 4])[1],
+        pages_of(&mut e, ns, &[1, 2])[0],
+        pages_of(&mut e, 0, &[7, 7])[0],
+    );
+    let [elsewhere, other_ns, sibling] = [elsewhere, other_ns, sibling].map(|p| node_of(&e, p));
+    let first_page = e.arena.nodes()[sibling as usize].first_page;
+    assert_eq!(
+        e.arena.pages()[first_page as usize].owner_or_run,
+        2,
+        "a run"
+    );
+    for (parent, decoy, what) in [
+        (upper, elsewhere, "a node of another parent"),
+        (ROOT, other_ns, "a node of another namespace"),
+        (ROOT, sibling, "a sibling whose first page differs"),
+    ] {
+        let page = if parent == ROOT { &key[..2] } else { &key[2..] };
+        let r = Decoy::over(&e, child_hash(parent, 0, page), decoy);
+        let mut pages = Vec::new();
+        let peeked = r.peek_anchored(&key, &mut pages);
+        assert_eq!(peeked.map(|p| p.len), Some(4), "{what}");
+        assert_eq!(pages, want, "{what}");
+    }
+}
+
+/// A node holding every page of the pool is read whole: a count of
+/// exactly `capacity` pages is no torn copy.
+#[test]
+fn a_key_filling_the_pool_is_read() {
+    let mut e = Engine::new(Config {
+        page_size: 2,
+        capacity: 8,
+    })
+    .expect("engine");
+    let key: Vec<u32> = (1..=16).collect();
+    let pages = e.alloc(1, 8).expect("alloc");
+    e.insert(1, &key, &pages, false).expect("insert");
+    let r = reader(&e);
+    let mut out = Vec::new();
+    assert_eq!(r.peek(&key, &mut out), Some(16));
+    assert_eq!(out, pages);
+}
+
+/// A split leaves the upper half's pages with the runs they had in the
+/// whole node (runs are set once, when the leaf is made), reaching into
+/// the lower half: the walk reads a run only as far as its node goes, so
+/// the match ends in the lower half, as its anchor says.
+#[test]
+fn a_run_is_read_only_to_the_end_of_its_node() {
+    let mut e = Engine::new(Config {
+        page_size: 2,
+        capacity: 8,
+    })
+    .expect("engine");
+    let key: Vec<u32> = (1..=8).collect();
+    let pages = e.alloc(1, 4).expect("alloc");
+    e.insert(1, &key, &pages, false).expect("insert");
+    let branch = e.alloc(1, 3).expect("alloc");
+    e.insert(1, &[1, 2, 3, 4, 9, 9], &branch, false)
+        .expect("insert");
+    let (upper, lower) = (node_of(&e, pages[0]), node_of(&e, pages[2]));
+    assert_eq!(e.arena.nodes()[upper as usize].num_pages, 2, "split");
+    assert_eq!(e.arena.pages()[pages[1] as usize].owner_or_run, 3);
+    let r = reader(&e);
+    let mut out = Vec::new();
+    let peeked = r.peek_anchored(&key, &mut out).expect("peek");
+    assert_eq!(peeked.len, 8);
+    assert_eq!(out, pages);
+    let anchor = peeked.anchor.expect("a match");
+    assert_eq!((anchor.node, anchor.pages_into_node), (lower, 2));
+}
+
+/// A node whose pages are not one run (a page, a run of three, then a
+/// page apart): each page is compared with its own tokens, after a run
+/// too, and a page that differs past the first ends the match inside the
+/// node.
+#[test]
+fn pages_after_a_run_and_apart_from_it_are_read_in_turn() {
+    let mut e = Engine::new(Config {
+        page_size: 2,
+        capacity: 8,
+    })
+    .expect("engine");
+    let owned = e.alloc(1, 7).expect("alloc");
+    let pages = [owned[0], owned[1], owned[2], owned[3], owned[6]];
+    let key: Vec<u32> = (1..=10).collect();
+    e.insert(1, &key, &pages, false).expect("insert");
+    let r = reader(&e);
+    let mut out = Vec::new();
+    assert_eq!(r.peek(&key, &mut out), Some(10));
+    assert_eq!(out, pages);
+    let mut other = key.clone();
+    other[9] = 99;
+    assert_eq!(r.peek(&other, &mut out), Some(8));
+    assert_eq!(out, pages[..4]);
+}
+
+/// A node the walk stood on changes for good after it was copied, and
+/// the probe below it misses: the miss is not trusted (the node may have
+/// gained the child since), and the walk gives up after its budget.
+#[test]
+fn a_miss_below_a_node_that_changed_is_not_trusted() {
+    let (e, _, _, upper, _) = two_branches();
+    let r = Flaky::over(&e, upper, 1, u32::MAX);
+    let mut pages = Vec::new();
+    assert_eq!(r.peek(&[1, 2, 9, 9], &mut pages), None);
+}
+
+/// A node two levels down changes while the walk stands on it: the walk
+/// steps back to its parent, still valid, not to the root (the parent is
+/// copied once), drops the pages from there on, and reads the rest of
+/// the key again from the parent once the change ends.
+#[test]
+fn a_walk_resumes_at_the_deepest_frame_still_valid() {
+    let key = [1, 2, 3, 4, 5, 6];
+    let e = engine_with(&[&key, &[1, 2, 7, 7], &[1, 2, 3, 4, 8, 8]]);
+    let mut want = Vec::new();
+    assert_eq!(e.peek(&key, &mut want), 6);
+    let (upper, middle) = (node_of(&e, want[0]), node_of(&e, want[1]));
+    assert_ne!(node_of(&e, want[2]), middle, "three levels");
+    // The middle node's first load is its copy; the next two (the check
+    // after its child's copy, the resume's) see it mid-change.
+    let mut r = Flaky::over(&e, middle, 1, 2);
+    r.mem.watch =
+        e.layout().nodes_at + upper as usize * size_of::<Node>() + offset_of!(Node, state);
+    let mut pages = Vec::new();
+    assert_eq!(r.peek(&key, &mut pages), Some(6));
+    assert_eq!(pages, want);
+    assert_eq!(r.mem.loads.get(), 1, "the upper node copied once");
 }

@@ -53,7 +53,8 @@ from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixPara
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
 from sim import Sim, params, publish_runtime  # noqa: E402
 
-ROUNDS, CALLS = 7, 300
+# SGLANG_MATCH_ROUNDS: rounds of every part (7 by default).
+ROUNDS, CALLS = int(os.environ.get("SGLANG_MATCH_ROUNDS", "7")), 300
 
 
 def per_call(f, calls=CALLS) -> float:
@@ -361,6 +362,19 @@ def eagle_step_bench(ps: int) -> None:
         d.stop()
 
 
+class _UnlockAtOnce:
+    """A client whose ``unlock_later`` unlocks at once (a round trip)."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def unlock_later(self, handle):
+        self._client.unlock(handle)
+
+
 def treecore_step_bench(ps: int) -> None:
     """The scheduler step of ``step_bench`` on SGLang's ``UnifiedRadixCache``
     over its own Python and Rust cores and over the radixd TreeCore, with
@@ -392,6 +406,15 @@ def treecore_step_bench(ps: int) -> None:
     p.tree_components = (ComponentType.FULL,)
     b, where = backend()
     sims[f"UnifiedRadixCache, radixd TreeCore ({where})"] = Sim(unified_radix_cache(p, b), p)
+    if where == "daemon":
+        # The same core unlocking at once, as before unlock_later: what
+        # holding unlocks for the next request saves.
+        p = params(ps, pages, context=2 * n)
+        p.tree_components = (ComponentType.FULL,)
+        b, where = backend()
+        cache = unified_radix_cache(p, b)
+        cache.tree_core.backend = _UnlockAtOnce(b)
+        sims["UnifiedRadixCache, radixd TreeCore, unlocks at once"] = Sim(cache, p)
     p = params(ps, pages, context=2 * n)
     b, where = backend()
     sims[f"RadixdPrefixCache ({where})"] = Sim(RadixdPrefixCache(p, b), p)
@@ -426,6 +449,13 @@ if __name__ == "__main__":
     # SGLANG_MATCH_PARTS picks parts (scripts/bench-compare runs match,step).
     parts = set(os.environ.get("SGLANG_MATCH_PARTS", "match,step,hybrid,eagle,treecore").split(","))
     publish_runtime()
+    # On a host without a core to spare, a daemon spinning after a request
+    # slows torch's intra-op threads (docs/benchmarks.md, "The TreeCore's
+    # step"): SGLANG_MATCH_TORCH_THREADS sets how many torch uses.
+    if os.environ.get("SGLANG_MATCH_TORCH_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(os.environ["SGLANG_MATCH_TORCH_THREADS"]))
     for part, bench in (
         ("match", match_bench),
         ("step", step_bench),

@@ -41,7 +41,7 @@ impl Client {
     /// Drops one of this client's locks with its next request (see the
     /// module doc): no round trip now. A refusal is kept for
     /// [`Client::take_unlock_failures`]. A rank of a group, or a client
-    /// holding [`MOST_HELD`] unlocks already, sends them at once.
+    /// holding 32 unlocks already, sends them at once.
     pub fn unlock_later(&mut self, handle: Handle) -> Result<(), ClientError> {
         if self.group.is_some() {
             return self.unlock(handle);

@@ -205,9 +205,6 @@ impl Client {
         }
         self.resync()?;
         let (mut encoded, half) = self.encode(requests);
-        // The unlocks held ride ahead of the batch (`deferred`).
-        let (held, unlocks) = self.take_unlocks();
-        encoded.splice(0..0, unlocks);
         if let Some(big) = encoded
             .iter()
             .find(|e| e.payload_len() > half || e.reply_need > half)
@@ -217,6 +214,10 @@ impl Client {
                 room: half,
             });
         }
+        // The unlocks held ride ahead of the batch (`deferred`); taken only
+        // once it will be posted, so a refused batch leaves them held.
+        let (held, unlocks) = self.take_unlocks();
+        encoded.splice(0..0, unlocks);
         let mut answers = Vec::with_capacity(requests.len());
         let mut rest = &encoded[..];
         while !rest.is_empty() {

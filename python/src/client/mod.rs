@@ -7,11 +7,10 @@
 //! binding a pool, joining a group, and the store methods (in `client::store`;
 //! what they take from Python is made in `crate::store`).
 
-use std::ffi::CString;
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
-use pyo3::exceptions::{PyRuntimeWarning, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -71,7 +70,7 @@ impl Client {
     /// Runs `f` on the connection, the GIL released (while waiting for the
     /// connection too).
     /// Unlocks held for the next request that the daemon refused when it
-    /// came (`unlock_later`) are reported as a `RuntimeWarning` each.
+    /// came (`unlock_later`) are logged (`logging`, logger `radixd`).
     pub(crate) fn with<R: Send>(
         &self,
         py: Python<'_>,
@@ -83,13 +82,8 @@ impl Client {
             let r = f(c);
             PyResult::Ok((r, c.take_unlock_failures()))
         })?;
-        for (handle, why) in refused {
-            let message = format!(
-                "radixd: the unlock of {:#x} held for this call was refused: {why}",
-                handle.to_raw()
-            );
-            let message = CString::new(message).unwrap_or_default();
-            PyErr::warn(py, &py.get_type::<PyRuntimeWarning>(), &message, 1)?;
+        if !refused.is_empty() {
+            log_refused(py, &refused);
         }
         Ok(r)
     }
@@ -116,6 +110,27 @@ impl Client {
     fn components(&self) -> PyResult<Components> {
         Ok(self.components)
     }
+}
+
+/// Logs each unlock `unlock_later` held that the daemon refused, on the
+/// `radixd` logger: never an exception, which would lose the answer of the
+/// call it rode with (pages, a lock) after the daemon carried it out.
+fn log_refused(py: Python<'_>, refused: &[(Handle, radixd::op::Rejection)]) {
+    let logged = (|| -> PyResult<()> {
+        let logger = py
+            .import("logging")?
+            .call_method1("getLogger", ("radixd",))?;
+        for (handle, why) in refused {
+            let message = format!(
+                "the unlock of {:#x} held for the next call was refused: {why}",
+                handle.to_raw()
+            );
+            logger.call_method1("warning", (message,))?;
+        }
+        Ok(())
+    })();
+    // Logging itself failed (a broken handler): nothing is left to tell.
+    drop(logged);
 }
 
 // One `#[pymethods]` block per class (without pyo3's `multiple-pymethods`),
@@ -547,7 +562,7 @@ cache_methods! {
         /// then other clients see the node locked; this client's own calls
         /// all find it unlocked (lock-free reads never look at locks). A
         /// lock the daemon then refuses to drop changed nothing and is
-        /// reported as a `RuntimeWarning`, not as the call's error. At most
+        /// logged (logger `radixd`), not raised as the call's error. At most
         /// 32 are held; a rank of a group unlocks at once.
         fn unlock_later(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
             let handle = Handle::from_raw(count(handle, "handle")?);

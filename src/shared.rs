@@ -43,8 +43,10 @@ use crate::wire::{WireReply, WireRequest};
 /// words, an insert's hints, `FLAG_HINTS`); 9: `EvictLeaf`, a step of
 /// SGLang's eviction walk (the TreeCore's); 10: an `InsertWith` or
 /// `InsertPaired` without a lock answers the key's node, its lock flag off
-/// (a client of 9 took any handle in those answers for a lock).
-pub const PROTOCOL_VERSION: u32 = 10;
+/// (a client of 9 took any handle in those answers for a lock); 11: a
+/// hybrid insert (`InsertWith`, `InsertPaired`) takes an insert's hints
+/// (a daemon of 10 refuses them as malformed).
+pub const PROTOCOL_VERSION: u32 = 11;
 /// Requests (and replies) a client may have in flight.
 pub const RING_CAPACITY: u32 = 64;
 

@@ -63,11 +63,13 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 import radixd
 
 from .sglang_base import (
+    HYBRID_POLICIES,
     SGLANG_RECENCY,
     RadixdAllocatorMixin,
     _pages_tensor,
     cache_key,
     check_eviction_policy,
+    insert_hints,
     check_recency,
     dfs_weight_order,
     eviction_policy,
@@ -83,7 +85,6 @@ BACKEND_NAME = "radixd"
 
 _EMPTY_PAGES = array("I")
 
-_INT64_MAX = (1 << 63) - 1
 
 
 class RadixdNode:
@@ -325,10 +326,7 @@ class RadixdPrefixCache(BasePrefixCache):
     def _hints(self, priority: Optional[int], inserted_len: int) -> dict:
         """An insert's keywords for the eviction policy (SGLang's
         ``InsertParams.priority`` and ``inserted_len``): none under LRU."""
-        if not self._hinted:
-            return {}
-        p = int(priority or 0)
-        return {"priority": max(min(p, _INT64_MAX), -_INT64_MAX - 1), "inserted_len": max(int(inserted_len or 0), 0)}
+        return insert_hints(priority, inserted_len) if self._hinted else {}
 
     def _insert_allocating(self, tokens: Any, ns: Optional[str], hints: dict) -> InsertResult:
         """``insert`` without a value (``RadixCache`` then uses the token ids
@@ -540,10 +538,11 @@ def radixd_cache_factory(ctx: Any) -> Any:
     if getattr(params, "enable_session_radix_cache", False):
         _refuse("--enable-session-radix-cache", "radixd keeps no per-session trees")
     policy, policy_config = eviction_policy(params)
-    if policy != "lru" and (ctx.is_hybrid_swa or ctx.is_hybrid_ssm):
+    if policy not in HYBRID_POLICIES and (ctx.is_hybrid_swa or ctx.is_hybrid_ssm):
         _refuse(
             f"--radix-eviction-policy {policy} with a hybrid model",
-            "radixd's hybrid backend evicts by LRU only, as its twins against UnifiedRadixCache check",
+            f"radixd's hybrid backend evicts as UnifiedRadixCache by {', '.join(HYBRID_POLICIES)} only "
+            "(its twins check each); the others read hit counts and priorities a hybrid insert counts otherwise",
         )
     if params.enable_kv_cache_events:
         _refuse("--kv-events-config", "the daemon publishes KV events itself: radixd serve --kv-events ENDPOINT")

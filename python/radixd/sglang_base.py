@@ -311,6 +311,14 @@ def eviction_policy(params: Any) -> tuple:
     return policy, full
 
 
+#: The eviction policies radixd serves for hybrid models (FULL+SWA,
+#: FULL+MAMBA) as SGLang's ``UnifiedRadixCache`` evicts by them, each
+#: checked by the hybrid twins: those whose keys read a node's creation or
+#: last use. The others (``lfu``, ``slru``, ``priority``, ``tlru``) read an
+#: insert's hit counts or priorities, on which a hybrid insert's answers
+#: part from SGLang's (docs/hybrid.md, "Eviction policies").
+HYBRID_POLICIES = ("lru", "fifo", "mru", "filo")
+
 #: The parameters each policy takes, as ``radixd serve
 #: --eviction-policy-config`` and SGLang's strategies name them.
 POLICY_PARAMETERS = {"tlru": ("threshold", "next_prompt_estimate"), "slru": ("protected_threshold",)}
@@ -325,6 +333,18 @@ def policy_flags(policy: str, config: dict) -> str:
     if config:
         flags += f" --eviction-policy-config '{json.dumps(config, separators=(', ', ': '))}'"
     return flags
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def insert_hints(priority: Optional[int], inserted_len: Optional[int]) -> dict:
+    """What radixd's eviction policy reads of an insert (SGLang's
+    ``InsertParams.priority`` and ``inserted_len``), as ``insert`` and
+    ``insert_paired`` take them: the priority clamped to 64 bits, a
+    negative length as none."""
+    p = int(priority or 0)
+    return {"priority": max(min(p, _INT64_MAX), -_INT64_MAX - 1), "inserted_len": max(int(inserted_len or 0), 0)}
 
 
 def check_eviction_policy(client: Any, name: str, policy: str, config: dict, what: Optional[str] = None) -> None:
@@ -353,6 +373,8 @@ __all__ = [
     "check_recency",
     "unified_recency",
     "check_eviction_policy",
+    "insert_hints",
+    "HYBRID_POLICIES",
     "eviction_policy",
     "policy_flags",
     "POLICY_PARAMETERS",

@@ -69,13 +69,16 @@ from sglang.srt.utils import get_num_new_pages
 import radixd
 
 from .sglang_base import (
-    RECENCY_FLAG,
     cache_key,
     check_eviction_policy,
     check_recency,
     dfs_weight_order,
+    eviction_policy,
+    insert_hints,
     install_allocator,
     note_uncached,
+    policy_flags,
+    unified_recency,
 )
 
 
@@ -484,6 +487,10 @@ class RadixdHybridCache(BasePrefixCache):
         from sglang.srt.mem_cache.unified_cache.components.swa import SWAComponent
 
         self.backend = backend
+        # Under a policy other than LRU every insert carries the request's
+        # priority and what it inserted before, as UnifiedRadixCache's do
+        # (the policy's keys read them).
+        self._hinted = getattr(backend, "eviction_policy", "lru") != "lru"
         self.disable = params.disable
         self.req_to_token_pool = params.req_to_token_pool
         self.page_size = params.page_size
@@ -732,6 +739,8 @@ class RadixdHybridCache(BasePrefixCache):
         swa_evicted = params.get_evicted_seqlen(SWA) if self.is_swa_enabled else 0
         if swa_evicted:
             extra["swa_evicted"] = min(swa_evicted, n)
+        if self._hinted:
+            extra.update(insert_hints(params.priority, params.inserted_len))
         return pages, extra
 
     def _insert_result(self, n: int, r: Any, params: InsertParams) -> InsertResult:
@@ -905,20 +914,23 @@ def _refuse(option: str, why: str) -> None:
 
 
 def _serve_line(name: str, params: Any, is_swa: bool) -> str:
-    """The ``radixd serve`` line this model's pools need, with SGLang's
-    recency rule (under which radixd answers as ``UnifiedRadixCache``)."""
+    """The ``radixd serve`` line this model's pools need, with the server's
+    eviction policy and the recency rule under which radixd evicts by it as
+    ``UnifiedRadixCache`` does (``sglang_base.unified_recency``)."""
     alloc = params.token_to_kv_pool_allocator
     ps = params.page_size
+    policy, config = eviction_policy(params)
+    rules = f"--recency {unified_recency(policy)}{policy_flags(policy, config)}"
     if is_swa:
         return (
             f"radixd serve --name {name} --page-size {ps} --capacity {alloc.size_full // ps} "
             f"--components full,swa --swa-window {params.swa_retain_window} --swa-capacity {alloc.size_swa // ps} "
-            f"{RECENCY_FLAG}"
+            f"{rules}"
         )
     slots = params.req_to_token_pool.mamba_allocator.size
     return (
         f"radixd serve --name {name} --page-size {ps} --capacity {alloc.size // ps} "
-        f"--components full,mamba --mamba-capacity {slots} {RECENCY_FLAG}"
+        f"--components full,mamba --mamba-capacity {slots} {rules}"
     )
 
 
@@ -988,7 +1000,7 @@ def connect_hybrid(ctx: Any, name: str, pool: Optional[dict] = None, group: Any 
     scheduler's KV pool, ``radixd.sglang.pool_identity``) and, for a
     tensor-parallel rank, joining its ``group`` (``radixd.sglang.tp_group``),
     and checks its components, window and capacities against the model's
-    pools and its eviction policy (LRU)."""
+    pools and its eviction policy against the server's."""
     check_hybrid_model(ctx)
     params = ctx.params
     is_swa = bool(ctx.is_hybrid_swa)
@@ -1004,19 +1016,20 @@ def connect_hybrid(ctx: Any, name: str, pool: Optional[dict] = None, group: Any 
             f"--radix-cache-backend radixd: no radixd daemon named {name!r} ({e}). Start one first: "
             f"`{_serve_line(name, params, is_swa)}`, or set RADIXD_NAME to the name of the running one"
         ) from e
+    policy, config = eviction_policy(params)
     try:
-        # Hybrid models are served under LRU only (the factory refuses other
-        # policies for them): a daemon on another policy is refused.
-        check_eviction_policy(client, name, "lru", {})
+        # The daemon must evict by the server's policy, or the victims are
+        # not SGLang's: another is refused, naming both.
+        check_eviction_policy(client, name, policy, config)
         check_daemon(client, name, params, is_swa)
     except ValueError:
         client.close()
         raise
     logger.info(
-        "radixd: connected to %r (%s, page size %d, recency %s)",
-        name, client.components, client.page_size, client.recency,
+        "radixd: connected to %r (%s, page size %d, recency %s, eviction policy %s)",
+        name, client.components, client.page_size, client.recency, client.eviction_policy,
     )
-    check_recency(client, name)
+    check_recency(client, name, unified_recency(policy))
     return client
 
 

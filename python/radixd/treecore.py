@@ -14,7 +14,7 @@ every eviction policy SGLang 0.5.23 ships (radixd's engine evicts by the
 same one, its parameters too: a backend on another is refused naming both;
 inserts carry ``InsertParams.priority`` and ``inserted_len``, which the
 policies' keys read), EAGLE's bigram keys (the mapping of
-``sglang_base.cache_key``); FULL+SWA models under LRU (radixd's SWA
+``sglang_base.cache_key``); FULL+SWA models under lru, fifo, mru and filo (radixd's SWA
 component keeps the windows, tombstones and page pairing; the scheduler's
 ``SWATokenToKVPoolAllocator`` hands out radixd's paired pages:
 docs/sglang-parity.md, section 13); no HiCache. What is not served is
@@ -99,11 +99,13 @@ from sglang.srt.mem_cache.unified_cache.unified_tree_core_interface import (
 import radixd
 
 from .sglang_base import (
+    HYBRID_POLICIES,
     _pages_tensor,
     cache_key,
     check_eviction_policy,
     dfs_weight_order,
     eviction_policy,
+    insert_hints,
     unified_recency,
 )
 
@@ -111,8 +113,6 @@ logger = logging.getLogger(__name__)
 
 #: The name the core is registered under (``CacheInitParams.tree_core_backend``).
 BACKEND_NAME = "radixd"
-
-_INT64_MAX = (1 << 63) - 1
 
 #: The root's NodeId: no radixd handle is 0 (a handle's generation never is).
 ROOT = 0
@@ -194,7 +194,7 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
                     f"--components full,swa --swa-window {window}; it runs --components {backend.components}"
                     + (f" --swa-window {backend.swa_window}" if backend.swa_window is not None else "")
                 )
-            if policy != "lru":
+            if policy not in HYBRID_POLICIES:
                 raise _unserved(f"--radix-eviction-policy {policy} with a sliding-window model", "phase 2")
             allocator = params.token_to_kv_pool_allocator
             if getattr(allocator, "radixd_backend", None) is not backend:
@@ -370,13 +370,7 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
     def _hints(self, params: InsertParams) -> dict:
         """What the eviction policy reads of an insert, as
         ``RadixdPrefixCache`` sends it (``Request::Hinted``): none under LRU."""
-        if not self._hinted:
-            return {}
-        p = int(params.priority or 0)
-        return {
-            "priority": max(min(p, _INT64_MAX), -_INT64_MAX - 1),
-            "inserted_len": max(int(params.inserted_len or 0), 0),
-        }
+        return insert_hints(params.priority, params.inserted_len) if self._hinted else {}
 
     def _slots(self, pages: Any) -> torch.Tensor:
         """radixd pages as SGLang's KV slots, one per token."""
@@ -517,7 +511,7 @@ class RadixdTreeCore(UnifiedTreeCoreInterface):
         n = len(tokens)
         swa_evicted = min(int(params.get_evicted_seqlen(SWA) or 0), n)
         r, key_pages, _ = self.backend.insert_paired(
-            tokens, pages, lock=False, swa_evicted=swa_evicted or None, ns=ns
+            tokens, pages, lock=False, swa_evicted=swa_evicted or None, ns=ns, **self._hints(params)
         )
         handle = r.node
         path = self._slots(key_pages)

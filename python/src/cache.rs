@@ -46,7 +46,7 @@ macro_rules! cache_methods {
             /// `match_prefix`'s. `priority` and `inserted_len`: what the
             /// eviction policy reads of the insert (SGLang's
             /// `InsertParams.priority`, and the tokens of the key this
-            /// request inserted before), a full-attention insert's only.
+            /// request inserted before).
             #[pyo3(signature = (tokens, pages, lock = false, mamba_state = None, swa_evicted = None, ns = None, priority = 0, inserted_len = 0))]
             #[allow(clippy::too_many_arguments)]
             fn insert(
@@ -66,14 +66,9 @@ macro_rules! cache_methods {
                 // Without extras an insert is the plain one on any engine
                 // (and a client's may go by anchor).
                 let plain = mamba_state.is_none() && swa_evicted == 0;
-                if !plain && (priority, inserted_len) != (0, 0) {
-                    return Err(PyValueError::new_err(
-                        "priority and inserted_len take an insert without mamba_state or swa_evicted",
-                    ));
-                }
                 insert_like(tokens, pages, |tokens, pages| {
                     let request = if plain {
-                        hinted(priority, inserted_len, Request::Insert { tokens, pages, lock })
+                        Request::Insert { tokens, pages, lock }
                     } else {
                         Request::InsertWith {
                             tokens,
@@ -83,6 +78,7 @@ macro_rules! cache_methods {
                             swa_evicted,
                         }
                     };
+                    let request = hinted(priority, inserted_len, request);
                     self.run(py, in_namespace(ns, request))
                 })
             }
@@ -152,7 +148,8 @@ macro_rules! cache_methods {
             /// the SWA page paired with each of the last `tail` of them (none
             /// by default), in one round trip: `(result, pages, swa_pages)`,
             /// the pages `array.array('I')` (`NO_PAGE` where one has none).
-            #[pyo3(signature = (tokens, pages, lock = false, mamba_state = None, swa_evicted = None, tail = None, ns = None))]
+            /// `priority` and `inserted_len`: as `insert`'s.
+            #[pyo3(signature = (tokens, pages, lock = false, mamba_state = None, swa_evicted = None, tail = None, ns = None, priority = 0, inserted_len = 0))]
             #[allow(clippy::too_many_arguments)]
             fn insert_paired<'py>(
                 &self,
@@ -164,6 +161,8 @@ macro_rules! cache_methods {
                 swa_evicted: Option<&Bound<'py, PyAny>>,
                 tail: Option<&Bound<'py, PyAny>>,
                 ns: Option<String>,
+                priority: i64,
+                inserted_len: u64,
             ) -> PyResult<(InsertResult, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
                 let tail = u32::try_from(opt_count(tail, "tail")?)
                     .map_err(|_| PyValueError::new_err("tail must be below 2^32"))?;
@@ -175,6 +174,7 @@ macro_rules! cache_methods {
                     swa_evicted: opt_count(swa_evicted, "swa_evicted")?,
                     tail,
                 };
+                let request = hinted(priority, inserted_len, request);
                 reply::inserted_paired(py, self.run(py, in_namespace(ns, request))?)
             }
 

@@ -51,9 +51,33 @@ def test_parameters_and_refusals():
         radixd.Engine(1, 4, eviction_policy="slru", eviction_policy_config={"protected_threshold": "x"})
     with pytest.raises(TypeError):
         radixd.Engine(1, 4, eviction_policy="slru", eviction_policy_config=[1])
-    m = radixd.Engine(1, 4, components="full,mamba", mamba_capacity=2, eviction_policy="lru")
-    with pytest.raises(ValueError, match="priority and inserted_len"):
-        m.insert([1], m.alloc(1), mamba_state=m.alloc_state(), priority=1)
+
+
+def _hybrid_priorities(cache):
+    """A hybrid engine's inserts carry their hints too (``insert`` with
+    its extras, ``insert_paired``): under ``priority`` the one of lower
+    priority goes first, whichever came last."""
+    if cache.components == "full,mamba":
+        cache.insert([1, 1], cache.alloc(2), mamba_state=cache.alloc_state(), priority=5)
+        cache.insert_paired([2, 2], cache.alloc(2), mamba_state=cache.alloc_state(), priority=1)
+    else:
+        pages = cache.alloc(2)
+        cache.free_swa(pages[:1])
+        cache.insert([1, 1], pages, swa_evicted=1, priority=5)
+        cache.insert_paired([2, 2], cache.alloc(2), priority=1)
+    assert cache.evict(2) == 2
+    assert (cache.match_prefix([1, 1]).len, cache.match_prefix([2, 2]).len) == (2, 0)
+    cache.validate()
+
+
+@pytest.mark.parametrize("components", ["full,mamba", "full,swa"])
+def test_a_hybrid_insert_takes_hints(components, start_daemon):
+    hybrid = {"mamba_capacity": 4} if components == "full,mamba" else {"swa_window": 1, "swa_capacity": 8}
+    _hybrid_priorities(radixd.Engine(1, 8, components=components, eviction_policy="priority", **hybrid))
+    flags = ["--mamba-capacity", "4"] if components == "full,mamba" else ["--swa-window", "1", "--swa-capacity", "8"]
+    d = start_daemon("--components", components, *flags, "--eviction-policy", "priority", page_size=1, capacity=8)
+    with radixd.Client(d.name) as c:
+        _hybrid_priorities(c)
 
 
 def test_a_daemon_publishes_its_policy_and_takes_hints(start_daemon):

@@ -397,8 +397,12 @@ class HybridTwin:
         spaces: Optional[list] = None,
         eagle: bool = False,
         same_evictions: bool = False,
+        policy: str = "lru",
     ):
         assert release in self.RELEASES, release
+        # policy: both sides' --radix-eviction-policy (radixd's engine or
+        # daemon must be built with it: engine(), serve_args()).
+        self.policy = policy
         # eagle: both caches built with CacheInitParams.is_eagle (EAGLE /
         # MTP): FULL+SWA trees keyed by bigrams; FULL+MAMBA ones by tokens
         # still, as SGLang's UnifiedTreeCore keys them.
@@ -443,26 +447,34 @@ class HybridTwin:
     def make_params(self) -> CacheInitParams:
         ps = self.ps
         if self.kind == "swa":
-            return swa_params(ps, self.FULL_PAGES[ps], self.SWA_PAGES[ps], self.window(ps))
-        return mamba_params(ps, self.FULL_PAGES[ps], self.SLOTS[ps])
+            p = swa_params(ps, self.FULL_PAGES[ps], self.SWA_PAGES[ps], self.window(ps))
+        else:
+            p = mamba_params(ps, self.FULL_PAGES[ps], self.SLOTS[ps])
+        p.eviction_policy = self.policy
+        return p
 
     @classmethod
-    def serve_args(cls, kind: str, page_size: int) -> tuple:
+    def serve_args(cls, kind: str, page_size: int, policy: str = "lru") -> tuple:
         """``radixd serve`` arguments of the daemon these pools need, with
-        SGLang's recency rule (the twins compare partial evictions)."""
-        sglang = ("--recency", "sglang")
+        the recency rule under which radixd evicts by ``policy`` as
+        SGLang's unified tree does (the twins compare partial evictions)."""
+        from radixd.sglang_base import unified_recency
+
+        sglang = ("--recency", unified_recency(policy), "--eviction-policy", policy)
         if kind == "swa":
             window, pages = str(cls.window(page_size)), str(cls.SWA_PAGES[page_size])
             return ("--components", "full,swa", "--swa-window", window, "--swa-capacity", pages, *sglang)
         return ("--components", "full,mamba", "--mamba-capacity", str(cls.SLOTS[page_size]), *sglang)
 
     @classmethod
-    def engine(cls, kind: str, page_size: int) -> Any:
+    def engine(cls, kind: str, page_size: int, policy: str = "lru") -> Any:
         """An in-process ``radixd.Engine`` with the pools and rules of the
         daemon :meth:`serve_args` describes."""
         import radixd
+        from radixd.sglang_base import unified_recency
 
         ps = page_size
+        rules = {"recency": unified_recency(policy), "eviction_policy": policy}
         if kind == "swa":
             return radixd.Engine(
                 ps,
@@ -470,9 +482,9 @@ class HybridTwin:
                 components="full,swa",
                 swa_window=cls.window(ps),
                 swa_capacity=cls.SWA_PAGES[ps],
-                recency="sglang",
+                **rules,
             )
-        return radixd.Engine(ps, cls.FULL_PAGES[ps], components="full,mamba", mamba_capacity=cls.SLOTS[ps], recency="sglang")
+        return radixd.Engine(ps, cls.FULL_PAGES[ps], components="full,mamba", mamba_capacity=cls.SLOTS[ps], **rules)
 
     def same(self, what: str, x: Any, y: Any) -> None:
         assert x == y, f"op {self.ops}: {what}: SGLang {x!r}, radixd {y!r}"

@@ -26,6 +26,7 @@ import radixd
 from hybrid_sim import HybridTwin
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
+from radixd.sglang_base import HYBRID_POLICIES
 from radixd.sglang_hybrid import RadixdHybridCache
 
 OPS = int(os.environ.get("RADIXD_SGLANG_HYBRID_OPS", "1500"))
@@ -75,6 +76,47 @@ def test_through_daemon(kind, page_size, release, start_daemon, monkeypatch):
     twin = HybridTwin(kind, page_size, lambda p: radixd_cache(kind, p), seed=100 + page_size * 7 + len(kind), release=release)
     assert type(twin.b.cache) is RadixdHybridCache
     _run(twin, kind)
+
+
+# The policies other than LRU served for hybrid models (the factory
+# refuses the rest, test_policies.py): fewer steps each, every answer
+# compared all the same.
+POLICY_OPS = max(OPS // 2, 200)
+
+
+@pytest.mark.parametrize("policy", [p for p in HYBRID_POLICIES if p != "lru"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("kind", ["swa", "mamba"])
+def test_policies_in_process(kind, page_size, policy):
+    """Each policy's victims are SGLang's (``UnifiedRadixCache`` on
+    ``--radix-eviction-policy P``, radixd's engine on the same policy and
+    the recency rule ``unified_recency`` names)."""
+
+    def build(p):
+        p.tree_components = None
+        return RadixdHybridCache(p, HybridTwin.engine(kind, page_size, policy))
+
+    twin = HybridTwin(kind, page_size, build, seed=900 + page_size + len(kind) + len(policy), policy=policy)
+    for _ in range(POLICY_OPS):
+        twin.step()
+    twin.drain()
+    twin.b.cache.backend.validate()
+    assert twin.counts["evictions"] > POLICY_OPS // 50, twin.counts
+
+
+@pytest.mark.parametrize("kind", ["swa", "mamba"])
+def test_a_policy_through_the_factory_and_a_daemon(kind, start_daemon, monkeypatch):
+    from hybrid_sim import radixd_cache
+
+    ps, policy = 16, "mru"
+    d = start_daemon(*HybridTwin.serve_args(kind, ps, policy), page_size=ps, capacity=HybridTwin.FULL_PAGES[ps])
+    monkeypatch.setenv("RADIXD_NAME", d.name)
+    twin = HybridTwin(kind, ps, lambda p: radixd_cache(kind, p), seed=950 + len(kind), policy=policy)
+    assert type(twin.b.cache) is RadixdHybridCache and twin.b.cache.backend.eviction_policy == policy
+    for _ in range(POLICY_OPS):
+        twin.step()
+    twin.drain()
+    twin.b.cache.backend.validate()
 
 
 @pytest.mark.parametrize("kind", ["swa", "mamba"])

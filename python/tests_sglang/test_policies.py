@@ -370,9 +370,11 @@ def test_engine_against_unified_radix_cache(policy, config):
     assert evicted > 300
 
 
-def test_hybrid_models_keep_lru_and_refuse_another_policy_by_name(start_daemon, monkeypatch):
-    """The hybrid backend evicts by LRU only: a server on another policy is
-    refused naming the option, and so is a daemon on another policy."""
+def test_hybrid_models_refuse_a_policy_not_served_and_a_daemon_on_another_by_name(start_daemon, monkeypatch):
+    """The hybrid backend evicts by lru, fifo, mru and filo (the hybrid
+    twins check each, test_hybrid_backend.py): a server on another policy
+    is refused naming the option, and so is a daemon on another policy
+    than the server's."""
     from hybrid_sim import HybridTwin, mamba_params, publish, radixd_cache
 
     publish(1)

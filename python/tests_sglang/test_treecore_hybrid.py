@@ -23,6 +23,7 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 import radixd
 from hybrid_sim import HybridTwin
+from radixd.sglang_base import HYBRID_POLICIES
 from radixd.treecore import RadixdTreeCore, unified_radix_cache
 from test_treecore import clients_of, streaming_server  # noqa: F401 (a fixture)
 
@@ -75,6 +76,17 @@ def test_swa_in_process(page_size, release):
     seed = 1300 + page_size * 7 + len(release)
     twin = HybridTwin("swa", page_size, swa_core(swa_engine), seed=seed, release=release, same_evictions=True)
     run(twin)
+
+
+@pytest.mark.parametrize("policy", [p for p in HYBRID_POLICIES if p != "lru"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_swa_policies_in_process(page_size, policy):
+    """SGLang's controller on the radixd core under each policy served for
+    hybrid models, against its own Python core on the same policy."""
+    seed = 1400 + page_size + len(policy)
+    engine = lambda p: HybridTwin.engine("swa", p.page_size, policy)  # noqa: E731
+    twin = HybridTwin("swa", page_size, swa_core(engine), seed=seed, same_evictions=True, policy=policy)
+    run(twin, max(OPS // 2, 200))
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -85,8 +85,22 @@ impl<R: Region> Engine<R> {
         lock: bool,
         extra: InsertExtra,
     ) -> Result<(Inserted, InsertedExtra), PageError> {
-        let (node, mut inserted, ie) =
-            self.insert_node(client, tokens, pages, extra, InsertHints::default())?;
+        self.insert_with_hinted(client, tokens, pages, lock, extra, InsertHints::default())
+    }
+
+    /// [`Engine::insert_with`] with what the eviction policy reads of an
+    /// insert (see [`Engine::insert_hinted`]): a hybrid model's insert
+    /// under a policy other than LRU.
+    pub fn insert_with_hinted(
+        &mut self,
+        client: ClientId,
+        tokens: &[u32],
+        pages: &[u32],
+        lock: bool,
+        extra: InsertExtra,
+        hints: InsertHints,
+    ) -> Result<(Inserted, InsertedExtra), PageError> {
+        let (node, mut inserted, ie) = self.insert_node(client, tokens, pages, extra, hints)?;
         if lock && node != ROOT {
             inserted.handle = Some(self.lock_node(client, node));
         }

@@ -5,7 +5,8 @@
 //! this changes when what an op does changes.
 
 use crate::engine::{
-    ClientId, Component, ComponentError, Engine, InsertExtra, Inserted, InsertedExtra, Region,
+    ClientId, Component, ComponentError, Engine, InsertExtra, InsertHints, Inserted, InsertedExtra,
+    Region,
 };
 
 use super::{check_session_id, ErrorKind, Rejection, Reply, Request};
@@ -223,11 +224,13 @@ pub fn apply_with<R: Region>(
                 mamba_state,
                 swa_evicted,
             };
-            let r = engine.insert_with(client, &tokens, &pages, lock, extra);
-            spare.keep(tokens);
-            spare.keep(pages);
-            let (r, ie) = r?;
-            inserted_with(r, lock, ie)
+            insert_with(
+                engine,
+                client,
+                (tokens, pages, lock, extra),
+                InsertHints::default(),
+                spare,
+            )?
         }
         Request::EvictComponents {
             tokens,
@@ -336,43 +339,12 @@ pub fn apply_with<R: Region>(
             swa_evicted,
             tail,
         } => {
-            if tail > 0 && engine.components().swa.is_none() {
-                return Err(ComponentError::NotEnabled(Component::Swa).into());
-            }
             let extra = InsertExtra {
                 mamba_state,
                 swa_evicted,
             };
-            let r = engine.insert_with(client, &tokens, &pages, lock, extra);
-            spare.keep(pages);
-            let (r, ie) = match r {
-                Ok(done) => done,
-                Err(e) => {
-                    spare.keep(tokens);
-                    return Err(e.into());
-                }
-            };
-            // The key's pages as a `Walk` reads them now, and the pairing
-            // of the window's (which SWA tombstone recovery may have moved).
-            let mut key_pages = spare.list();
-            engine.peek(&tokens, &mut key_pages);
-            spare.keep(tokens);
-            let tail = key_pages.len().min(tail as usize);
-            let swa_pages = match tail {
-                0 => Vec::new(),
-                _ => engine.swa_pages(&key_pages[key_pages.len() - tail..])?,
-            };
-            // Without a lock the answer names the key's node (`inserted`).
-            let handle = if lock { r.handle } else { r.node };
-            Reply::InsertedPaired {
-                cached: r.cached as u64,
-                len: r.len as u64,
-                handle: handle.map(|h| h.to_raw()),
-                locked: lock,
-                mamba_exist: ie.mamba_exist,
-                pages: key_pages,
-                swa_pages,
-            }
+            let insert = (tokens, pages, lock, extra);
+            insert_paired(engine, client, insert, tail, InsertHints::default(), spare)?
         }
         Request::AllocStates { n } => Reply::States(engine.alloc_states(client, n)?),
         Request::FreeStates { states } => {
@@ -405,6 +377,34 @@ pub fn apply_with<R: Region>(
                 spare.keep(pages);
                 inserted(r?, lock)
             }
+            Request::InsertWith {
+                tokens,
+                pages,
+                lock,
+                mamba_state,
+                swa_evicted,
+            } => {
+                let extra = InsertExtra {
+                    mamba_state,
+                    swa_evicted,
+                };
+                insert_with(engine, client, (tokens, pages, lock, extra), hints, spare)?
+            }
+            Request::InsertPaired {
+                tokens,
+                pages,
+                lock,
+                mamba_state,
+                swa_evicted,
+                tail,
+            } => {
+                let extra = InsertExtra {
+                    mamba_state,
+                    swa_evicted,
+                };
+                let insert = (tokens, pages, lock, extra);
+                insert_paired(engine, client, insert, tail, hints, spare)?
+            }
             other => {
                 return Err(Rejection::new(
                     ErrorKind::Malformed,
@@ -430,6 +430,70 @@ pub fn apply_with<R: Region>(
 
 /// The answer to an `InsertWith` that did `r` and `extra`: the lock's
 /// handle, or without a lock the node's (as [`inserted`]).
+/// What an insert of a hybrid engine carries: its key, its pages, whether
+/// it locks, and its extras.
+type HybridInsert = (Vec<u32>, Vec<u32>, bool, InsertExtra);
+
+/// `insert_with` (with the policy's `hints`) and its answer.
+fn insert_with<R: Region>(
+    engine: &mut Engine<R>,
+    client: ClientId,
+    (tokens, pages, lock, extra): HybridInsert,
+    hints: InsertHints,
+    spare: &mut Spare,
+) -> Result<Reply, Rejection> {
+    let r = engine.insert_with_hinted(client, &tokens, &pages, lock, extra, hints);
+    spare.keep(tokens);
+    spare.keep(pages);
+    let (r, ie) = r?;
+    Ok(inserted_with(r, lock, ie))
+}
+
+/// `insert_paired` (with the policy's `hints`): the insert, then the key's
+/// pages as a `Walk` reads them and the pairing of the last `tail`.
+fn insert_paired<R: Region>(
+    engine: &mut Engine<R>,
+    client: ClientId,
+    (tokens, pages, lock, extra): HybridInsert,
+    tail: u32,
+    hints: InsertHints,
+    spare: &mut Spare,
+) -> Result<Reply, Rejection> {
+    if tail > 0 && engine.components().swa.is_none() {
+        return Err(ComponentError::NotEnabled(Component::Swa).into());
+    }
+    let r = engine.insert_with_hinted(client, &tokens, &pages, lock, extra, hints);
+    spare.keep(pages);
+    let (r, ie) = match r {
+        Ok(done) => done,
+        Err(e) => {
+            spare.keep(tokens);
+            return Err(e.into());
+        }
+    };
+    // The key's pages as a `Walk` reads them now, and the pairing of the
+    // window's (which SWA tombstone recovery may have moved).
+    let mut key_pages = spare.list();
+    engine.peek(&tokens, &mut key_pages);
+    spare.keep(tokens);
+    let tail = key_pages.len().min(tail as usize);
+    let swa_pages = match tail {
+        0 => Vec::new(),
+        _ => engine.swa_pages(&key_pages[key_pages.len() - tail..])?,
+    };
+    // Without a lock the answer names the key's node (`inserted`).
+    let handle = if lock { r.handle } else { r.node };
+    Ok(Reply::InsertedPaired {
+        cached: r.cached as u64,
+        len: r.len as u64,
+        handle: handle.map(|h| h.to_raw()),
+        locked: lock,
+        mamba_exist: ie.mamba_exist,
+        pages: key_pages,
+        swa_pages,
+    })
+}
+
 fn inserted_with(r: Inserted, locked: bool, extra: InsertedExtra) -> Reply {
     let handle = if locked { r.handle } else { r.node };
     Reply::InsertedWith {

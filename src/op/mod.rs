@@ -482,10 +482,17 @@ impl Request {
         }
     }
 
-    /// Whether the request can be [`Request::Hinted`]: an `insert`, or
-    /// its anchored form.
+    /// Whether the request can be [`Request::Hinted`]: an `insert`, its
+    /// anchored form, or a hybrid engine's (`insert_with`,
+    /// `insert_paired`).
     pub fn takes_hints(&self) -> bool {
-        matches!(self, Self::Insert { .. } | Self::InsertAt { .. })
+        matches!(
+            self,
+            Self::Insert { .. }
+                | Self::InsertAt { .. }
+                | Self::InsertWith { .. }
+                | Self::InsertPaired { .. }
+        )
     }
 
     /// Whether the request can be [`Request::Counted`]: every one the

@@ -54,6 +54,33 @@ fn hinted_requests() -> Vec<Request> {
             request: Box::new(hinted(0, 8, insert(false))),
         })),
         Request::Counted(Box::new(hinted(5, 0, insert(false)))),
+        // A hybrid engine's inserts take them too.
+        hinted(
+            7,
+            2,
+            Request::InsertWith {
+                tokens: vec![1, 2, 3, 4],
+                pages: vec![9, 10],
+                lock: true,
+                mamba_state: Some(3),
+                swa_evicted: 2,
+            },
+        ),
+        Request::Namespaced {
+            ns: "t".into(),
+            request: Box::new(hinted(
+                -3,
+                4,
+                Request::InsertPaired {
+                    tokens: vec![1, 2, 3, 4],
+                    pages: vec![9, 10],
+                    lock: false,
+                    mamba_state: None,
+                    swa_evicted: 0,
+                    tail: 2,
+                },
+            )),
+        },
     ]
 }
 

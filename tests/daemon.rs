@@ -1153,6 +1153,12 @@ fn an_unlock_held_rides_with_the_next_request_and_a_refused_one_is_kept_apart() 
     a.flush_unlocks().unwrap();
     assert_eq!((a.unlocks_held(), protected(&mut b)), (0, 0));
     a.flush_unlocks().unwrap();
+    // Refusals nobody takes: the newest 32 are kept, no more.
+    for _ in 0..40 {
+        a.unlock_later(h).unwrap();
+    }
+    a.flush_unlocks().unwrap();
+    assert_eq!(a.take_unlock_failures().len(), 32);
     a.free(&more).unwrap();
     a.validate().unwrap();
     assert!(a.take_unlock_failures().is_empty());

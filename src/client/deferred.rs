@@ -67,7 +67,8 @@ impl Client {
         self.deferred.held.len()
     }
 
-    /// The unlocks the daemon refused since the last call, with why.
+    /// The unlocks the daemon refused since the last call, with why (the
+    /// newest 32).
     pub fn take_unlock_failures(&mut self) -> Vec<(Handle, Rejection)> {
         std::mem::take(&mut self.deferred.failed)
     }
@@ -92,8 +93,14 @@ impl Client {
     ) {
         let n = held.len().min(answers.len());
         for (&h, answer) in held.iter().zip(answers.drain(..n)) {
+            // The newest refusals are kept, as many as may be held: a caller
+            // that never takes them does not grow this without end.
             if let Err(r) = answer {
-                self.deferred.failed.push((Handle::from_raw(h), r));
+                let failed = &mut self.deferred.failed;
+                if failed.len() == MOST_HELD {
+                    failed.remove(0);
+                }
+                failed.push((Handle::from_raw(h), r));
             }
         }
     }

@@ -428,8 +428,6 @@ pub fn apply_with<R: Region>(
     })
 }
 
-/// The answer to an `InsertWith` that did `r` and `extra`: the lock's
-/// handle, or without a lock the node's (as [`inserted`]).
 /// What an insert of a hybrid engine carries: its key, its pages, whether
 /// it locks, and its extras.
 type HybridInsert = (Vec<u32>, Vec<u32>, bool, InsertExtra);
@@ -494,6 +492,8 @@ fn insert_paired<R: Region>(
     })
 }
 
+/// The answer to an `InsertWith` that did `r` and `extra`: the lock's
+/// handle, or without a lock the node's (as [`inserted`]).
 fn inserted_with(r: Inserted, locked: bool, extra: InsertedExtra) -> Reply {
     let handle = if locked { r.handle } else { r.node };
     Reply::InsertedWith {

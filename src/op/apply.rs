@@ -213,24 +213,8 @@ pub fn apply_with<R: Region>(
                 mamba_state: extra.mamba_state,
             }
         }
-        Request::InsertWith {
-            tokens,
-            pages,
-            lock,
-            mamba_state,
-            swa_evicted,
-        } => {
-            let extra = InsertExtra {
-                mamba_state,
-                swa_evicted,
-            };
-            insert_with(
-                engine,
-                client,
-                (tokens, pages, lock, extra),
-                InsertHints::default(),
-                spare,
-            )?
+        request @ (Request::InsertWith { .. } | Request::InsertPaired { .. }) => {
+            hybrid_insert(engine, client, request, InsertHints::default(), spare)?
         }
         Request::EvictComponents {
             tokens,
@@ -331,21 +315,6 @@ pub fn apply_with<R: Region>(
                 swa_pages,
             }
         }
-        Request::InsertPaired {
-            tokens,
-            pages,
-            lock,
-            mamba_state,
-            swa_evicted,
-            tail,
-        } => {
-            let extra = InsertExtra {
-                mamba_state,
-                swa_evicted,
-            };
-            let insert = (tokens, pages, lock, extra);
-            insert_paired(engine, client, insert, tail, InsertHints::default(), spare)?
-        }
         Request::AllocStates { n } => Reply::States(engine.alloc_states(client, n)?),
         Request::FreeStates { states } => {
             let freed = engine.free_states(client, &states);
@@ -377,33 +346,8 @@ pub fn apply_with<R: Region>(
                 spare.keep(pages);
                 inserted(r?, lock)
             }
-            Request::InsertWith {
-                tokens,
-                pages,
-                lock,
-                mamba_state,
-                swa_evicted,
-            } => {
-                let extra = InsertExtra {
-                    mamba_state,
-                    swa_evicted,
-                };
-                insert_with(engine, client, (tokens, pages, lock, extra), hints, spare)?
-            }
-            Request::InsertPaired {
-                tokens,
-                pages,
-                lock,
-                mamba_state,
-                swa_evicted,
-                tail,
-            } => {
-                let extra = InsertExtra {
-                    mamba_state,
-                    swa_evicted,
-                };
-                let insert = (tokens, pages, lock, extra);
-                insert_paired(engine, client, insert, tail, hints, spare)?
+            request @ (Request::InsertWith { .. } | Request::InsertPaired { .. }) => {
+                hybrid_insert(engine, client, request, hints, spare)?
             }
             other => {
                 return Err(Rejection::new(
@@ -428,38 +372,46 @@ pub fn apply_with<R: Region>(
     })
 }
 
-/// What an insert of a hybrid engine carries: its key, its pages, whether
-/// it locks, and its extras.
-type HybridInsert = (Vec<u32>, Vec<u32>, bool, InsertExtra);
-
-/// `insert_with` (with the policy's `hints`) and its answer.
-fn insert_with<R: Region>(
+/// A hybrid engine's insert (`InsertWith`, or `InsertPaired`: the insert,
+/// then the key's pages as a `Walk` reads them and the pairing of the last
+/// `tail`), with the policy's `hints`, and its answer.
+fn hybrid_insert<R: Region>(
     engine: &mut Engine<R>,
     client: ClientId,
-    (tokens, pages, lock, extra): HybridInsert,
+    request: Request,
     hints: InsertHints,
     spare: &mut Spare,
 ) -> Result<Reply, Rejection> {
-    let r = engine.insert_with_hinted(client, &tokens, &pages, lock, extra, hints);
-    spare.keep(tokens);
-    spare.keep(pages);
-    let (r, ie) = r?;
-    Ok(inserted_with(r, lock, ie))
-}
-
-/// `insert_paired` (with the policy's `hints`): the insert, then the key's
-/// pages as a `Walk` reads them and the pairing of the last `tail`.
-fn insert_paired<R: Region>(
-    engine: &mut Engine<R>,
-    client: ClientId,
-    (tokens, pages, lock, extra): HybridInsert,
-    tail: u32,
-    hints: InsertHints,
-    spare: &mut Spare,
-) -> Result<Reply, Rejection> {
-    if tail > 0 && engine.components().swa.is_none() {
+    let (tokens, pages, lock, mamba_state, swa_evicted, tail) = match request {
+        Request::InsertWith {
+            tokens,
+            pages,
+            lock,
+            mamba_state,
+            swa_evicted,
+        } => (tokens, pages, lock, mamba_state, swa_evicted, None),
+        Request::InsertPaired {
+            tokens,
+            pages,
+            lock,
+            mamba_state,
+            swa_evicted,
+            tail,
+        } => (tokens, pages, lock, mamba_state, swa_evicted, Some(tail)),
+        other => {
+            return Err(Rejection::new(
+                ErrorKind::Malformed,
+                format!("{} is not a hybrid insert", other.name()),
+            ))
+        }
+    };
+    if tail.is_some_and(|t| t > 0) && engine.components().swa.is_none() {
         return Err(ComponentError::NotEnabled(Component::Swa).into());
     }
+    let extra = InsertExtra {
+        mamba_state,
+        swa_evicted,
+    };
     let r = engine.insert_with_hinted(client, &tokens, &pages, lock, extra, hints);
     spare.keep(pages);
     let (r, ie) = match r {
@@ -468,6 +420,10 @@ fn insert_paired<R: Region>(
             spare.keep(tokens);
             return Err(e.into());
         }
+    };
+    let Some(tail) = tail else {
+        spare.keep(tokens);
+        return Ok(inserted_with(r, lock, ie));
     };
     // The key's pages as a `Walk` reads them now, and the pairing of the
     // window's (which SWA tombstone recovery may have moved).

@@ -251,8 +251,7 @@ impl<R: Region> Engine<R> {
         walked.clear();
         self.path_pages(anchor.node, anchor.pages_into_node, &mut walked);
         let walk = self.arena.walk_on(start, key, &mut walked);
-        let cached = walk.pages * p;
-        let (node, _) = self.insert_walked(
+        let (node, _, cached) = self.insert_walked(
             client,
             walk,
             walked,
@@ -264,7 +263,7 @@ impl<R: Region> Engine<R> {
         )?;
         let handle = lock.then(|| self.lock_node(client, node));
         Ok(Inserted {
-            cached,
+            cached: cached * p,
             len: matched_pages * p + len,
             handle,
             node: (node != ROOT).then(|| self.handle_of(node)),

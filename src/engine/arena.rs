@@ -5,6 +5,7 @@ use std::mem::size_of;
 use super::config::ConfigError;
 use super::event::CacheEvent;
 use super::grace::Retirement;
+use super::host::HostTier;
 use super::hybrid::Hybrid;
 use super::layout::{
     Bucket, EngineLayout, Header, Node, Page, ENGINE_VERSION, NIL, NODE_FREE, NODE_LIVE, PAGE_FREE,
@@ -44,6 +45,8 @@ pub(crate) struct Arena<R> {
     pub(crate) lru: Lru,
     /// The secondary components (`hybrid`); `None` when only FULL is on.
     pub(crate) hybrid: Option<Box<Hybrid>>,
+    /// The host tier (`host`); `None` when the layout has no host pages.
+    pub(crate) host: Option<Box<HostTier>>,
     /// The namespace the operation under way works in (0: the default);
     /// only walks from the root and leaves hung under it read it (see
     /// [`super::Engine::with_namespace`]).
@@ -79,6 +82,8 @@ impl<R: Region> Arena<R> {
             retire: None,
             lru: Lru::new(layout.node_cap),
             hybrid: None,
+            host: (layout.host_capacity > 0)
+                .then(|| Box::new(HostTier::new(layout.host_capacity, layout.node_cap))),
             ns: 0,
         };
         arena.format();
@@ -102,6 +107,9 @@ impl<R: Region> Arena<R> {
         if let Some(h) = self.hybrid.as_deref_mut() {
             h.clear();
         }
+        if let Some(t) = self.host.as_deref_mut() {
+            t.clear();
+        }
         for i in 0..nodes {
             self.version(i).end();
         }
@@ -122,7 +130,7 @@ impl<R: Region> Arena<R> {
             components: self.hybrid.as_deref().map_or(0, |h| h.header_bits()),
             swa_window: self.hybrid.as_deref().map_or(0, |h| h.window()),
             owned_pages: 0,
-            _pad: 0,
+            host_capacity: l.host_capacity,
             total_tokens: 0,
             evictable_tokens: 0,
             protected_tokens: 0,

@@ -59,7 +59,14 @@ pub(crate) struct Namespaces {
 impl Engine<HeapRegion> {
     /// An empty engine on the heap.
     pub fn new(config: Config) -> Result<Self, ConfigError> {
-        let layout = EngineLayout::new(config.page_size, config.capacity)?;
+        Self::with_host(config, 0)
+    }
+
+    /// An empty engine on the heap with a host tier of `host_pages` pages
+    /// (see `host`; 0: none): device nodes evicted with a host copy stay,
+    /// host-only, until host eviction takes them.
+    pub fn with_host(config: Config, host_pages: u32) -> Result<Self, ConfigError> {
+        let layout = EngineLayout::with_host(config.page_size, config.capacity, host_pages)?;
         let region = HeapRegion::zeroed(layout.size()).ok_or(ConfigError::OutOfMemory {
             bytes: layout.size(),
         })?;
@@ -84,6 +91,12 @@ impl<R: Region> Engine<R> {
     /// (their pools start empty of data: every SWA page and state free).
     pub fn set_components(&mut self, components: Components) -> Result<(), ComponentsError> {
         components.check()?;
+        if self.arena.host.is_some() && !components.is_full_only() {
+            return Err(ComponentsError(
+                "the host tier serves full attention alone: SWA and MAMBA have no host copy yet"
+                    .to_owned(),
+            ));
+        }
         let l = self.arena.layout;
         self.arena.hybrid = Hybrid::new(components, l.node_cap, l.capacity);
         self.reset();
@@ -215,6 +228,9 @@ impl<R: Region> Engine<R> {
         let all = |on: bool| if on { u64::MAX } else { 0 };
         // Cannot fail: only the components this engine keeps are asked for.
         let _ = self.evict_components(u64::MAX, all(c.swa.is_some()), all(c.mamba.is_some()));
+        // Eviction demoted what had a host copy; those copies live in the
+        // bound server's host pool, which goes with its binding.
+        self.evict_host(u64::MAX, &mut Vec::new());
     }
 
     /// Empties the cache: every page free, every lock and handle gone.

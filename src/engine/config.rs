@@ -20,6 +20,8 @@ pub enum ConfigError {
     PageSize(u32),
     /// Capacity outside `1..=2^30` pages.
     Capacity(u32),
+    /// A host tier larger than `2^30` pages less the device pool.
+    HostCapacity(u32),
     /// A valid page size and capacity whose region would not fit this
     /// machine's address space.
     TooLarge { page_size: u32, capacity: u32 },
@@ -34,6 +36,11 @@ impl fmt::Display for ConfigError {
         match *self {
             Self::PageSize(p) => write!(f, "page size {p} is outside 1..=1024"),
             Self::Capacity(c) => write!(f, "capacity {c} is outside 1..=2^30 pages"),
+            Self::HostCapacity(h) => write!(
+                f,
+                "a host tier of {h} pages is too large: device and host pages together are at \
+                 most 2^30"
+            ),
             Self::TooLarge {
                 page_size,
                 capacity,

@@ -62,7 +62,9 @@ pub(crate) struct Header {
     pub swa_window: u32,
     /// Pages owned by clients (allocated, not yet inserted or freed).
     pub owned_pages: u32,
-    pub _pad: u32,
+    /// Pages in the server's host pool the host tier indexes (0: no host
+    /// tier; see `host`).
+    pub host_capacity: u32,
     /// Tokens cached in the tree.
     pub total_tokens: u64,
     /// Cached tokens on nodes with `lock_ref == 0`.
@@ -79,6 +81,10 @@ pub(crate) struct Header {
 /// Node state word values.
 pub(crate) const NODE_FREE: u32 = 0;
 pub(crate) const NODE_LIVE: u32 = 1;
+/// A node whose device pages were evicted while its host copy stays
+/// (SGLang's "evicted and backuped"): out of the child table, no pages, its
+/// handle still good (see `host`). Readers take it as gone.
+pub(crate) const NODE_HOST: u32 = 2;
 
 /// One radix-tree node: a compressed edge of whole pages.
 ///
@@ -189,6 +195,8 @@ const _: () = assert!(align_of::<Header>() <= REGION_ALIGN);
 pub struct EngineLayout {
     pub(crate) page_size: u32,
     pub(crate) capacity: u32,
+    /// Host pages indexed by the host tier (0: none).
+    pub(crate) host_capacity: u32,
     pub(crate) node_cap: u32,
     pub(crate) buckets: u32,
     pub(crate) header_at: usize,
@@ -209,17 +217,35 @@ impl EngineLayout {
     /// Computes the layout of an engine with `capacity` pages of `page_size`
     /// tokens.
     pub fn new(page_size: u32, capacity: u32) -> Result<Self, ConfigError> {
+        Self::with_host(page_size, capacity, 0)
+    }
+
+    /// The layout of an engine whose host tier indexes `host_capacity`
+    /// host pages besides its `capacity` device pages: every host page may
+    /// hold a host-only node, so the node table grows by as many slots (the
+    /// child table does not: host-only nodes are not filed in it).
+    pub fn with_host(
+        page_size: u32,
+        capacity: u32,
+        host_capacity: u32,
+    ) -> Result<Self, ConfigError> {
         if !(1..=MAX_PAGE_SIZE).contains(&page_size) {
             return Err(ConfigError::PageSize(page_size));
         }
         if !(1..=MAX_CAPACITY).contains(&capacity) {
             return Err(ConfigError::Capacity(capacity));
         }
-        // Every non-root node holds at least one page.
-        let node_cap = capacity + 1;
+        if host_capacity > MAX_CAPACITY - capacity {
+            return Err(ConfigError::HostCapacity(host_capacity));
+        }
+        // Every non-root node holds at least one page, device or host.
+        let node_cap = capacity + host_capacity + 1;
         // Load factor at most about 1/2 keeps linear probes short; 2^31
         // buckets (what 2^30 pages get) is the most a u32 mask addresses.
-        let buckets = (2 * node_cap as u64).next_power_of_two().min(1 << 31) as u32;
+        // Only device nodes are filed.
+        let buckets = (2 * (u64::from(capacity) + 1))
+            .next_power_of_two()
+            .min(1 << 31) as u32;
         let (cap, nodes) = (capacity as usize, node_cap as usize);
         // The child table's version has a cache line of its own at offset
         // 0, where `format` (which rewrites the header) never touches it.
@@ -244,6 +270,7 @@ impl EngineLayout {
         Ok(Self {
             page_size,
             capacity,
+            host_capacity,
             node_cap,
             buckets,
             header_at,

@@ -4,7 +4,7 @@
 
 use super::cache::{ClientId, Engine};
 use super::error::HandleError;
-use super::layout::{NODE_LIVE, ROOT};
+use super::layout::{NODE_HOST, NODE_LIVE, ROOT};
 use super::region::Region;
 
 /// Names a tree node: its index and the generation it had when named, so a
@@ -96,7 +96,10 @@ impl<R: Region> Engine<R> {
         }
     }
 
-    fn resolve(&self, raw: u64) -> Result<u32, HandleError> {
+    /// The node `raw` names: a device node, or a host-only one (see
+    /// `host`), which a lock may name too (SGLang locks the host-only
+    /// segment a load-back fills).
+    pub(super) fn resolve(&self, raw: u64) -> Result<u32, HandleError> {
         let h = Handle::from_raw(raw);
         let node = self
             .arena
@@ -108,7 +111,9 @@ impl<R: Region> Engine<R> {
             Some(n) if h.generation == 0 || h.generation > n.generation => {
                 Err(HandleError::Unknown(raw))
             }
-            Some(n) if n.state != NODE_LIVE || n.generation != h.generation => {
+            Some(n)
+                if !matches!(n.state, NODE_LIVE | NODE_HOST) || n.generation != h.generation =>
+            {
                 Err(HandleError::Stale(raw))
             }
             Some(_) => Ok(h.index),

@@ -28,6 +28,7 @@ mod event;
 mod facts;
 mod grace;
 mod heap;
+mod host;
 mod hybrid;
 pub mod layout;
 mod limbo;
@@ -54,6 +55,7 @@ pub use config::{Config, ConfigError};
 pub use error::{AnchorError, HandleError, InvariantError, PageError};
 pub use event::CacheEvent;
 pub use grace::Grace;
+pub use host::{HostError, HostMatched, HostNode, HostStats};
 pub use hybrid::{
     Component, ComponentError, ComponentStats, Components, ComponentsError, Evicted, InsertExtra,
     InsertedExtra, MambaConfig, MatchExtra, SwaConfig, MAX_STATES,

@@ -122,12 +122,12 @@ impl<R: Region> Engine<R> {
         let mut walked = std::mem::take(&mut self.walked);
         walked.clear();
         let walk = self.arena.walk(key, &mut walked);
-        let cached = walk.pages * self.page_size() as usize;
-        let (node, ie) = self.insert_walked(client, walk, walked, key, 0, pages, extra, hints)?;
+        let (node, ie, cached) =
+            self.insert_walked(client, walk, walked, key, 0, pages, extra, hints)?;
         Ok((
             node,
             Inserted {
-                cached,
+                cached: cached * self.page_size() as usize,
                 len,
                 handle: None,
                 node: (node != ROOT).then(|| self.handle_of(node)),
@@ -151,7 +151,11 @@ impl<R: Region> Engine<R> {
     /// pages are `walked`: `key` is the key from page `base` on, `pages`
     /// one per page of the whole key (count and range checked). Claims the
     /// pages not already cached at their place, returns duplicates to the
-    /// pool, hangs the uncached rest as a new leaf; all or nothing.
+    /// pool, hangs the uncached rest as a new leaf; all or nothing. With a
+    /// host tier, the host-only nodes the rest runs into first take the
+    /// insert's pages there (see `host`). Returns the node covering the key
+    /// and the pages of it cached before (host-only ones included, as
+    /// SGLang's `prefix_len` counts them).
     #[allow(clippy::too_many_arguments)] // one call per insert form; a struct would only rename them
     pub(super) fn insert_walked(
         &mut self,
@@ -163,7 +167,7 @@ impl<R: Region> Engine<R> {
         pages: &[u32],
         extra: InsertExtra,
         hints: InsertHints,
-    ) -> Result<(u32, InsertedExtra), PageError> {
+    ) -> Result<(u32, InsertedExtra, usize), PageError> {
         let cached = walk.pages;
         let same = |i: usize, page: u32| i < cached && walked[i] == page;
         let hybrid = self.arena.hybrid.is_some() || extra != InsertExtra::default();
@@ -188,6 +192,10 @@ impl<R: Region> Engine<R> {
         }
         self.walked = walked;
         let p = self.page_size() as usize;
+        let mut cached = cached;
+        if self.arena.host.is_some() && cached < pages.len() {
+            (node, cached) = self.host_relink(node, &key[(cached - base) * p..], pages, cached);
+        }
         if cached < pages.len() {
             node = self
                 .arena
@@ -206,7 +214,7 @@ impl<R: Region> Engine<R> {
             }
             self.arena.hy_refresh(node, false);
         }
-        Ok((node, ie))
+        Ok((node, ie, cached))
     }
 
     /// The checks of an insert's extras, before anything changes: a state

@@ -168,6 +168,7 @@ impl<R: Region> Arena<R> {
     fn split(&mut self, child: u32, at: u32, upper: u32) -> u32 {
         let m = self.node_change(child, |a| a.split_inner(child, at, upper));
         self.hy_split(m, child);
+        self.host_split(m, child, upper);
         self.facts_split(m, child, upper);
         m
     }
@@ -239,20 +240,51 @@ impl<R: Region> Arena<R> {
     }
 
     fn add_leaf_inner(&mut self, parent: u32, key: &[u32], pages: &[u32]) -> u32 {
-        let p = self.page_size();
-        if self.recording() {
-            let parent_page = self.run_parent(parent);
-            let pages_copy = self.record_copy(pages);
-            let tokens = self.record_copy(&key[..pages.len() * p]);
-            let ns = self.leaf_namespace(parent);
-            self.record(|_| CacheEvent::Stored {
-                parent: parent_page,
-                pages: pages_copy,
-                tokens,
-                ns,
-            });
-        }
+        self.record_stored(parent, key, pages);
         let leaf = self.node_alloc();
+        let ns = self.leaf_namespace(parent);
+        {
+            let n = &mut self.nodes_mut()[leaf as usize];
+            n.parent = parent;
+            n.ns = ns;
+        }
+        self.fill(leaf, key, pages);
+        // The leaf is complete before the table can lead to it.
+        self.version(leaf).end();
+        self.table_insert(leaf);
+        self.nodes_mut()[parent as usize].children += 1;
+        self.facts_leaf(leaf, parent);
+        self.lru.stamp(leaf);
+        self.refile(leaf);
+        self.refile(parent);
+        self.count_cached(leaf, pages.len());
+        leaf
+    }
+
+    /// Records that `pages` (with the tokens `key`) became cached below
+    /// `parent`, while KV events are recorded.
+    pub(crate) fn record_stored(&mut self, parent: u32, key: &[u32], pages: &[u32]) {
+        if !self.recording() {
+            return;
+        }
+        let p = self.page_size();
+        let parent_page = self.run_parent(parent);
+        let pages_copy = self.record_copy(pages);
+        let tokens = self.record_copy(&key[..pages.len() * p]);
+        let ns = self.leaf_namespace(parent);
+        self.record(|_| CacheEvent::Stored {
+            parent: parent_page,
+            pages: pages_copy,
+            tokens,
+            ns,
+        });
+    }
+
+    /// Gives `node` (inside its version, its parent and namespace set)
+    /// `pages` (claimed by the caller) holding the tokens `key`, one page
+    /// per `page_size` tokens, and the hash it is filed under.
+    pub(crate) fn fill(&mut self, node: u32, key: &[u32], pages: &[u32]) {
+        let p = self.page_size();
         let mut prev = NIL;
         // Runs of consecutive ids: their records lie side by side, so each
         // run's are numbered in one pass over one slice.
@@ -278,31 +310,28 @@ impl<R: Region> Arena<R> {
             }
             prev = page;
         }
-        let ns = self.leaf_namespace(parent);
-        let hash = child_hash(parent, ns, &key[..p]);
-        {
-            let n = &mut self.nodes_mut()[leaf as usize];
-            n.parent = parent;
-            n.ns = ns;
-            n.first_page = pages[0];
-            n.last_page = prev;
-            n.num_pages = pages.len() as u32;
-            n.hash = hash;
-        }
-        // The leaf is complete before the table can lead to it.
-        self.version(leaf).end();
-        self.table_insert(leaf);
-        self.nodes_mut()[parent as usize].children += 1;
-        self.facts_leaf(leaf, parent);
-        self.lru.stamp(leaf);
-        self.refile(leaf);
-        self.refile(parent);
-        let tokens = (pages.len() * p) as u64;
+        let n = self.nodes()[node as usize];
+        let hash = child_hash(n.parent, n.ns, &key[..p]);
+        let n = &mut self.nodes_mut()[node as usize];
+        n.first_page = pages[0];
+        n.last_page = prev;
+        n.num_pages = pages.len() as u32;
+        n.hash = hash;
+    }
+
+    /// Counts the `pages` just cached on `node` (owned by a client until
+    /// now): cached tokens, evictable or protected as `node` is locked.
+    pub(crate) fn count_cached(&mut self, node: u32, pages: usize) {
+        let tokens = (pages * self.page_size()) as u64;
+        let locked = self.nodes()[node as usize].lock_ref > 0;
         let h = self.hdr_mut();
-        h.owned_pages -= pages.len() as u32;
+        h.owned_pages -= pages as u32;
         h.total_tokens += tokens;
-        h.evictable_tokens += tokens;
-        leaf
+        if locked {
+            h.protected_tokens += tokens;
+        } else {
+            h.evictable_tokens += tokens;
+        }
     }
 
     /// Takes a lock on `node` and every ancestor (the root excluded), moving
@@ -312,8 +341,10 @@ impl<R: Region> Arena<R> {
     pub fn lock_path(&mut self, node: u32) -> u32 {
         self.lock_path_inner(node);
         let serial = self.hy_lock(node);
-        // Only `node` can be a leaf: its ancestors have children.
+        // Only `node` can be a leaf: its ancestors have children (but for
+        // the device node above a host-only one: `host_relocked`).
         self.refile(node);
+        self.host_relocked(node);
         serial
     }
 
@@ -339,6 +370,7 @@ impl<R: Region> Arena<R> {
         self.unlock_path_inner(node);
         self.hy_unlock(node, serial);
         self.refile(node);
+        self.host_relocked(node);
     }
 
     fn unlock_path_inner(&mut self, mut node: u32) {
@@ -373,7 +405,13 @@ impl<R: Region> Arena<R> {
             };
             visited += 1;
             let n = u64::from(self.nodes()[victim as usize].num_pages);
-            let take = (want - freed).min(n);
+            // A node with a host copy loses its device pages whole (it is
+            // demoted, as SGLang's HiCache frees a backed-up leaf's value).
+            let take = if self.backed(victim) {
+                n
+            } else {
+                (want - freed).min(n)
+            };
             self.evict_leaf(victim, take);
             freed += take;
         }
@@ -385,9 +423,16 @@ impl<R: Region> Arena<R> {
     /// Trims `take` pages from the end of the unlocked leaf `victim`,
     /// removing it when that is all of them (its parent may then become a
     /// candidate: usually the next victim, its stamp being the next after
-    /// its last child's under root-MRU chains).
+    /// its last child's under root-MRU chains). A victim with a host copy
+    /// that loses all its pages is demoted instead: it stays, host-only
+    /// (see `host`).
     pub(crate) fn evict_leaf(&mut self, victim: u32, take: u64) {
         let n = self.nodes()[victim as usize];
+        let whole = take == u64::from(n.num_pages);
+        let demote = whole && self.backed(victim);
+        if demote {
+            self.host_keep_tokens(victim);
+        }
         let mut gone = if self.recording() {
             Vec::with_capacity(take as usize)
         } else {
@@ -401,8 +446,9 @@ impl<R: Region> Arena<R> {
                 gone.push(page);
             }
         }
-        let whole = take == u64::from(n.num_pages);
-        if whole {
+        if demote {
+            self.demote_unversioned(victim);
+        } else if whole {
             self.node_remove(victim);
         }
         self.version(victim).end();
@@ -411,6 +457,9 @@ impl<R: Region> Arena<R> {
         if whole {
             self.lru.remove(victim);
             self.refile(n.parent);
+        }
+        if demote {
+            self.host_refile(victim);
         }
         self.hdr_mut().evicted_pages += take;
     }
@@ -458,7 +507,7 @@ impl<R: Region> Arena<R> {
     /// Takes a free slot and makes it an empty live node, with its version
     /// begun: the caller fills it, then ends the version before anything
     /// (the child table) leads a reader to it.
-    fn node_alloc(&mut self) -> u32 {
+    pub(crate) fn node_alloc(&mut self) -> u32 {
         let node = self.hdr().node_free;
         // Cannot run dry: each non-root node holds a page of its own, and
         // there are `capacity + 1` slots.

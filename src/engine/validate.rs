@@ -7,7 +7,8 @@ use super::cache::Engine;
 use super::error::InvariantError;
 use super::heap::Heap;
 use super::layout::{
-    NIL, NODE_FREE, NODE_LIVE, PAGE_CACHED, PAGE_CLAIMED, PAGE_FREE, PAGE_OWNED, PAGE_RETIRED, ROOT,
+    NIL, NODE_FREE, NODE_HOST, NODE_LIVE, PAGE_CACHED, PAGE_CLAIMED, PAGE_FREE, PAGE_OWNED,
+    PAGE_RETIRED, ROOT,
 };
 use super::policy::Key;
 use super::region::Region;
@@ -76,10 +77,16 @@ impl<R: Region> Engine<R> {
         let mut cached_by = vec![NIL; cap];
         let mut children = vec![0u32; nodes.len()];
         let (mut live, mut total, mut evictable, mut protected) = (0u32, 0u64, 0u64, 0u64);
+        let mut host_only = 0u32;
         for (i, n) in nodes.iter().enumerate() {
             let i = i as u32;
             match n.state {
                 NODE_FREE => continue,
+                // Checked with the host tier (`validate_host`).
+                NODE_HOST => {
+                    host_only += 1;
+                    continue;
+                }
                 NODE_LIVE => live += 1,
                 s => ensure!(false, "node {i} has state {s}"),
             }
@@ -214,7 +221,7 @@ impl<R: Region> Engine<R> {
             at = nodes[at as usize].link;
         }
         ensure!(
-            free_nodes + live + limbo_nodes == nodes.len() as u32,
+            free_nodes + live + host_only + limbo_nodes == nodes.len() as u32,
             "node slots leak"
         );
 
@@ -230,7 +237,7 @@ impl<R: Region> Engine<R> {
         let mut expect = vec![0u32; nodes.len()];
         for (&node, &count) in &direct {
             ensure!(
-                nodes[node as usize].state == NODE_LIVE,
+                matches!(nodes[node as usize].state, NODE_LIVE | NODE_HOST),
                 "lock held on free node {node}"
             );
             let mut at = node;
@@ -240,7 +247,7 @@ impl<R: Region> Engine<R> {
             }
         }
         for (i, n) in nodes.iter().enumerate() {
-            if n.state == NODE_LIVE && i as u32 != ROOT {
+            if matches!(n.state, NODE_LIVE | NODE_HOST) && i as u32 != ROOT {
                 ensure!(
                     n.lock_ref == expect[i],
                     "node {i} lock_ref {} but {} locks below",
@@ -308,7 +315,8 @@ impl<R: Region> Engine<R> {
             "{leaves} unlocked leaves, {} LRU candidates",
             heap.len()
         );
-        self.validate_components()
+        self.validate_components()?;
+        self.validate_host()
     }
 
     /// The eviction policy's heap (none under LRU): every key as the

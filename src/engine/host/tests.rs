@@ -1,0 +1,577 @@
+//! Unit tests of the host tier, over engines built on the heap.
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::engine::{Config, Engine};
+
+const P: u32 = 2;
+
+fn engine(capacity: u32, host: u32) -> Engine {
+    Engine::with_host(
+        Config {
+            page_size: P,
+            capacity,
+        },
+        host,
+    )
+    .expect("engine")
+}
+
+fn insert(e: &mut Engine, key: &[u32]) -> Handle {
+    let pages = e.alloc(1, key.len() as u64 / u64::from(P)).expect("alloc");
+    let ins = e.insert(1, key, &pages, false).expect("insert");
+    e.validate().expect("valid after insert");
+    ins.node.expect("a node")
+}
+
+/// Backs up the chain down to `h` from a host page counter.
+fn back_up(e: &mut Engine, h: Handle, next: &mut u32) {
+    for node in e.backup_chain(h.to_raw()).expect("chain") {
+        let n = e.host_node(node.to_raw()).expect("node").device_pages;
+        let pages: Vec<u32> = (*next..*next + n).collect();
+        *next += n;
+        e.backup(node.to_raw(), &pages).expect("backup");
+        e.validate().expect("valid after backup");
+    }
+}
+
+fn match_host(e: &mut Engine, key: &[u32]) -> (HostMatched, Vec<u32>, Vec<u32>) {
+    let (mut pages, mut host) = (Vec::new(), Vec::new());
+    let m = e.match_host(key, &mut pages, &mut host);
+    e.validate().expect("valid after match");
+    (m, pages, host)
+}
+
+#[test]
+fn a_demoted_node_keeps_its_handle_and_loads_back() {
+    let mut e = engine(8, 16);
+    let a = [1, 2, 3, 4, 5, 6];
+    let h = insert(&mut e, &a);
+    let mut next = 0;
+    back_up(&mut e, h, &mut next);
+    assert_eq!(e.host_node(h.to_raw()).expect("node").host_pages, [0, 1, 2]);
+    assert_eq!(e.evict(6), 6);
+    e.validate().expect("valid after demote");
+    let mut pages = Vec::new();
+    assert_eq!(e.peek(&a, &mut pages), 0, "the device tree lost it");
+    let node = e.host_node(h.to_raw()).expect("the handle still names it");
+    assert!(node.host_only() && node.backed());
+    let (m, device, host) = match_host(&mut e, &a);
+    assert_eq!(
+        (m.device_len, m.host_len, m.device, m.best),
+        (0, 6, None, Some(h))
+    );
+    assert!(device.is_empty());
+    assert_eq!(host, [0, 1, 2]);
+    assert_eq!(
+        e.load_back_chain(h.to_raw()).expect("chain"),
+        [(h, vec![0, 1, 2])]
+    );
+    let fresh = e.alloc(1, 3).expect("alloc");
+    assert_eq!(e.load_back(1, h.to_raw(), &fresh), Ok(6));
+    e.validate().expect("valid after load-back");
+    assert_eq!(e.peek(&a, &mut pages), 6);
+    assert_eq!(pages, fresh);
+    let node = e.host_node(h.to_raw()).expect("node");
+    assert_eq!((node.device_pages, node.host_pages), (3, vec![0, 1, 2]));
+    assert_eq!(
+        e.load_back(1, h.to_raw(), &[]),
+        Err(HostError::NotHostOnly(h.to_raw()))
+    );
+}
+
+#[test]
+fn a_chain_loads_back_root_side_first() {
+    let mut e = engine(8, 16);
+    let top = insert(&mut e, &[1, 1, 2, 2]);
+    let leaf = insert(&mut e, &[1, 1, 2, 2, 3, 3]);
+    let mut next = 10;
+    back_up(&mut e, leaf, &mut next);
+    assert_eq!(e.host_node(top.to_raw()).expect("top").host_pages, [10, 11]);
+    assert_eq!(e.host_node(leaf.to_raw()).expect("leaf").host_pages, [12]);
+    assert_eq!(e.evict(100), 6);
+    let (m, _, host) = match_host(&mut e, &[1, 1, 2, 2, 3, 3, 4, 4]);
+    assert_eq!((m.host_len, m.best), (6, Some(leaf)));
+    assert_eq!(host, [10, 11, 12]);
+    let chain = e.load_back_chain(leaf.to_raw()).expect("chain");
+    assert_eq!(chain, [(top, vec![10, 11]), (leaf, vec![12])]);
+    // Too few pages, or pages the client does not own: nothing changes.
+    let fresh = e.alloc(1, 3).expect("alloc");
+    assert_eq!(
+        e.load_back(1, leaf.to_raw(), &fresh[..2]),
+        Err(HostError::CountMismatch {
+            expected: 3,
+            got: 2
+        })
+    );
+    assert_eq!(
+        e.load_back(2, leaf.to_raw(), &fresh),
+        Err(HostError::Page(PageError::NotOwned { page: fresh[0] }))
+    );
+    e.validate().expect("unchanged");
+    e.load_back(1, leaf.to_raw(), &fresh).expect("load back");
+    let mut pages = Vec::new();
+    assert_eq!(e.peek(&[1, 1, 2, 2, 3, 3], &mut pages), 6);
+    assert_eq!(pages, fresh);
+}
+
+#[test]
+fn backup_refuses_bad_requests_and_changes_nothing() {
+    let mut plain = Engine::new(Config {
+        page_size: P,
+        capacity: 4,
+    })
+    .expect("engine");
+    let pages = plain.alloc(1, 1).expect("alloc");
+    let h = plain
+        .insert(1, &[1, 1], &pages, false)
+        .expect("insert")
+        .node
+        .expect("node");
+    assert_eq!(plain.backup(h.to_raw(), &[0]), Err(HostError::NoHostTier));
+
+    let mut e = engine(8, 4);
+    let top = insert(&mut e, &[1, 1, 2, 2]);
+    let leaf = insert(&mut e, &[1, 1, 2, 2, 3, 3]);
+    let other = insert(&mut e, &[5, 5]);
+    let raw = leaf.to_raw();
+    assert_eq!(e.backup(raw, &[0]), Err(HostError::ParentNotBacked(raw)));
+    let t = top.to_raw();
+    assert_eq!(
+        e.backup(t, &[0]),
+        Err(HostError::CountMismatch {
+            expected: 2,
+            got: 1
+        })
+    );
+    assert_eq!(
+        e.backup(t, &[0, 4]),
+        Err(HostError::OutOfRange {
+            page: 4,
+            capacity: 4
+        })
+    );
+    assert_eq!(e.backup(t, &[1, 1]), Err(HostError::InUse { page: 1 }));
+    e.backup(other.to_raw(), &[3]).expect("backup");
+    assert_eq!(e.backup(t, &[3, 0]), Err(HostError::InUse { page: 3 }));
+    assert_eq!(
+        e.backup(other.to_raw(), &[0]),
+        Err(HostError::AlreadyBacked(other.to_raw()))
+    );
+    assert_eq!(
+        e.backup(u64::from(u32::MAX), &[0]),
+        Err(HostError::Handle(HandleError::Unknown(u64::from(u32::MAX))))
+    );
+    e.validate().expect("unchanged");
+    assert_eq!(
+        e.host_stats(),
+        Some(HostStats {
+            capacity: 4,
+            used: 1,
+            host_only_nodes: 0
+        })
+    );
+    e.backup(t, &[0, 1]).expect("backup");
+    e.backup(raw, &[2]).expect("backup");
+    e.validate().expect("valid");
+}
+
+#[test]
+fn an_insert_over_a_host_only_node_adopts_its_own_pages() {
+    let mut e = engine(8, 16);
+    let a = [1, 2, 3, 4, 5, 6];
+    let h = insert(&mut e, &a);
+    back_up(&mut e, h, &mut 0);
+    e.evict(6);
+    let pages = e.alloc(1, 4).expect("alloc");
+    let key = [1, 2, 3, 4, 5, 6, 7, 8];
+    let ins = e.insert(1, &key, &pages, false).expect("insert");
+    e.validate().expect("valid");
+    // SGLang's prefix_len counts the span it un-evicted.
+    assert_eq!((ins.cached, ins.len), (6, 8));
+    assert_eq!(e.stats().owned_pages, 0, "every page adopted, none freed");
+    let mut got = Vec::new();
+    assert_eq!(e.peek(&key, &mut got), 8);
+    assert_eq!(got, pages);
+    let node = e.host_node(h.to_raw()).expect("same node");
+    assert_eq!((node.device_pages, node.host_pages), (3, vec![0, 1, 2]));
+    assert_eq!(e.host_stats().map(|s| s.host_only_nodes), Some(0));
+}
+
+#[test]
+fn an_insert_ending_inside_a_host_only_node_splits_it() {
+    let mut e = engine(8, 16);
+    let h = insert(&mut e, &[1, 1, 2, 2, 3, 3]);
+    back_up(&mut e, h, &mut 0);
+    e.evict(6);
+    let pages = e.alloc(1, 3).expect("alloc");
+    let ins = e
+        .insert(1, &[1, 1, 2, 2, 9, 9], &pages, false)
+        .expect("insert");
+    e.validate().expect("valid");
+    // The first two pages were host-only: adopted; the third is a new leaf.
+    assert_eq!(ins.cached, 4);
+    let (m, _, _) = match_host(&mut e, &[1, 1, 2, 2]);
+    let up = m.device.expect("node");
+    let upper = e.host_node(up.to_raw()).expect("upper");
+    assert_eq!((upper.device_pages, upper.host_pages), (2, vec![0, 1]));
+    let lower = e.host_node(h.to_raw()).expect("lower keeps the handle");
+    assert_eq!((lower.device_pages, lower.host_pages), (0, vec![2]));
+    let (m, device, host) = match_host(&mut e, &[1, 1, 2, 2, 3, 3]);
+    assert_eq!((m.device_len, m.host_len, m.best), (4, 2, Some(h)));
+    assert_eq!((device, host), (pages[..2].to_vec(), vec![2]));
+}
+
+#[test]
+fn a_match_ending_inside_a_host_only_node_splits_it() {
+    let mut e = engine(8, 16);
+    let h = insert(&mut e, &[1, 1, 2, 2, 3, 3]);
+    back_up(&mut e, h, &mut 4);
+    e.evict(6);
+    let (m, _, host) = match_host(&mut e, &[1, 1, 2, 2, 7, 7]);
+    assert_eq!((m.device_len, m.host_len), (0, 4));
+    assert_eq!(host, [4, 5]);
+    let best = m.best.expect("the upper half");
+    assert_ne!(best, h);
+    assert_eq!(
+        e.host_node(best.to_raw()).expect("upper").host_pages,
+        [4, 5]
+    );
+    assert_eq!(e.host_node(h.to_raw()).expect("lower").host_pages, [6]);
+    assert_eq!(e.load_back_chain(h.to_raw()).expect("chain").len(), 2);
+}
+
+#[test]
+fn a_split_of_a_backed_device_node_splits_its_copy() {
+    let mut e = engine(8, 16);
+    let h = insert(&mut e, &[1, 1, 2, 2, 3, 3]);
+    back_up(&mut e, h, &mut 0);
+    let (m, device, host) = match_host(&mut e, &[1, 1, 2, 2]);
+    assert_eq!(
+        (m.device_len, m.host_len, device.len(), host.len()),
+        (4, 0, 2, 0)
+    );
+    let up = m.device.expect("upper");
+    assert_eq!(e.host_node(up.to_raw()).expect("upper").host_pages, [0, 1]);
+    assert_eq!(e.host_node(h.to_raw()).expect("lower").host_pages, [2]);
+}
+
+#[test]
+fn device_eviction_takes_a_backed_leaf_whole_and_an_unbacked_one_page_by_page() {
+    let mut e = engine(8, 16);
+    let backed = insert(&mut e, &[1, 1, 2, 2, 3, 3]);
+    back_up(&mut e, backed, &mut 0);
+    let plain = insert(&mut e, &[5, 5, 6, 6]);
+    // The backed leaf is older: it goes whole though one page was asked.
+    assert_eq!(e.evict(2), 6);
+    assert!(e.host_node(backed.to_raw()).expect("node").host_only());
+    assert_eq!(e.evict(2), 2);
+    assert_eq!(e.host_node(plain.to_raw()).expect("node").device_pages, 1);
+    e.validate().expect("valid");
+    // An unbacked leaf that goes whole is gone.
+    assert_eq!(e.evict(2), 2);
+    assert_eq!(
+        e.host_node(plain.to_raw()),
+        Err(HostError::Handle(HandleError::Stale(plain.to_raw())))
+    );
+}
+
+#[test]
+fn host_eviction_takes_the_least_recently_used_host_leaf_whole() {
+    let mut e = engine(8, 16);
+    let a = insert(&mut e, &[1, 1, 2, 2]);
+    let b = insert(&mut e, &[5, 5]);
+    let mut next = 0;
+    back_up(&mut e, a, &mut next);
+    back_up(&mut e, b, &mut next);
+    e.evict(100);
+    // `a` is used again: `b` is the older host leaf now.
+    match_host(&mut e, &[1, 1, 2, 2]);
+    let mut freed = Vec::new();
+    e.evict_host(1, &mut freed);
+    e.validate().expect("valid");
+    assert_eq!(freed, [2]);
+    assert_eq!(
+        e.host_node(b.to_raw()),
+        Err(HostError::Handle(HandleError::Stale(b.to_raw())))
+    );
+    // A locked host-only node stays; unlocked, it goes whole.
+    let lock = e.lock(1, a.to_raw()).expect("lock");
+    e.evict_host(1, &mut freed);
+    assert_eq!(freed, [2]);
+    e.validate().expect("valid while locked");
+    e.unlock(1, lock.to_raw()).expect("unlock");
+    e.evict_host(1, &mut freed);
+    assert_eq!(freed, [2, 0, 1]);
+    assert_eq!(
+        e.host_stats(),
+        Some(HostStats {
+            capacity: 16,
+            used: 0,
+            host_only_nodes: 0
+        })
+    );
+    e.validate().expect("valid");
+}
+
+#[test]
+fn a_host_leaf_evicted_leaves_its_parent_the_next_host_leaf() {
+    let mut e = engine(8, 16);
+    let top = insert(&mut e, &[1, 1]);
+    let leaf = insert(&mut e, &[1, 1, 2, 2]);
+    back_up(&mut e, leaf, &mut 0);
+    e.evict(100);
+    let mut freed = Vec::new();
+    e.evict_host(1, &mut freed);
+    assert_eq!(freed, [1]);
+    assert!(e.host_node(top.to_raw()).expect("top").host_only());
+    e.evict_host(1, &mut freed);
+    assert_eq!(freed, [1, 0]);
+    e.validate().expect("valid");
+}
+
+#[test]
+fn the_host_tier_is_full_attention_only_and_drop_cached_clears_it() {
+    let mut e = engine(8, 16);
+    let refused = e.set_components(
+        crate::engine::Components::parse("full,swa", Some(4), None, None, 8).expect("swa"),
+    );
+    assert!(refused.is_err());
+    let h = insert(&mut e, &[1, 1, 2, 2]);
+    back_up(&mut e, h, &mut 0);
+    e.drop_cached();
+    e.validate().expect("valid");
+    assert_eq!(
+        e.host_stats().map(|s| (s.used, s.host_only_nodes)),
+        Some((0, 0))
+    );
+}
+
+#[test]
+fn namespaces_keep_their_host_only_nodes_apart() {
+    let mut e = engine(8, 16);
+    let h = insert(&mut e, &[1, 1, 2, 2]);
+    back_up(&mut e, h, &mut 0);
+    e.evict(100);
+    let other = e.namespace("tenant-b").expect("namespace");
+    e.with_namespace(other, |e| {
+        let (m, _, host) = match_host(e, &[1, 1, 2, 2]);
+        assert_eq!((m.host_len, m.best), (0, None));
+        assert!(host.is_empty());
+    });
+    let (m, _, _) = match_host(&mut e, &[1, 1, 2, 2]);
+    assert_eq!(m.host_len, 4);
+}
+
+/// One step of the random workload.
+#[derive(Clone, Debug)]
+enum Op {
+    Insert(Vec<u32>),
+    /// The ops naming an `Index` act on a key inserted before, cut to
+    /// `usize` tokens at most (so that they meet the tree's nodes).
+    Backup(prop::sample::Index, usize),
+    Evict(u64),
+    EvictHost(u64),
+    LoadBack(prop::sample::Index, usize),
+    Lock(prop::sample::Index, usize),
+    UnlockAll,
+}
+
+fn key() -> impl Strategy<Value = Vec<u32>> {
+    prop::collection::vec(0u32..3, 0..14)
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let old = || (any::<prop::sample::Index>(), 2usize..14);
+    prop_oneof![
+        4 => key().prop_map(Op::Insert),
+        4 => old().prop_map(|(i, n)| Op::Backup(i, n)),
+        2 => (1u64..8).prop_map(Op::Evict),
+        1 => (1u64..6).prop_map(Op::EvictHost),
+        4 => old().prop_map(|(i, n)| Op::LoadBack(i, n)),
+        1 => old().prop_map(|(i, n)| Op::Lock(i, n)),
+        1 => Just(Op::UnlockAll),
+    ]
+}
+
+/// What the KV of each device and host page holds, as the workload wrote
+/// it: a page's tokens when it was computed or copied.
+struct Kv {
+    device: Vec<Vec<u32>>,
+    host: Vec<Vec<u32>>,
+    host_free: Vec<u32>,
+}
+
+impl Kv {
+    /// Every page a match answers holds the key's tokens at its place.
+    fn check(&self, e: &mut Engine, key: &[u32]) -> Result<HostMatched, TestCaseError> {
+        let p = P as usize;
+        let (mut device, mut host) = (Vec::new(), Vec::new());
+        let m = e.match_host(key, &mut device, &mut host);
+        prop_assert_eq!(device.len() * p, m.device_len);
+        prop_assert_eq!(host.len() * p, m.host_len);
+        for (i, &page) in device.iter().enumerate() {
+            prop_assert_eq!(
+                &self.device[page as usize],
+                &key[i * p..(i + 1) * p].to_vec()
+            );
+        }
+        for (i, &page) in host.iter().enumerate() {
+            let at = device.len() + i;
+            prop_assert_eq!(
+                &self.host[page as usize],
+                &key[at * p..(at + 1) * p].to_vec()
+            );
+        }
+        Ok(m)
+    }
+}
+
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    const HOST: u32 = 12;
+    let p = P as usize;
+    let mut e = engine(10, HOST);
+    let mut kv = Kv {
+        device: vec![Vec::new(); 10],
+        host: vec![Vec::new(); HOST as usize],
+        host_free: (0..HOST).rev().collect(),
+    };
+    let mut locks = Vec::new();
+    let mut keys: Vec<Vec<u32>> = Vec::new();
+    for op in ops {
+        let pick = |i: &prop::sample::Index, n: usize| -> Option<Vec<u32>> {
+            let key = keys.get(i.index(keys.len().max(1)))?;
+            Some(key[..n.min(key.len())].to_vec())
+        };
+        match op {
+            Op::Insert(key) => {
+                let n = key.len() / p;
+                let Ok(pages) = e.alloc(1, n as u64) else {
+                    continue;
+                };
+                for (i, &page) in pages.iter().enumerate() {
+                    kv.device[page as usize] = key[i * p..(i + 1) * p].to_vec();
+                }
+                let ins = e
+                    .insert(1, &key, &pages, false)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(ins.len, n * p);
+                if n > 0 {
+                    keys.push(key);
+                }
+            }
+            Op::Backup(i, n) => {
+                let Some(key) = pick(&i, n) else { continue };
+                let m = kv.check(&mut e, &key)?;
+                let Some(h) = m.device else { continue };
+                let (mut device, mut host) = (Vec::new(), Vec::new());
+                e.peek(&key, &mut device);
+                let chain = e
+                    .backup_chain(h.to_raw())
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let need: u32 = chain
+                    .iter()
+                    .map(|c| e.host_node(c.to_raw()).map_or(0, |n| n.device_pages))
+                    .sum();
+                if (kv.host_free.len() as u32) < need {
+                    e.evict_host(u64::from(need), &mut host);
+                    kv.host_free.extend(host.iter().copied());
+                    if (kv.host_free.len() as u32) < need {
+                        continue;
+                    }
+                    // Host eviction may have taken nothing on this path
+                    // (the chain's nodes are device nodes), so the chain
+                    // stands.
+                }
+                // The chain is the path's last `need` device pages.
+                let mut at = device.len() - need as usize;
+                for c in chain {
+                    let n = e.host_node(c.to_raw()).map_or(0, |n| n.device_pages) as usize;
+                    let pages: Vec<u32> = (0..n).filter_map(|_| kv.host_free.pop()).collect();
+                    for (i, &hp) in pages.iter().enumerate() {
+                        kv.host[hp as usize] = kv.device[device[at + i] as usize].clone();
+                    }
+                    at += n;
+                    e.backup(c.to_raw(), &pages)
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                }
+            }
+            Op::Evict(n) => {
+                e.evict(n * u64::from(P));
+            }
+            Op::EvictHost(n) => {
+                let mut freed = Vec::new();
+                e.evict_host(n, &mut freed);
+                prop_assert!(freed.len() as u64 >= n || e.host_stats().is_some());
+                kv.host_free.extend(freed);
+            }
+            Op::LoadBack(i, n) => {
+                let Some(key) = pick(&i, n) else { continue };
+                let m = kv.check(&mut e, &key)?;
+                let Some(best) = m.best.filter(|_| m.host_len > 0) else {
+                    continue;
+                };
+                let chain = e
+                    .load_back_chain(best.to_raw())
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let n: usize = chain.iter().map(|(_, h)| h.len()).sum();
+                prop_assert_eq!(n * p, m.host_len);
+                // Lock the chain while pages are found, as SGLang does.
+                let lock = e
+                    .lock(1, best.to_raw())
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let got = e.alloc(1, n as u64);
+                e.unlock(1, lock.to_raw())
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let Ok(pages) = got else { continue };
+                let host: Vec<u32> = chain.into_iter().flat_map(|(_, h)| h).collect();
+                for (&d, &h) in pages.iter().zip(&host) {
+                    kv.device[d as usize] = kv.host[h as usize].clone();
+                }
+                e.load_back(1, best.to_raw(), &pages)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let after = kv.check(&mut e, &key)?;
+                prop_assert_eq!(after.device_len, m.device_len + m.host_len);
+            }
+            Op::Lock(i, n) => {
+                let Some(key) = pick(&i, n) else { continue };
+                let m = kv.check(&mut e, &key)?;
+                if let Some(best) = m.best {
+                    locks.push(
+                        e.lock(1, best.to_raw())
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?,
+                    );
+                }
+            }
+            Op::UnlockAll => {
+                for lock in locks.drain(..) {
+                    e.unlock(1, lock.to_raw())
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                }
+            }
+        }
+        e.validate()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for key in &keys {
+            kv.check(&mut e, key)?;
+        }
+        let stats = e.host_stats().expect("a host tier");
+        prop_assert_eq!(stats.used as usize + kv.host_free.len(), HOST as usize);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Random inserts, write-throughs, device and host evictions, load-backs
+    /// and locks: the engine stays valid, and every page any match answers,
+    /// device or host, holds the tokens at its place in the key (a host
+    /// page freed and reused, or a promote filing the wrong pages, shows
+    /// up as another key's tokens).
+    #[test]
+    fn every_page_a_match_answers_holds_its_tokens(ops in prop::collection::vec(op(), 1..60)) {
+        run(ops)?;
+    }
+}

@@ -17,6 +17,12 @@
 //!   above, B demoted before the race. The writer loads B back onto page 2.
 //!   [1, 2] must read [0] or [0, 2], never B's old page 1.
 //!
+//! - `a_demote_keeps_a_sibling_found`: root → A [1] with children D [d]
+//!   and E [e] filed from one home bucket (D first), D backed up. The
+//!   writer evicts D: demoted, the backward shift moves E into D's bucket.
+//!   [1, e] maps to [0, 2] throughout: only the table's version tells a
+//!   probe that missed E in the shift.
+//!
 //! Each model counts as on its path only the executions whose walk began
 //! before the writer's first change and ended after its last (stage
 //! witnesses, SeqCst, outside the protocol). Mutations tried: see
@@ -148,4 +154,52 @@ fn a_promote_underfoot_answers_the_new_pages_or_the_shorter_prefix() {
             before == 0 && after == 1
         },
     );
+}
+
+/// Two first tokens whose child-table hashes under node 1 (A) share a home
+/// bucket of the 8 an engine of 3 device pages has (as in `walk.rs`: the
+/// host tier adds node slots, not buckets).
+const D: u32 = 2;
+const E: u32 = 6;
+
+#[test]
+fn a_demote_keeps_a_sibling_found() {
+    explore("a_demote_keeps_a_sibling_found", 700, || {
+        let layout = EngineLayout::with_host(1, 3, 2).expect("layout");
+        let (region, mirror) = MirroredRegion::new(layout).expect("region");
+        let mut e = Engine::in_region(region, layout).expect("engine");
+        let r = TreeReader::over(mirror);
+        let pages = e.alloc(1, 3).expect("alloc");
+        let a = e.insert(1, &[1], &pages[..1], false).expect("A").node;
+        let d = e.insert(1, &[1, D], &pages[..2], false).expect("D").node;
+        // Locked, E and A stay: the eviction takes D.
+        e.insert(1, &[1, E], &[pages[0], pages[2]], true)
+            .expect("E");
+        for (node, host) in [(a, 0), (d, 1)] {
+            let node = node.expect("node").to_raw();
+            e.backup(node, &[host]).expect("backup");
+        }
+        let stage = Stage::new();
+        let writer = {
+            let stage = stage.clone();
+            loom::thread::spawn(move || {
+                assert_eq!(e.evict(1), 1);
+                stage.set(1);
+                e
+            })
+        };
+        let before = stage.get();
+        let got = peek(&r, &[1, E]);
+        let after = stage.get();
+        if let Some(pages) = &got {
+            assert_eq!(pages, &[0, 2], "[1, E] was cached on [0, 2] throughout");
+        }
+        let e = writer.join().unwrap();
+        assert_eq!(peek(&r, &[1, E]), Some(vec![0, 2]));
+        assert_eq!(peek(&r, &[1, D]), Some(vec![0]));
+        let d = d.expect("D").to_raw();
+        assert!(e.host_node(d).expect("D stays").host_only());
+        drop(e);
+        before == 0 && after == 1
+    });
 }

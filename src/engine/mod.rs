@@ -15,8 +15,8 @@
 //! Readers in other processes walk the same region without locks
 //! ([`TreeReader`]), validating node by node against per-node versions.
 //!
-//! Memory: 48 bytes per node plus a 4-byte version (at most `capacity + 1`
-//! nodes), 16 bytes + 4 bytes
+//! Memory: 52 bytes per node plus a 4-byte version (at most `capacity + 1`
+//! nodes, and one more per host page with a host tier), 16 bytes + 4 bytes
 //! of free ring + 16 bytes of child table per page, plus the tokens.
 
 mod anchor;

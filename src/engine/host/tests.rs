@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::engine::{Config, Engine};
+use crate::engine::{Config, Engine, Handle};
 
 const P: u32 = 2;
 

@@ -55,7 +55,7 @@ pub use config::{Config, ConfigError};
 pub use error::{AnchorError, HandleError, InvariantError, PageError};
 pub use event::CacheEvent;
 pub use grace::Grace;
-pub use host::{HostError, HostMatched, HostNode, HostStats};
+pub use host::{Digest, HostError, HostInserted, HostMatched, HostNode, HostStats};
 pub use hybrid::{
     Component, ComponentError, ComponentStats, Components, ComponentsError, Evicted, InsertExtra,
     InsertedExtra, MambaConfig, MatchExtra, SwaConfig, MAX_STATES,

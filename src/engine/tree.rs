@@ -495,6 +495,7 @@ impl<R: Region> Arena<R> {
     /// takes it out of the LRU heap.
     fn node_remove(&mut self, node: u32) {
         self.hy_remove(node);
+        self.host_forget(node);
         self.table_remove(node);
         let parent = self.nodes()[node as usize].parent;
         self.nodes_mut()[parent as usize].children -= 1;

@@ -31,6 +31,11 @@
 //! Host page ids are the server's host pool indices divided by the page
 //! size; the tier only records which node holds which, so a page named
 //! twice or out of range is refused.
+//!
+//! `ops`: demote, promote, the walks into host-only nodes and the requests
+//! (`backup`, `match_host`, `load_back`, `evict_host`); `lock`: host locks;
+//! `prefetch`: page digests and `insert_host` (pages from the L3);
+//! `validate`: the invariants above.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -39,9 +44,13 @@ use super::error::{HandleError, PageError};
 use super::heap::Heap;
 use super::layout::NIL;
 
+mod lock;
 mod ops;
+mod prefetch;
+mod validate;
 
 pub use ops::HostMatched;
+pub use prefetch::HostInserted;
 #[cfg(test)]
 mod tests;
 
@@ -64,7 +73,22 @@ pub(crate) struct HostTier {
     leaves: Heap<u64>,
     /// Each node slot's place in `leaves` plus one; 0: not there.
     slot: Vec<u32>,
+    /// Host locks on each node slot (SGLang's `host_lock_ref`): a locked
+    /// node's host copy stays while a transfer reads it.
+    host_locks: Vec<u32>,
+    /// Each host lock's segment, `(node, top)`: the lock counts on `node`
+    /// and every ancestor up to `top` (a split above `node` makes the
+    /// segment longer, as SGLang's `host_uuid` boundary does).
+    receipts: HashMap<u32, (u32, u32)>,
+    /// The last receipt handed out.
+    last_receipt: u32,
+    /// Each node slot's page digests (SGLang's `hash_value`: the L3's keys,
+    /// one per page), when it was hashed.
+    digests: Vec<Option<Vec<Digest>>>,
 }
+
+/// One page's digest: SGLang's SHA-256 page hash, raw.
+pub type Digest = [u8; 32];
 
 /// One node's host copy.
 #[derive(Clone, Debug, Default)]
@@ -88,6 +112,10 @@ impl HostTier {
             host_nodes: 0,
             leaves: Heap::new(),
             slot: vec![0; nodes as usize],
+            host_locks: vec![0; nodes as usize],
+            receipts: HashMap::new(),
+            last_receipt: 0,
+            digests: vec![None; nodes as usize],
         }
     }
 
@@ -99,6 +127,9 @@ impl HostTier {
         self.kids.clear();
         self.host_nodes = 0;
         self.leaves.clear(&mut self.slot);
+        self.host_locks.fill(0);
+        self.receipts.clear();
+        self.digests.fill(None);
     }
 
     fn part(&self, node: u32) -> Option<&HostPart> {
@@ -158,6 +189,10 @@ pub enum HostError {
     OutOfRange { page: u32, capacity: u32 },
     /// A host page that holds another copy, or named twice.
     InUse { page: u32 },
+    /// A host lock's receipt that names no lock held.
+    NotHostLocked(u32),
+    /// Digests for a node of another number of pages.
+    DigestCount { expected: usize, got: usize },
     /// `load_back` of a node that holds device pages.
     NotHostOnly(u64),
     /// `load_back`'s device pages, refused as an insert's would be.
@@ -183,6 +218,10 @@ impl fmt::Display for HostError {
             ),
             Self::InUse { page } => {
                 write!(f, "host page {page} holds another copy or is named twice")
+            }
+            Self::NotHostLocked(r) => write!(f, "host lock {r} is not held"),
+            Self::DigestCount { expected, got } => {
+                write!(f, "expected {expected} page digests, got {got}")
             }
             Self::NotHostOnly(h) => write!(f, "node {h} holds device pages: nothing to load"),
             Self::Page(e) => e.fmt(f),

@@ -2,13 +2,10 @@
 //! splits and walks, host leaves) on the arena, the requests on the
 //! engine, and the tier's invariants.
 
-use std::collections::HashSet;
-
 use super::{unfile, HostError, HostNode, HostPart, HostStats, HostTier};
 use crate::engine::arena::Arena;
 use crate::engine::cache::{ClientId, Engine};
-use crate::engine::error::InvariantError;
-use crate::engine::heap::{Entry, Heap};
+use crate::engine::heap::Entry;
 use crate::engine::layout::{Node, NIL, NODE_FREE, NODE_HOST, NODE_LIVE, ROOT};
 use crate::engine::lock::Handle;
 use crate::engine::lru::Recency;
@@ -47,6 +44,20 @@ impl<R: Region> Arena<R> {
         let Some(t) = self.host.as_deref_mut() else {
             return;
         };
+        let (m, c) = (m as usize, child as usize);
+        if let Some(d) = t.digests[c].as_mut() {
+            let lower = d.split_off((upper as usize).min(d.len()));
+            t.digests[m] = Some(std::mem::replace(d, lower));
+        }
+        // The upper half is under every lock the child was; a segment that
+        // ended at the child now ends above it.
+        t.host_locks[m] = t.host_locks[c];
+        if t.host_locks[c] > 0 {
+            for seg in t.receipts.values_mut().filter(|seg| seg.1 == child) {
+                seg.1 = m as u32;
+            }
+        }
+        let (m, child) = (m as u32, child);
         let Some(c) = t.parts[child as usize].as_mut() else {
             return;
         };
@@ -136,20 +147,9 @@ impl<R: Region> Arena<R> {
 
     /// Cuts the host-only `node` after its first `upper` pages; returns the
     /// new upper node (host-only too), as a device split does.
-    fn host_split_private(&mut self, node: u32, upper: u32) -> u32 {
-        let m = self.node_alloc();
+    pub(super) fn host_split_private(&mut self, node: u32, upper: u32) -> u32 {
         let c = self.nodes()[node as usize];
-        {
-            let n = &mut self.nodes_mut()[m as usize];
-            let generation = n.generation;
-            *n = Node::empty(generation, NODE_HOST, NIL);
-            n.parent = c.parent;
-            n.ns = c.ns;
-            n.lock_ref = c.lock_ref;
-            n.children = 0;
-        }
-        self.version(m).end();
-        self.hdr_mut().nodes_live -= 1;
+        let m = self.host_node_alloc(c.parent, c.ns, c.lock_ref);
         self.nodes_mut()[node as usize].parent = m;
         self.host_split(m, node, upper);
         if let Some(t) = self.host.as_deref_mut() {
@@ -170,9 +170,79 @@ impl<R: Region> Arena<R> {
         m
     }
 
+    /// Whether slot `node` holds a node, device or host-only.
+    pub(super) fn is_node(&self, node: u32) -> bool {
+        matches!(self.nodes()[node as usize].state, NODE_LIVE | NODE_HOST)
+    }
+
+    /// How many leading pages of the device node `node`'s edge `key`
+    /// (whole pages) holds.
+    pub(super) fn same_pages(&self, node: u32, key: &[u32]) -> usize {
+        let p = self.layout.page_size as usize;
+        let (mut page, mut same, mut hops) = (self.nodes()[node as usize].first_page, 0, 0);
+        while page != NIL && (same + 1) * p <= key.len() {
+            hops = self.hop(hops);
+            if !self.page_is(page, &key[same * p..(same + 1) * p]) {
+                break;
+            }
+            same += 1;
+            page = self.pages()[page as usize].next;
+        }
+        same
+    }
+
+    /// Records that `node` has a host copy on `pages` (checked free by the
+    /// caller); `tokens` for a host-only node.
+    pub(super) fn host_adopt(&mut self, node: u32, pages: &[u32], tokens: Vec<u32>) {
+        if let Some(t) = self.host.as_deref_mut() {
+            for &page in pages {
+                t.owner[page as usize] = node;
+            }
+            t.used += pages.len() as u32;
+            t.parts[node as usize] = Some(HostPart::new(pages, tokens));
+        }
+    }
+
+    /// Hangs a new host-only node under `parent` holding `key`'s tokens on
+    /// the host pages `pages` (checked free by the caller).
+    pub(super) fn host_leaf(&mut self, parent: u32, key: &[u32], pages: &[u32]) -> u32 {
+        let ns = if parent == ROOT {
+            self.ns
+        } else {
+            self.nodes()[parent as usize].ns
+        };
+        let leaf = self.host_node_alloc(parent, ns, 0);
+        self.host_adopt(leaf, pages, key.to_vec());
+        if let Some(t) = self.host.as_deref_mut() {
+            t.kids.entry(parent).or_default().push(leaf);
+            t.host_nodes += 1;
+        }
+        self.lru.stamp(leaf);
+        self.host_refile(leaf);
+        self.host_refile(parent);
+        leaf
+    }
+
+    /// A fresh host-only node under `parent` (counted by the caller): a
+    /// slot of its own, never in the child table.
+    pub(super) fn host_node_alloc(&mut self, parent: u32, ns: u32, lock_ref: u32) -> u32 {
+        let m = self.node_alloc();
+        {
+            let n = &mut self.nodes_mut()[m as usize];
+            let generation = n.generation;
+            *n = Node::empty(generation, NODE_HOST, NIL);
+            n.parent = parent;
+            n.ns = ns;
+            n.lock_ref = lock_ref;
+        }
+        self.version(m).end();
+        self.hdr_mut().nodes_live -= 1;
+        m
+    }
+
     /// The host-only child of `parent` whose first page is `key`'s, and how
     /// many of its pages `key` (whole pages) matches (at least one).
-    fn host_follow(&self, parent: u32, key: &[u32]) -> Option<(u32, u32)> {
+    pub(super) fn host_follow(&self, parent: u32, key: &[u32]) -> Option<(u32, u32)> {
         let p = self.layout.page_size as usize;
         let t = self.host.as_deref()?;
         let first = key.get(..p)?;
@@ -228,12 +298,23 @@ impl<R: Region> Arena<R> {
 
     /// Whether host eviction may take `node` now: host-only, unlocked, no
     /// host-only children.
-    fn host_evictable(&self, node: u32) -> bool {
+    pub(super) fn host_evictable(&self, node: u32) -> bool {
         let Some(t) = self.host.as_deref() else {
             return false;
         };
         let n = &self.nodes()[node as usize];
-        n.state == NODE_HOST && n.lock_ref == 0 && !t.kids.contains_key(&node)
+        n.state == NODE_HOST
+            && n.lock_ref == 0
+            && t.host_locks[node as usize] == 0
+            && !t.kids.contains_key(&node)
+    }
+
+    /// Forgets what the tier knew of `node`, which leaves the tree (a
+    /// device node without a host copy: only its digests).
+    pub(crate) fn host_forget(&mut self, node: u32) {
+        if let Some(t) = self.host.as_deref_mut() {
+            t.digests[node as usize] = None;
+        }
     }
 
     /// Puts `node` among host eviction's candidates or takes it out, as
@@ -274,7 +355,7 @@ impl<R: Region> Arena<R> {
     }
 
     /// Takes `node` out of host eviction's candidates.
-    fn host_unleaf(&mut self, node: u32) {
+    pub(super) fn host_unleaf(&mut self, node: u32) {
         if let Some(t) = self.host.as_deref_mut() {
             if let Some(at) = t.slot[node as usize].checked_sub(1) {
                 t.leaves.remove_at(&mut t.slot, at as usize);
@@ -283,7 +364,7 @@ impl<R: Region> Arena<R> {
     }
 
     /// Moves the candidate `node` to the place its new stamp gives it.
-    fn host_rekey(&mut self, node: u32) {
+    pub(super) fn host_rekey(&mut self, node: u32) {
         let stamp = self.lru.stamp_of(node);
         if let Some(t) = self.host.as_deref_mut() {
             if let Some(at) = t.slot[node as usize].checked_sub(1) {
@@ -311,6 +392,7 @@ impl<R: Region> Arena<R> {
         }
         unfile(&mut t.kids, parent, node);
         t.host_nodes -= 1;
+        t.digests[node as usize] = None;
         self.node_change(node, |a| {
             let n = &mut a.nodes_mut()[node as usize];
             n.state = NODE_FREE;
@@ -324,12 +406,12 @@ impl<R: Region> Arena<R> {
 }
 
 impl<R: Region> Engine<R> {
-    fn tier(&self) -> Result<&HostTier, HostError> {
+    pub(super) fn tier(&self) -> Result<&HostTier, HostError> {
         self.arena.host.as_deref().ok_or(HostError::NoHostTier)
     }
 
     /// The node `handle` names, device or host-only.
-    fn host_resolve(&self, handle: u64) -> Result<u32, HostError> {
+    pub(super) fn host_resolve(&self, handle: u64) -> Result<u32, HostError> {
         self.tier()?;
         Ok(self.resolve(handle)?)
     }
@@ -391,29 +473,8 @@ impl<R: Region> Engine<R> {
                 got: host_pages.len(),
             });
         }
-        let t = self.tier()?;
-        for (i, &page) in host_pages.iter().enumerate() {
-            if page >= t.capacity {
-                return Err(HostError::OutOfRange {
-                    page,
-                    capacity: t.capacity,
-                });
-            }
-            if t.owner[page as usize] != NIL || host_pages[..i].contains(&page) {
-                return Err(HostError::InUse { page });
-            }
-        }
-        let Some(t) = self.arena.host.as_deref_mut() else {
-            return Err(HostError::NoHostTier);
-        };
-        for &page in host_pages {
-            t.owner[page as usize] = node;
-        }
-        t.used += host_pages.len() as u32;
-        t.parts[node as usize] = Some(HostPart {
-            pages: host_pages.to_vec(),
-            tokens: Vec::new(),
-        });
+        self.check_host_pages(host_pages)?;
+        self.arena.host_adopt(node, host_pages, Vec::new());
         Ok(())
     }
 
@@ -561,169 +622,5 @@ impl<R: Region> Engine<R> {
             }
         }
         (node, cached)
-    }
-}
-
-impl<R: Region> Engine<R> {
-    /// The host tier's invariants (see the module's).
-    pub(crate) fn validate_host(&self) -> Result<(), InvariantError> {
-        macro_rules! ensure {
-            ($cond:expr, $($msg:tt)+) => {
-                if !$cond {
-                    return Err(InvariantError(format!($($msg)+)));
-                }
-            };
-        }
-        let a = &self.arena;
-        let nodes = a.nodes();
-        let p = a.layout.page_size as usize;
-        let Some(t) = a.host.as_deref() else {
-            ensure!(
-                nodes.iter().all(|n| n.state != NODE_HOST),
-                "a host-only node without a host tier"
-            );
-            return Ok(());
-        };
-        let filed: HashSet<u32> = a
-            .buckets()
-            .iter()
-            .map(|b| b.node)
-            .filter(|&n| n != NIL)
-            .collect();
-        let (mut used, mut host_nodes) = (0u32, 0u32);
-        for (i, n) in nodes.iter().enumerate() {
-            let i = i as u32;
-            let part = t.part(i);
-            match n.state {
-                NODE_FREE => ensure!(part.is_none(), "free node {i} keeps a host copy"),
-                NODE_LIVE if i != ROOT => {
-                    ensure!(
-                        a.nodes()[n.parent as usize].state == NODE_LIVE,
-                        "device node {i} under a host-only node"
-                    );
-                    if let Some(part) = part {
-                        ensure!(
-                            part.pages.len() == n.num_pages as usize && part.tokens.is_empty(),
-                            "device node {i}'s host copy does not match its pages"
-                        );
-                    }
-                }
-                NODE_HOST => {
-                    host_nodes += 1;
-                    let Some(part) = part else {
-                        return Err(InvariantError(format!("host-only node {i} has no copy")));
-                    };
-                    ensure!(
-                        !part.pages.is_empty() && part.tokens.len() == part.pages.len() * p,
-                        "host-only node {i} holds {} tokens for {} host pages",
-                        part.tokens.len(),
-                        part.pages.len()
-                    );
-                    ensure!(
-                        n.num_pages == 0 && n.first_page == NIL && n.children == 0,
-                        "host-only node {i} holds device pages or children"
-                    );
-                    ensure!(
-                        !filed.contains(&i),
-                        "host-only node {i} is in the child table"
-                    );
-                    let parent = nodes.get(n.parent as usize).map(|u| u.state);
-                    ensure!(
-                        n.parent == ROOT || matches!(parent, Some(NODE_LIVE | NODE_HOST)),
-                        "host-only node {i} hangs under a free node"
-                    );
-                    ensure!(
-                        t.kids.get(&n.parent).is_some_and(|k| k
-                            .iter()
-                            .filter(|&&c| c == i)
-                            .count()
-                            == 1),
-                        "host-only node {i} is not filed once under its parent"
-                    );
-                    if n.parent != ROOT {
-                        ensure!(
-                            nodes[n.parent as usize].ns == n.ns,
-                            "host-only node {i} is in another namespace than its parent"
-                        );
-                    }
-                }
-                _ => {}
-            }
-            if let Some(part) = part {
-                ensure!(i != ROOT, "the root has a host copy");
-                ensure!(
-                    n.parent == ROOT || t.part(n.parent).is_some(),
-                    "node {i} is backed up but its parent is not"
-                );
-                for &page in &part.pages {
-                    ensure!(
-                        page < t.capacity && t.owner[page as usize] == i,
-                        "host page {page} of node {i} is not recorded as its"
-                    );
-                }
-                used += part.pages.len() as u32;
-            }
-        }
-        let owned = t.owner.iter().filter(|&&o| o != NIL).count() as u32;
-        ensure!(
-            used == t.used && owned == used,
-            "host pages: {used} in copies, {owned} owned, {} counted",
-            t.used
-        );
-        ensure!(
-            host_nodes == t.host_nodes,
-            "{host_nodes} host-only nodes, {} counted",
-            t.host_nodes
-        );
-        for (&parent, list) in &t.kids {
-            ensure!(
-                !list.is_empty(),
-                "node {parent} files an empty list of host children"
-            );
-            let mut firsts: Vec<&[u32]> = Vec::new();
-            for &k in list {
-                let n = &nodes[k as usize];
-                ensure!(
-                    n.state == NODE_HOST && n.parent == parent,
-                    "node {k} filed as a host child of {parent}"
-                );
-                let first = t
-                    .part(k)
-                    .and_then(|part| part.tokens.get(..p))
-                    .unwrap_or(&[]);
-                ensure!(
-                    !firsts.iter().any(|f| *f == first && !first.is_empty())
-                        && a.find_child(parent, n.ns, first).is_none(),
-                    "two children of {parent} begin with the same page"
-                );
-                firsts.push(first);
-            }
-        }
-        let heap = t.leaves.entries();
-        for (at, e) in heap.iter().enumerate() {
-            ensure!(
-                a.host_evictable(e.node) && t.slot[e.node as usize] == at as u32 + 1,
-                "host heap holds node {}, not a host leaf in its place",
-                e.node
-            );
-            ensure!(
-                e.key == a.lru.stamp_of(e.node),
-                "host heap key of node {} is stale",
-                e.node
-            );
-            if at > 0 {
-                let up = heap[Heap::<u64>::parent_of(at)];
-                ensure!(up.key <= e.key, "host heap order broken at node {}", e.node);
-            }
-        }
-        let leaves = (0..nodes.len() as u32)
-            .filter(|&i| a.host_evictable(i))
-            .count();
-        ensure!(
-            leaves == heap.len(),
-            "{leaves} host leaves, {} candidates",
-            heap.len()
-        );
-        Ok(())
     }
 }

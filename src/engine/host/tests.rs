@@ -364,6 +364,174 @@ fn namespaces_keep_their_host_only_nodes_apart() {
     assert_eq!(m.host_len, 4);
 }
 
+fn digest(i: u8) -> Digest {
+    [i; 32]
+}
+
+#[test]
+fn a_host_lock_keeps_a_copy_and_its_release_covers_a_split_above() {
+    let mut e = engine(8, 16);
+    let h = insert(&mut e, &[1, 1, 2, 2, 3, 3]);
+    assert_eq!(
+        e.host_lock(h.to_raw()),
+        Ok(None),
+        "no copy, nothing to keep"
+    );
+    back_up(&mut e, h, &mut 0);
+    let receipt = e.host_lock(h.to_raw()).expect("lock").expect("a receipt");
+    e.evict(100);
+    // A match splits the locked node: the upper half is locked too.
+    let (m, _, _) = match_host(&mut e, &[1, 1, 9, 9]);
+    assert_eq!(m.host_len, 2);
+    let mut freed = Vec::new();
+    e.evict_host(100, &mut freed);
+    assert!(freed.is_empty(), "locked copies stay");
+    e.validate().expect("valid");
+    e.host_unlock(receipt).expect("unlock");
+    assert_eq!(
+        e.host_unlock(receipt),
+        Err(HostError::NotHostLocked(receipt))
+    );
+    e.validate().expect("valid");
+    e.evict_host(100, &mut freed);
+    assert_eq!(freed, [1, 2, 0]);
+    assert_eq!(e.host_locks_held(), 0);
+}
+
+#[test]
+fn digests_split_with_their_node_and_chain_from_the_hashed_ancestors() {
+    let mut e = engine(8, 16);
+    let top = insert(&mut e, &[1, 1, 2, 2]);
+    let leaf = insert(&mut e, &[1, 1, 2, 2, 3, 3]);
+    assert_eq!(e.unhashed(), Ok(vec![top, leaf]), "parents first");
+    assert_eq!(
+        e.set_digests(top.to_raw(), &[digest(1)]),
+        Err(HostError::DigestCount {
+            expected: 2,
+            got: 1
+        })
+    );
+    e.set_digests(top.to_raw(), &[digest(1), digest(2)])
+        .expect("set");
+    e.set_digests(leaf.to_raw(), &[digest(3)]).expect("set");
+    assert_eq!(
+        e.prefix_digests(leaf.to_raw()),
+        Ok(vec![digest(1), digest(2)])
+    );
+    // A match splits `top`: each half keeps its pages' digests.
+    let (m, _, _) = match_host(&mut e, &[1, 1, 7, 7]);
+    let upper = m.device.expect("upper");
+    assert_eq!(e.digests(upper.to_raw()), Ok(Some(vec![digest(1)])));
+    assert_eq!(e.digests(top.to_raw()), Ok(Some(vec![digest(2)])));
+    assert_eq!(
+        e.prefix_digests(leaf.to_raw()),
+        Ok(vec![digest(1), digest(2)])
+    );
+    // An ancestor never hashed ends the chain.
+    let pages = e.alloc(1, 1).expect("alloc");
+    let other = e
+        .insert(1, &[4, 4], &pages, false)
+        .expect("insert")
+        .node
+        .expect("node");
+    let pages = e.alloc(1, 2).expect("alloc");
+    let below = e.insert(
+        1,
+        &[4, 4, 5, 5],
+        &[other_page(&e, &[4, 4]), pages[0]],
+        false,
+    );
+    e.free(1, &pages[1..]).expect("free");
+    let below = below.expect("insert").node.expect("node");
+    assert_eq!(e.prefix_digests(below.to_raw()), Ok(vec![]));
+    assert_eq!(e.unhashed(), Ok(vec![other, below]));
+    e.validate().expect("valid");
+}
+
+fn other_page(e: &Engine, key: &[u32]) -> u32 {
+    let mut pages = Vec::new();
+    e.peek(key, &mut pages);
+    pages[0]
+}
+
+#[test]
+fn insert_host_refills_counts_backed_pages_and_hangs_the_rest() {
+    let mut e = engine(8, 16);
+    let top = insert(&mut e, &[1, 1, 2, 2]);
+    let leaf = insert(&mut e, &[1, 1, 2, 2, 3, 3]);
+    // `top` is backed up, `leaf` is not: a prefetch of the whole key from
+    // the root counts top's pages, refills leaf, and files the rest.
+    e.backup(top.to_raw(), &[0, 1]).expect("backup");
+    let key = [1, 1, 2, 2, 3, 3, 4, 4];
+    let d: Vec<Digest> = (1..=4).map(digest).collect();
+    let got = e
+        .insert_host(None, &key, &[10, 11, 12, 13], &d)
+        .expect("insert_host");
+    e.validate().expect("valid");
+    assert_eq!((got.prefix_len, got.dropped), (4, false));
+    let new = got.node.expect("a new host-only node");
+    assert!(e.host_node(new.to_raw()).expect("new").host_only());
+    assert_eq!(e.host_node(leaf.to_raw()).expect("leaf").host_pages, [12]);
+    assert_eq!(e.digests(leaf.to_raw()), Ok(Some(vec![digest(3)])));
+    assert_eq!(e.digests(new.to_raw()), Ok(Some(vec![digest(4)])));
+    // Pages 10 and 11 (top's span) stay free: the caller frees them.
+    let (m, device, host) = match_host(&mut e, &key);
+    assert_eq!(
+        (m.device_len, m.host_len, device.len(), host),
+        (6, 2, 3, vec![13])
+    );
+    // All of it cached with copies: only the prefix counts, nothing new.
+    let again = e
+        .insert_host(None, &key, &[10, 11, 14, 15], &[])
+        .expect("again");
+    assert_eq!(
+        (again.prefix_len, again.node, again.dropped),
+        (8, Some(new), false)
+    );
+    // A page in use, out of range or named twice changes nothing.
+    assert_eq!(
+        e.insert_host(None, &[9, 9], &[12], &[]),
+        Err(HostError::InUse { page: 12 })
+    );
+    assert_eq!(
+        e.insert_host(None, &[9, 9, 8, 8], &[5, 5], &[]),
+        Err(HostError::InUse { page: 5 })
+    );
+    assert_eq!(
+        e.insert_host(None, &[9, 9], &[16], &[]),
+        Err(HostError::OutOfRange {
+            page: 16,
+            capacity: 16
+        })
+    );
+    e.validate().expect("unchanged");
+}
+
+#[test]
+fn insert_host_below_a_node_without_a_copy_is_dropped() {
+    let mut e = engine(8, 16);
+    let h = insert(&mut e, &[1, 1]);
+    let got = e
+        .insert_host(Some(h.to_raw()), &[2, 2], &[0], &[])
+        .expect("insert_host");
+    assert_eq!((got.prefix_len, got.node, got.dropped), (0, None, true));
+    assert_eq!(e.host_stats().map(|s| s.used), Some(0));
+    // Below a backed node it hangs, and splits a host-only node it meets.
+    back_up(&mut e, h, &mut 0);
+    let got = e
+        .insert_host(Some(h.to_raw()), &[2, 2, 3, 3], &[5, 6], &[])
+        .expect("insert_host");
+    let lower = got.node.expect("node");
+    let got = e
+        .insert_host(Some(h.to_raw()), &[2, 2, 7, 7], &[8, 9], &[])
+        .expect("insert_host");
+    e.validate().expect("valid");
+    assert_eq!(got.prefix_len, 2, "the split upper half had a copy");
+    assert_eq!(e.host_node(lower.to_raw()).expect("lower").host_pages, [6]);
+    let (m, _, host) = match_host(&mut e, &[1, 1, 2, 2, 7, 7]);
+    assert_eq!((m.device_len, host), (2, vec![5, 9]));
+}
+
 /// One step of the random workload.
 #[derive(Clone, Debug)]
 enum Op {
@@ -376,6 +544,11 @@ enum Op {
     LoadBack(prop::sample::Index, usize),
     Lock(prop::sample::Index, usize),
     UnlockAll,
+    /// Pages of a key fetched from the L3 (holding its tokens), filed from
+    /// the root or from the key's deepest device node.
+    Prefetch(prop::sample::Index, usize, bool),
+    HostLock(prop::sample::Index, usize),
+    HostUnlockAll,
 }
 
 fn key() -> impl Strategy<Value = Vec<u32>> {
@@ -392,6 +565,9 @@ fn op() -> impl Strategy<Value = Op> {
         4 => old().prop_map(|(i, n)| Op::LoadBack(i, n)),
         1 => old().prop_map(|(i, n)| Op::Lock(i, n)),
         1 => Just(Op::UnlockAll),
+        3 => (old(), any::<bool>()).prop_map(|((i, n), root)| Op::Prefetch(i, n, root)),
+        1 => old().prop_map(|(i, n)| Op::HostLock(i, n)),
+        1 => Just(Op::HostUnlockAll),
     ]
 }
 
@@ -438,6 +614,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         host_free: (0..HOST).rev().collect(),
     };
     let mut locks = Vec::new();
+    let mut host_locks = Vec::new();
     let mut keys: Vec<Vec<u32>> = Vec::new();
     for op in ops {
         let pick = |i: &prop::sample::Index, n: usize| -> Option<Vec<u32>> {
@@ -542,6 +719,50 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         e.lock(1, best.to_raw())
                             .map_err(|e| TestCaseError::fail(e.to_string()))?,
                     );
+                }
+            }
+            Op::Prefetch(i, n, root) => {
+                let Some(key) = pick(&i, n) else { continue };
+                let m = kv.check(&mut e, &key)?;
+                let (anchor, from) = match m.device {
+                    Some(h) if !root => (Some(h.to_raw()), m.device_len),
+                    _ => (None, 0),
+                };
+                let want = (key.len() / p).saturating_sub(from / p);
+                if want == 0 || kv.host_free.len() < want {
+                    continue;
+                }
+                let at = kv.host_free.len() - want;
+                let pages: Vec<u32> = kv.host_free.split_off(at);
+                for (k, &hp) in pages.iter().enumerate() {
+                    let t = from + k * p;
+                    kv.host[hp as usize] = key[t..t + p].to_vec();
+                }
+                let got = e
+                    .insert_host(anchor, &key[from..], &pages, &[])
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                // The caller frees what the tree did not keep.
+                let freed = if got.dropped {
+                    want
+                } else {
+                    got.prefix_len / p
+                };
+                kv.host_free.extend_from_slice(&pages[..freed]);
+            }
+            Op::HostLock(i, n) => {
+                let Some(key) = pick(&i, n) else { continue };
+                let m = kv.check(&mut e, &key)?;
+                if let Some(best) = m.best {
+                    let r = e
+                        .host_lock(best.to_raw())
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    host_locks.extend(r);
+                }
+            }
+            Op::HostUnlockAll => {
+                for r in host_locks.drain(..) {
+                    e.host_unlock(r)
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 }
             }
             Op::UnlockAll => {

@@ -51,8 +51,8 @@ impl<R: Region> Arena<R> {
         }
         let now = self.lru.tick();
         let p = u64::from(self.layout.page_size);
-        let parent_pages = u64::from(self.nodes()[parent as usize].num_pages);
-        let leaf_pages = u64::from(self.nodes()[leaf as usize].num_pages);
+        let parent_pages = self.edge_pages(parent);
+        let leaf_pages = self.edge_pages(leaf);
         let Some(k) = self.lru.keyed.as_deref_mut() else {
             return;
         };

@@ -24,9 +24,10 @@
 //! - a host-only node has host pages, its tokens here, no device pages or
 //!   device children, and is filed only in its parent's `kids`;
 //! - a node's children, device and host-only, differ in their first page;
-//! - the host leaves (host-only, unlocked, no host-only children) are
-//!   exactly the candidates of host eviction, oldest last use first (the
-//!   device tier's stamps: one clock for both).
+//! - the host leaves (host-only, unlocked, no host lock, no host-only
+//!   children) are exactly the candidates of host eviction, in the
+//!   eviction policy's order (the device tier's stamps and facts: one
+//!   clock for both).
 //!
 //! Host page ids are the server's host pool indices divided by the page
 //! size; the tier only records which node holds which, so a page named
@@ -43,6 +44,7 @@ use std::fmt;
 use super::error::{HandleError, PageError};
 use super::heap::Heap;
 use super::layout::NIL;
+use super::policy::Key;
 
 mod lock;
 mod ops;
@@ -69,8 +71,9 @@ pub(crate) struct HostTier {
     kids: HashMap<u32, Vec<u32>>,
     /// Host-only nodes.
     host_nodes: u32,
-    /// Host eviction's candidates by last use.
-    leaves: Heap<u64>,
+    /// Host eviction's candidates by the eviction policy's key (SGLang
+    /// orders host leaves as device leaves: last use under LRU).
+    leaves: Heap<Key>,
     /// Each node slot's place in `leaves` plus one; 0: not there.
     slot: Vec<u32>,
     /// Host locks on each node slot (SGLang's `host_lock_ref`): a locked

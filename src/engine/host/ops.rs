@@ -9,6 +9,7 @@ use crate::engine::heap::Entry;
 use crate::engine::layout::{Node, NIL, NODE_FREE, NODE_HOST, NODE_LIVE, ROOT};
 use crate::engine::lock::Handle;
 use crate::engine::lru::Recency;
+use crate::engine::policy::Key;
 use crate::engine::region::Region;
 
 /// The answer to [`Engine::match_host`].
@@ -164,8 +165,9 @@ impl<R: Region> Arena<R> {
         self.facts_split(m, node, upper);
         if self.lru.recency() == Recency::Sglang {
             self.lru.stamp(node);
-            self.host_rekey(node);
         }
+        // The split moved the lower half's facts (T-LRU: the tokens above it).
+        self.host_rekey(node);
         self.lru.stamp(m);
         m
     }
@@ -217,10 +219,29 @@ impl<R: Region> Arena<R> {
             t.kids.entry(parent).or_default().push(leaf);
             t.host_nodes += 1;
         }
+        // Made now, no hits, its parent's priority (SGLang's
+        // `_new_node(priority=node.priority)` in `insert_host`).
+        self.facts_leaf(leaf, parent);
+        if let Some(k) = self.lru.keyed.as_deref_mut() {
+            k.priority[leaf as usize] = k.priority[parent as usize];
+        }
         self.lru.stamp(leaf);
         self.host_refile(leaf);
         self.host_refile(parent);
         leaf
+    }
+
+    /// Pages of `node`'s edge: its device pages, or a host-only node's host
+    /// pages.
+    pub(crate) fn edge_pages(&self, node: u32) -> u64 {
+        let n = &self.nodes()[node as usize];
+        if n.state != NODE_HOST {
+            return u64::from(n.num_pages);
+        }
+        self.host
+            .as_deref()
+            .and_then(|t| t.part(node))
+            .map_or(0, |part| part.pages.len() as u64)
     }
 
     /// A fresh host-only node under `parent` (counted by the caller): a
@@ -323,13 +344,13 @@ impl<R: Region> Arena<R> {
         if self.host.is_none() {
             return;
         }
-        let stamp = self.lru.stamp_of(node);
+        let key = self.host_key(node);
         let evictable = self.host_evictable(node);
         let Some(t) = self.host.as_deref_mut() else {
             return;
         };
         match (evictable, t.slot[node as usize]) {
-            (true, 0) => t.leaves.push(&mut t.slot, Entry { key: stamp, node }),
+            (true, 0) => t.leaves.push(&mut t.slot, Entry { key, node }),
             (false, at) if at > 0 => t.leaves.remove_at(&mut t.slot, at as usize - 1),
             _ => {}
         }
@@ -363,14 +384,26 @@ impl<R: Region> Arena<R> {
         }
     }
 
-    /// Moves the candidate `node` to the place its new stamp gives it.
+    /// Moves the candidate `node` to the place its new stamp or facts
+    /// give it.
     pub(super) fn host_rekey(&mut self, node: u32) {
-        let stamp = self.lru.stamp_of(node);
+        let key = self.host_key(node);
         if let Some(t) = self.host.as_deref_mut() {
             if let Some(at) = t.slot[node as usize].checked_sub(1) {
-                t.leaves.rekey(&mut t.slot, at as usize, stamp);
+                t.leaves.rekey(&mut t.slot, at as usize, key);
             }
         }
+    }
+
+    /// `node`'s place among host eviction's candidates: the device
+    /// policy's key (SGLang's `drive_host_eviction` orders by the same
+    /// strategy as device eviction).
+    pub(super) fn host_key(&self, node: u32) -> Key {
+        let stamp = self.lru.stamp_of(node);
+        self.lru
+            .keyed
+            .as_deref()
+            .map_or((0, stamp), |k| k.key(node, stamp))
     }
 
     /// Deletes the host leaf `node`: its host pages go to `freed`, its slot

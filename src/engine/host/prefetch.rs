@@ -5,7 +5,7 @@
 
 use super::{Digest, HostError, HostPart};
 use crate::engine::cache::Engine;
-use crate::engine::layout::{NODE_HOST, ROOT};
+use crate::engine::layout::ROOT;
 use crate::engine::lock::Handle;
 use crate::engine::region::Region;
 
@@ -29,7 +29,7 @@ impl<R: Region> Engine<R> {
     /// Sets the page digests of the node `handle` names, one per page.
     pub fn set_digests(&mut self, handle: u64, digests: &[Digest]) -> Result<(), HostError> {
         let node = self.host_resolve(handle)?;
-        let pages = self.node_pages(node);
+        let pages = self.arena.edge_pages(node) as usize;
         if digests.len() != pages {
             return Err(HostError::DigestCount {
                 expected: pages,
@@ -201,7 +201,7 @@ impl<R: Region> Engine<R> {
             return Some((child, same));
         }
         let (child, same) = self.arena.host_follow(node, key)?;
-        let len = self.node_pages(child);
+        let len = self.arena.edge_pages(child) as usize;
         let same = same as usize;
         let child = if same < len {
             self.arena.host_split_private(child, same as u32)
@@ -209,21 +209,6 @@ impl<R: Region> Engine<R> {
             child
         };
         Some((child, same))
-    }
-
-    /// Pages of `node`'s edge: its device pages, or a host-only node's
-    /// host pages.
-    fn node_pages(&self, node: u32) -> usize {
-        let n = &self.arena.nodes()[node as usize];
-        if n.state == NODE_HOST {
-            return self
-                .arena
-                .host
-                .as_deref()
-                .and_then(|t| t.part(node))
-                .map_or(0, |part| part.pages.len());
-        }
-        n.num_pages as usize
     }
 
     /// Checks that every page of `host_pages` is in range, free and named

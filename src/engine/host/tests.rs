@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::engine::{Config, Engine, Handle};
+use crate::engine::{Config, Engine, Handle, Policy};
 
 const P: u32 = 2;
 
@@ -16,6 +16,12 @@ fn engine(capacity: u32, host: u32) -> Engine {
         host,
     )
     .expect("engine")
+}
+
+fn engine_under(policy: Policy, capacity: u32, host: u32) -> Engine {
+    let mut e = engine(capacity, host);
+    e.set_policy(policy);
+    e
 }
 
 fn insert(e: &mut Engine, key: &[u32]) -> Handle {
@@ -316,6 +322,31 @@ fn host_eviction_takes_the_least_recently_used_host_leaf_whole() {
 }
 
 #[test]
+fn host_eviction_orders_host_leaves_by_the_eviction_policy() {
+    for (policy, first) in [
+        (Policy::Lru, 5),
+        (Policy::Fifo, 1),
+        (Policy::Filo, 5),
+        (Policy::Mru, 1),
+    ] {
+        let mut e = engine_under(policy, 8, 16);
+        let a = insert(&mut e, &[1, 1]);
+        let b = insert(&mut e, &[5, 5]);
+        let mut next = 0;
+        back_up(&mut e, a, &mut next);
+        back_up(&mut e, b, &mut next);
+        e.evict(100);
+        // `a` was made first and used last.
+        match_host(&mut e, &[1, 1]);
+        let mut freed = Vec::new();
+        e.evict_host(1, &mut freed);
+        e.validate().expect("valid");
+        let gone = if freed == [0] { 1 } else { 5 };
+        assert_eq!(gone, first, "{policy:?} evicted the wrong host leaf first");
+    }
+}
+
+#[test]
 fn a_host_leaf_evicted_leaves_its_parent_the_next_host_leaf() {
     let mut e = engine(8, 16);
     let top = insert(&mut e, &[1, 1]);
@@ -604,10 +635,28 @@ impl Kv {
     }
 }
 
-fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+fn policy() -> impl Strategy<Value = Policy> {
+    prop_oneof![
+        Just(Policy::Lru),
+        Just(Policy::Lfu),
+        Just(Policy::Fifo),
+        Just(Policy::Mru),
+        Just(Policy::Filo),
+        Just(Policy::Priority),
+        Just(Policy::Tlru {
+            threshold: 6,
+            next_prompt_estimate: 2
+        }),
+        Just(Policy::Slru {
+            protected_threshold: 2
+        }),
+    ]
+}
+
+fn run(policy: Policy, ops: Vec<Op>) -> Result<(), TestCaseError> {
     const HOST: u32 = 12;
     let p = P as usize;
-    let mut e = engine(10, HOST);
+    let mut e = engine_under(policy, 10, HOST);
     let mut kv = Kv {
         device: vec![Vec::new(); 10],
         host: vec![Vec::new(); HOST as usize],
@@ -786,13 +835,18 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-    /// Random inserts, write-throughs, device and host evictions, load-backs
-    /// and locks: the engine stays valid, and every page any match answers,
+    /// Under each eviction policy, random inserts, write-throughs, device
+    /// and host evictions, load-backs, L3 prefetches, locks and host locks:
+    /// the engine stays valid (host leaves keyed as the policy says), and
+    /// every page any match answers,
     /// device or host, holds the tokens at its place in the key (a host
     /// page freed and reused, or a promote filing the wrong pages, shows
     /// up as another key's tokens).
     #[test]
-    fn every_page_a_match_answers_holds_its_tokens(ops in prop::collection::vec(op(), 1..60)) {
-        run(ops)?;
+    fn every_page_a_match_answers_holds_its_tokens(
+        policy in policy(),
+        ops in prop::collection::vec(op(), 1..60),
+    ) {
+        run(policy, ops)?;
     }
 }

@@ -7,6 +7,7 @@ use crate::engine::cache::Engine;
 use crate::engine::error::InvariantError;
 use crate::engine::heap::Heap;
 use crate::engine::layout::{NIL, NODE_FREE, NODE_HOST, NODE_LIVE, ROOT};
+use crate::engine::policy::Key;
 use crate::engine::region::Region;
 
 impl<R: Region> Engine<R> {
@@ -186,12 +187,12 @@ impl<R: Region> Engine<R> {
                 e.node
             );
             ensure!(
-                e.key == a.lru.stamp_of(e.node),
+                e.key == a.host_key(e.node),
                 "host heap key of node {} is stale",
                 e.node
             );
             if at > 0 {
-                let up = heap[Heap::<u64>::parent_of(at)];
+                let up = heap[Heap::<Key>::parent_of(at)];
                 ensure!(up.key <= e.key, "host heap order broken at node {}", e.node);
             }
         }

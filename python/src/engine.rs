@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use radixd::engine::Policy as EvictionPolicy;
-use radixd::engine::{Components, Config, Engine as RustEngine, HeapRegion, Recency};
+use radixd::engine::{Components, Config, Digest, Engine as RustEngine, HeapRegion, Recency};
 use radixd::op::{apply, Backend, Local, Reply, Request};
 
 use crate::args::{
@@ -57,7 +57,7 @@ cache_methods! {
         /// `--eviction-policy` and `--eviction-policy-config`, SGLang's
         /// names and parameters as a mapping).
         #[new]
-        #[pyo3(signature = (page_size, capacity, components = "full", swa_window = None, swa_capacity = None, mamba_capacity = None, recency = "exact", eviction_policy = "lru", eviction_policy_config = None))]
+        #[pyo3(signature = (page_size, capacity, components = "full", swa_window = None, swa_capacity = None, mamba_capacity = None, recency = "exact", eviction_policy = "lru", eviction_policy_config = None, host_pages = 0))]
         #[allow(clippy::too_many_arguments)] // the flags of `radixd exec`, by keyword
         fn new(
             page_size: u32,
@@ -69,6 +69,7 @@ cache_methods! {
             recency: &str,
             eviction_policy: &str,
             eviction_policy_config: Option<&Bound<'_, PyAny>>,
+            host_pages: u32,
         ) -> PyResult<Self> {
             let config = Config {
                 page_size,
@@ -80,7 +81,8 @@ cache_methods! {
                     .map_err(|e| bad(&e))?;
             let recency: Recency = recency.parse().map_err(|e| bad(&e))?;
             let policy = self::eviction_policy(eviction_policy, eviction_policy_config)?;
-            let mut engine = RustEngine::with_components(config, comps).map_err(|e| bad(&e))?;
+            let mut engine = RustEngine::with_host(config, host_pages).map_err(|e| bad(&e))?;
+            engine.set_components(comps).map_err(|e| bad(&e))?;
             engine.set_recency(recency);
             if !policy.is_lru() {
                 engine.set_policy(policy);
@@ -203,6 +205,161 @@ cache_methods! {
             Ok((f.pages, f.swa_pages, f.mamba_states))
         }
 
+        /// The host tier's counts, `{"capacity", "used", "host_only_nodes"}`,
+        /// or `None` without one (`host_pages=0`).
+        fn host_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+            let Some(s) = guard(&self.inner)?.engine.host_stats() else {
+                return Ok(None);
+            };
+            let d = PyDict::new(py);
+            d.set_item("capacity", s.capacity)?;
+            d.set_item("used", s.used)?;
+            d.set_item("host_only_nodes", s.host_only_nodes)?;
+            Ok(Some(d))
+        }
+
+        /// SGLang's `commit_backup`: the node `handle` names has a host copy
+        /// on `host_pages` (host pool indices divided by the page size),
+        /// one per page; its parent must have one or be the root.
+        fn backup(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, host_pages: &Bound<'_, PyAny>) -> PyResult<()> {
+            let (h, pages) = (count(handle, "handle")?, input::u32s(host_pages, "host_pages")?);
+            let r = guard(&self.inner)?.engine.backup(h, &pages);
+            r.map_err(|e| rejected(py, e.into()))
+        }
+
+        /// The write-through chain of the node `handle` names: it and its
+        /// ancestors without a host copy, root side first (handles).
+        fn backup_chain(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+            let r = guard(&self.inner)?.engine.backup_chain(count(handle, "handle")?);
+            let chain = r.map_err(|e| rejected(py, e.into()))?;
+            Ok(chain.into_iter().map(|h| h.to_raw()).collect())
+        }
+
+        /// `(device_pages, host_pages)` of the node `handle` names: its
+        /// device page count (0: host-only) and its host copy's pages
+        /// (empty: not backed up).
+        fn host_node<'py>(&self, py: Python<'py>, handle: &Bound<'py, PyAny>) -> PyResult<(u32, Bound<'py, PyAny>)> {
+            let r = guard(&self.inner)?.engine.host_node(count(handle, "handle")?);
+            let n = r.map_err(|e| rejected(py, e.into()))?;
+            Ok((n.device_pages, input::array_out(py, &n.host_pages)?))
+        }
+
+        /// SGLang's `match_prefix` with HiCache: `(device_len, device,
+        /// host_len, best, pages, host_pages)`, the tokens matched on device
+        /// and the deepest device node's handle (`None`: the root), the
+        /// tokens matched past it in host-only nodes (`host_hit_length`) and
+        /// the deepest node's handle, then both page lists.
+        #[allow(clippy::type_complexity)] // one tuple, as the docstring reads
+        fn match_host<'py>(
+            &self,
+            py: Python<'py>,
+            tokens: &Bound<'py, PyAny>,
+        ) -> PyResult<(usize, Option<u64>, usize, Option<u64>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+            let tokens = input::u32s(tokens, "tokens")?;
+            let (mut pages, mut host) = (Vec::new(), Vec::new());
+            let m = guard(&self.inner)?.engine.match_host(&tokens, &mut pages, &mut host);
+            Ok((
+                m.device_len,
+                m.device.map(|h| h.to_raw()),
+                m.host_len,
+                m.best.map(|h| h.to_raw()),
+                input::array_out(py, &pages)?,
+                input::array_out(py, &host)?,
+            ))
+        }
+
+        /// SGLang's `build_load_back_spec`: the host-only nodes a load-back
+        /// of `handle` fills, root side first, as `(handle, host_pages)`.
+        fn load_back_chain<'py>(
+            &self,
+            py: Python<'py>,
+            handle: &Bound<'py, PyAny>,
+        ) -> PyResult<Vec<(u64, Bound<'py, PyAny>)>> {
+            let r = guard(&self.inner)?.engine.load_back_chain(count(handle, "handle")?);
+            let chain = r.map_err(|e| rejected(py, e.into()))?;
+            chain
+                .into_iter()
+                .map(|(h, pages)| Ok((h.to_raw(), input::array_out(py, &pages)?)))
+                .collect()
+        }
+
+        /// SGLang's `commit_load_back`: `pages` (allocated, one per host page
+        /// of the chain, root side first) take the chain's tokens; returns
+        /// the tokens loaded.
+        fn load_back(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, pages: &Bound<'_, PyAny>) -> PyResult<usize> {
+            let (h, pages) = (count(handle, "handle")?, input::u32s(pages, "pages")?);
+            let mut local = guard(&self.inner)?;
+            let client = local.client;
+            local.engine.load_back(client, h, &pages).map_err(|e| rejected(py, e.into()))
+        }
+
+        /// SGLang's `drive_host_eviction`: frees at least `pages` host pages,
+        /// whole host leaves in the eviction policy's order; returns the
+        /// freed host pages in order.
+        fn evict_host<'py>(&self, py: Python<'py>, pages: u64) -> PyResult<Bound<'py, PyAny>> {
+            let mut freed = Vec::new();
+            guard(&self.inner)?.engine.evict_host(pages, &mut freed);
+            input::array_out(py, &freed)
+        }
+
+        /// SGLang's `inc_host_lock_ref`: a receipt, or `None` when the node
+        /// has no host copy.
+        fn host_lock(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
+            let r = guard(&self.inner)?.engine.host_lock(count(handle, "handle")?);
+            r.map_err(|e| rejected(py, e.into()))
+        }
+
+        /// SGLang's `dec_host_lock_ref` of a `host_lock` receipt.
+        fn host_unlock(&self, py: Python<'_>, receipt: u32) -> PyResult<()> {
+            let r = guard(&self.inner)?.engine.host_unlock(receipt);
+            r.map_err(|e| rejected(py, e.into()))
+        }
+
+        /// SGLang's `insert_host` (write-through): files `tokens`' pages
+        /// fetched from the L3 onto `host_pages` below `anchor` (`None`: the
+        /// root), with their 32-byte `digests` (or none); returns
+        /// `(prefix_len, node, dropped)`.
+        #[pyo3(signature = (anchor, tokens, host_pages, digests = None))]
+        fn insert_host(
+            &self,
+            py: Python<'_>,
+            anchor: Option<&Bound<'_, PyAny>>,
+            tokens: &Bound<'_, PyAny>,
+            host_pages: &Bound<'_, PyAny>,
+            digests: Option<Vec<Vec<u8>>>,
+        ) -> PyResult<(usize, Option<u64>, bool)> {
+            let anchor = anchor.map(|a| count(a, "anchor")).transpose()?;
+            let tokens = input::u32s(tokens, "tokens")?;
+            let host_pages = input::u32s(host_pages, "host_pages")?;
+            let digests = self::digests(digests.unwrap_or_default())?;
+            let r = guard(&self.inner)?.engine.insert_host(anchor, &tokens, &host_pages, &digests);
+            let got = r.map_err(|e| rejected(py, e.into()))?;
+            Ok((got.prefix_len, got.node.map(|h| h.to_raw()), got.dropped))
+        }
+
+        /// Sets the node's page digests (32 bytes each, one per page).
+        fn set_digests(&self, py: Python<'_>, handle: &Bound<'_, PyAny>, digests: Vec<Vec<u8>>) -> PyResult<()> {
+            let digests = self::digests(digests)?;
+            let r = guard(&self.inner)?.engine.set_digests(count(handle, "handle")?, &digests);
+            r.map_err(|e| rejected(py, e.into()))
+        }
+
+        /// The node's page digests, or `None` if never hashed
+        /// (`hash_value`).
+        fn digests(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Vec<u8>>>> {
+            let r = guard(&self.inner)?.engine.digests(count(handle, "handle")?);
+            let d = r.map_err(|e| rejected(py, e.into()))?;
+            Ok(d.map(|d| d.iter().map(|x| x.to_vec()).collect()))
+        }
+
+        /// The digests of the node's hashed ancestors, root side first
+        /// (`get_prefix_hash_values`).
+        fn prefix_digests(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
+            let r = guard(&self.inner)?.engine.prefix_digests(count(handle, "handle")?);
+            let d = r.map_err(|e| rejected(py, e.into()))?;
+            Ok(d.iter().map(|x| x.to_vec()).collect())
+        }
+
         /// Nothing to release (symmetry with `Client`).
         fn close(&self) {}
 
@@ -231,4 +388,15 @@ cache_methods! {
             }
         }
     }
+}
+
+/// 32-byte digests from Python `bytes`.
+fn digests(raw: Vec<Vec<u8>>) -> PyResult<Vec<Digest>> {
+    raw.into_iter()
+        .map(|d| {
+            Digest::try_from(d.as_slice()).map_err(|_| {
+                PyValueError::new_err(format!("a digest is 32 bytes, not {}", d.len()))
+            })
+        })
+        .collect()
 }

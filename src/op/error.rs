@@ -6,7 +6,7 @@
 use std::fmt;
 
 use crate::engine::{
-    AnchorError, ComponentError, HandleError, NamespaceError, PageError, SessionError,
+    AnchorError, ComponentError, HandleError, HostError, NamespaceError, PageError, SessionError,
 };
 
 /// What kind of failure a rejected request met; its wire name is what
@@ -77,11 +77,17 @@ pub enum ErrorKind {
     /// A rank ran too far ahead of its group's slowest rank and waited for
     /// it in vain.
     GroupLag = 28,
+    /// A host-tier request on a cache without a host tier.
+    NoHostTier = 29,
+    /// A host-tier request on a node in the wrong state for it: a backup of
+    /// a node backed up already or below one that is not, a load-back of a
+    /// node that holds device pages, a host lock's receipt not held.
+    HostState = 30,
 }
 
 impl ErrorKind {
     /// Every kind, for decoding.
-    pub const ALL: [ErrorKind; 34] = [
+    pub const ALL: [ErrorKind; 36] = [
         Self::UnknownOp,
         Self::Malformed,
         Self::PageOutOfRange,
@@ -116,6 +122,8 @@ impl ErrorKind {
         Self::GroupMismatch,
         Self::GroupClosed,
         Self::GroupLag,
+        Self::NoHostTier,
+        Self::HostState,
     ];
 
     /// The wire name.
@@ -155,6 +163,8 @@ impl ErrorKind {
             Self::GroupMismatch => "group_mismatch",
             Self::GroupClosed => "group_closed",
             Self::GroupLag => "group_lag",
+            Self::NoHostTier => "no_host_tier",
+            Self::HostState => "host_state",
         }
     }
 
@@ -251,5 +261,25 @@ impl From<SessionError> for Rejection {
             SessionError::NotOwned(_) => Self::new(ErrorKind::SessionNotOwned, e.to_string()),
             SessionError::Page(p) => p.into(),
         }
+    }
+}
+
+impl From<HostError> for Rejection {
+    fn from(e: HostError) -> Self {
+        let kind = match e {
+            HostError::NoHostTier => ErrorKind::NoHostTier,
+            HostError::Handle(h) => return h.into(),
+            HostError::Page(p) => return p.into(),
+            HostError::CountMismatch { .. } | HostError::DigestCount { .. } => {
+                ErrorKind::PageCountMismatch
+            }
+            HostError::OutOfRange { .. } => ErrorKind::PageOutOfRange,
+            HostError::InUse { .. } => ErrorKind::PageNotOwned,
+            HostError::AlreadyBacked(_)
+            | HostError::ParentNotBacked(_)
+            | HostError::NotHostOnly(_)
+            | HostError::NotHostLocked(_) => ErrorKind::HostState,
+        };
+        Self::new(kind, e.to_string())
     }
 }

@@ -14,7 +14,8 @@ use super::lock::Handle;
 use super::region::Region;
 
 /// What [`Engine::evict_leaf`] evicted: the leaf's handle as it was (stale
-/// once answered) and its tokens.
+/// once answered, unless the leaf had a host copy: then it names the
+/// host-only node it became) and its tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EvictedLeaf {
     pub handle: Handle,
@@ -205,8 +206,9 @@ impl<R: Region> Engine<R> {
     /// go with it, as [`Engine::evict`]'s victims'): one step of SGLang's
     /// eviction walk (`evict_device_next_node` and `evict_device_leaf`),
     /// which checks its stop rule after every leaf. Answers the leaf's
-    /// handle (stale from now on) and the tokens freed, or `None` when
-    /// nothing is evictable.
+    /// handle (stale from now on; with a host copy the leaf is demoted and
+    /// the handle names it, host-only) and the tokens freed, or `None`
+    /// when nothing is evictable.
     pub fn evict_leaf(&mut self) -> Option<EvictedLeaf> {
         let p = u64::from(self.page_size());
         self.arena.reclaim();

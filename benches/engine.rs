@@ -17,7 +17,12 @@
 //!   visits a locked node, so the time per call does not grow with L;
 //! - `evict/locked_policy/{policy}/{0,50k}`: the same under each eviction
 //!   policy (its heap holds the unlocked leaves only), on one engine size
-//!   for both counts.
+//!   for both counts;
+//! - `host`: the host tier (HiCache) on a 4K-token prompt at P = 16 whose
+//!   second half is host-only: `match_host` beside `match_prefix` of the
+//!   same prompt all on device (the walk into host-only nodes against the
+//!   table's), and a demote then load-back of the half (eviction keeping
+//!   the node, then its pages back: SGLang's evict and `load_back` round).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -459,8 +464,60 @@ fn bench_match_hybrid(c: &mut Criterion) {
     g.finish();
 }
 
+fn bench_host(c: &mut Criterion) {
+    const P: u32 = 16;
+    const N: usize = 4096;
+    let mut g = c.benchmark_group("host");
+    let prompt = tokens(1, N);
+    let pages = (N / P as usize) as u32;
+    let cfg = Config {
+        page_size: P,
+        capacity: pages + 1,
+    };
+    // The prompt as two nodes, both backed up; the lower one demoted.
+    let mut e = Engine::with_host(cfg, pages).unwrap();
+    put(&mut e, &prompt[..N / 2], false);
+    put(&mut e, &prompt, false);
+    let mut device = Vec::new();
+    let mut host = Vec::new();
+    let lower = e.match_host(&prompt, &mut device, &mut host).best.unwrap();
+    let mut next = 0;
+    for node in e.backup_chain(lower.to_raw()).unwrap() {
+        let n = e.host_node(node.to_raw()).unwrap().device_pages;
+        e.backup(node.to_raw(), &(next..next + n).collect::<Vec<_>>())
+            .unwrap();
+        next += n;
+    }
+    let mut on_device = engine(P, pages + 1);
+    put(&mut on_device, &prompt, false);
+    g.throughput(Throughput::Elements(N as u64));
+    g.bench_function(BenchmarkId::new("match_prefix_device_P16", N), |b| {
+        b.iter(|| on_device.match_prefix(CLIENT, black_box(&prompt), false, &mut device))
+    });
+    // Demote the lower half: the tree's least recently used leaf.
+    e.match_host(&prompt[..N / 2], &mut device, &mut host);
+    assert_eq!(e.evict(1), (N / 2) as u64);
+    g.bench_function(BenchmarkId::new("match_host_half_host_P16", N), |b| {
+        b.iter(|| {
+            let m = e.match_host(black_box(&prompt), &mut device, &mut host);
+            debug_assert_eq!(m.device_len + m.host_len, N);
+            m
+        })
+    });
+    g.bench_function(BenchmarkId::new("demote_load_back_P16", N / 2), |b| {
+        b.iter(|| {
+            let fresh = e.alloc(CLIENT, (N / 2) as u64 / u64::from(P)).unwrap();
+            e.load_back(CLIENT, lower.to_raw(), &fresh).unwrap();
+            e.match_host(&prompt[..N / 2], &mut device, &mut host);
+            black_box(e.evict(1))
+        })
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
+    bench_host,
     bench_match,
     bench_match_hybrid,
     bench_peek,

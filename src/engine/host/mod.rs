@@ -44,6 +44,7 @@ use std::fmt;
 use super::error::{HandleError, PageError};
 use super::heap::Heap;
 use super::layout::NIL;
+use super::lock_map::PairHash;
 use super::policy::Key;
 
 mod lock;
@@ -67,8 +68,9 @@ pub(crate) struct HostTier {
     used: u32,
     /// Each node slot's host copy, if it has one.
     parts: Vec<Option<HostPart>>,
-    /// The host-only children of each node that has some.
-    kids: HashMap<u32, Vec<u32>>,
+    /// The host-only children of each node that has some (node indices are
+    /// the arena's, so the lock tables' cheap hash serves).
+    kids: HashMap<u32, Vec<u32>, PairHash>,
     /// Host-only nodes.
     host_nodes: u32,
     /// Host eviction's candidates by the eviction policy's key (SGLang
@@ -82,7 +84,7 @@ pub(crate) struct HostTier {
     /// Each host lock's segment, `(node, top)`: the lock counts on `node`
     /// and every ancestor up to `top` (a split above `node` makes the
     /// segment longer, as SGLang's `host_uuid` boundary does).
-    receipts: HashMap<u32, (u32, u32)>,
+    receipts: HashMap<u32, (u32, u32), PairHash>,
     /// The last receipt handed out.
     last_receipt: u32,
     /// Each node slot's page digests (SGLang's `hash_value`: the L3's keys,
@@ -111,12 +113,12 @@ impl HostTier {
             owner: vec![NIL; capacity as usize],
             used: 0,
             parts: vec![None; nodes as usize],
-            kids: HashMap::new(),
+            kids: HashMap::default(),
             host_nodes: 0,
             leaves: Heap::new(),
             slot: vec![0; nodes as usize],
             host_locks: vec![0; nodes as usize],
-            receipts: HashMap::new(),
+            receipts: HashMap::default(),
             last_receipt: 0,
             digests: vec![None; nodes as usize],
         }
@@ -241,7 +243,7 @@ impl From<HandleError> for HostError {
 }
 
 /// Takes `node` out of `parent`'s host-only children.
-pub(crate) fn unfile(kids: &mut HashMap<u32, Vec<u32>>, parent: u32, node: u32) {
+pub(crate) fn unfile(kids: &mut HashMap<u32, Vec<u32>, PairHash>, parent: u32, node: u32) {
     if let Some(list) = kids.get_mut(&parent) {
         list.retain(|&k| k != node);
         if list.is_empty() {

@@ -279,11 +279,18 @@ impl<R: Region> Arena<R> {
                     .is_some_and(|part| part.tokens.get(..p) == Some(first))
         })?;
         let tokens = &t.part(child)?.tokens;
-        let same = tokens
-            .chunks_exact(p)
-            .zip(key.chunks_exact(p))
-            .take_while(|(a, b)| a == b)
-            .count();
+        // Whole pages both sides hold, compared as one slice (a `memcmp`)
+        // before page by page, as the device walk compares a run.
+        let n = tokens.len().min(key.len() / p * p);
+        let same = if tokens[..n] == key[..n] {
+            n / p
+        } else {
+            tokens
+                .chunks_exact(p)
+                .zip(key.chunks_exact(p))
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
         Some((child, same as u32))
     }
 

@@ -229,7 +229,9 @@ impl<R: Region> Engine<R> {
         // Cannot fail: only the components this engine keeps are asked for.
         let _ = self.evict_components(u64::MAX, all(c.swa.is_some()), all(c.mamba.is_some()));
         // Eviction demoted what had a host copy; those copies live in the
-        // bound server's host pool, which goes with its binding.
+        // bound server's host pool, which goes with its binding, and the
+        // host locks with the transfers they kept.
+        self.host_unlock_all();
         self.evict_host(u64::MAX, &mut Vec::new());
     }
 

@@ -264,6 +264,13 @@ impl<R: Region> Arena<R> {
     /// Records that `pages` (with the tokens `key`) became cached below
     /// `parent`, while KV events are recorded.
     pub(crate) fn record_stored(&mut self, parent: u32, key: &[u32], pages: &[u32]) {
+        let ns = self.leaf_namespace(parent);
+        self.record_stored_in(parent, key, pages, ns);
+    }
+
+    /// [`Self::record_stored`] of a run cached in namespace `ns` (a
+    /// promote's: the node's own, whatever the call's namespace is).
+    pub(crate) fn record_stored_in(&mut self, parent: u32, key: &[u32], pages: &[u32], ns: u32) {
         if !self.recording() {
             return;
         }
@@ -271,7 +278,6 @@ impl<R: Region> Arena<R> {
         let parent_page = self.run_parent(parent);
         let pages_copy = self.record_copy(pages);
         let tokens = self.record_copy(&key[..pages.len() * p]);
-        let ns = self.leaf_namespace(parent);
         self.record(|_| CacheEvent::Stored {
             parent: parent_page,
             pages: pages_copy,
@@ -450,6 +456,8 @@ impl<R: Region> Arena<R> {
             self.demote_unversioned(victim);
         } else if whole {
             self.node_remove(victim);
+        } else {
+            self.host_trimmed(victim);
         }
         self.version(victim).end();
         // Exactly the pages trimmed from this leaf's end.

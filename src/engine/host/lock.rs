@@ -55,6 +55,20 @@ impl<R: Region> Engine<R> {
         }
     }
 
+    /// Releases every host lock held (the host pool went: `drop_cached`).
+    pub(crate) fn host_unlock_all(&mut self) {
+        let receipts: Vec<u32> = self
+            .arena
+            .host
+            .as_deref()
+            .map(|t| t.receipts.keys().copied().collect())
+            .unwrap_or_default();
+        for receipt in receipts {
+            // Cannot fail: each receipt was just read off the table.
+            let _ = self.host_unlock(receipt);
+        }
+    }
+
     /// Host locks held.
     pub fn host_locks_held(&self) -> usize {
         self.arena.host.as_deref().map_or(0, |t| t.receipts.len())

@@ -132,7 +132,10 @@ impl<R: Region> Arena<R> {
         unfile(&mut t.kids, parent, node);
         t.host_nodes -= 1;
         self.host_unleaf(node);
-        self.record_stored(parent, &tokens, pages);
+        // The node's namespace, not the call's (a load-back of a root child
+        // runs in any namespace).
+        let ns = self.nodes()[node as usize].ns;
+        self.record_stored_in(parent, &tokens, pages, ns);
         self.version(node).begin();
         self.fill(node, &tokens, pages);
         self.nodes_mut()[node as usize].state = NODE_LIVE;
@@ -335,6 +338,19 @@ impl<R: Region> Arena<R> {
             && n.lock_ref == 0
             && t.host_locks[node as usize] == 0
             && !t.kids.contains_key(&node)
+    }
+
+    /// After eviction trimmed pages from the end of the device node `node`
+    /// (no host copy: it stays): its digests, one per page, lose theirs.
+    pub(crate) fn host_trimmed(&mut self, node: u32) {
+        let left = self.nodes()[node as usize].num_pages as usize;
+        if let Some(d) = self
+            .host
+            .as_deref_mut()
+            .and_then(|t| t.digests[node as usize].as_mut())
+        {
+            d.truncate(left);
+        }
     }
 
     /// Forgets what the tier knew of `node`, which leaves the tree (a

@@ -137,6 +137,12 @@ impl<R: Region> Engine<R> {
             |from: usize, to: usize| (!digests.is_empty()).then(|| digests[from..to].to_vec());
         let (mut at, mut prefix, mut refilled) = (0, 0, false);
         while at < n {
+            // Below a node without a copy nothing may take one (the backed
+            // set is closed under ancestors): the rest is dropped. Only the
+            // anchor can be such a node; the walk refills what it enters.
+            if node != ROOT && !self.arena.backed(node) {
+                break;
+            }
             let Some((child, same)) = self.child_along(node, &key[at * p..]) else {
                 break;
             };

@@ -563,6 +563,84 @@ fn insert_host_below_a_node_without_a_copy_is_dropped() {
     assert_eq!((m.device_len, host), (2, vec![5, 9]));
 }
 
+#[test]
+fn host_only_root_children_of_two_namespaces_may_share_a_first_page() {
+    let mut e = engine(8, 16);
+    let a = insert(&mut e, &[1, 1, 2, 2]);
+    back_up(&mut e, a, &mut 0);
+    let other = e.namespace("tenant-b").expect("namespace");
+    let b = e.with_namespace(other, |e| insert(e, &[1, 1, 3, 3]));
+    back_up(&mut e, b, &mut 10);
+    assert_eq!(e.evict(100), 8);
+    e.validate().expect("valid with both host-only");
+}
+
+#[test]
+fn a_load_back_reports_its_pages_stored_in_the_nodes_namespace() {
+    let mut e = engine(8, 16);
+    let other = e.namespace("tenant-b").expect("namespace");
+    let h = e.with_namespace(other, |e| insert(e, &[1, 1, 2, 2]));
+    back_up(&mut e, h, &mut 0);
+    e.evict(100);
+    e.record_events(true);
+    let mut events = Vec::new();
+    e.take_events(&mut events);
+    let fresh = e.alloc(1, 2).expect("alloc");
+    // In the default namespace: the node's own is what counts.
+    e.load_back(1, h.to_raw(), &fresh).expect("load back");
+    events.clear();
+    e.take_events(&mut events);
+    let stored: Vec<u32> = events
+        .iter()
+        .filter_map(|x| match x {
+            crate::engine::CacheEvent::Stored { ns, .. } => Some(*ns),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stored, [other]);
+}
+
+#[test]
+fn insert_host_below_an_anchor_without_a_copy_refills_nothing() {
+    let mut e = engine(8, 16);
+    let whole = insert(&mut e, &[1, 1, 2, 2]);
+    let (m, _, _) = match_host(&mut e, &[1, 1]);
+    let upper = m.best.expect("upper");
+    assert_ne!(upper, whole);
+    let got = e
+        .insert_host(Some(upper.to_raw()), &[2, 2], &[0], &[])
+        .expect("insert_host");
+    e.validate().expect("valid");
+    assert_eq!((got.prefix_len, got.node, got.dropped), (0, None, true));
+    assert_eq!(e.host_stats().map(|s| s.used), Some(0));
+}
+
+#[test]
+fn drop_cached_releases_host_locks_and_empties_the_tier() {
+    let mut e = engine(8, 16);
+    let h = insert(&mut e, &[1, 1, 2, 2]);
+    back_up(&mut e, h, &mut 0);
+    e.host_lock(h.to_raw()).expect("host lock");
+    e.drop_cached();
+    e.validate().expect("valid");
+    assert_eq!(
+        e.host_stats().map(|s| (s.used, s.host_only_nodes)),
+        Some((0, 0))
+    );
+    assert_eq!(e.host_locks_held(), 0);
+}
+
+#[test]
+fn a_page_by_page_eviction_trims_the_digests_too() {
+    let mut e = engine(8, 16);
+    let h = insert(&mut e, &[1, 1, 2, 2]);
+    e.set_digests(h.to_raw(), &[digest(1), digest(2)])
+        .expect("digests");
+    assert_eq!(e.evict(2), 2, "one page of the unbacked leaf");
+    e.validate().expect("valid");
+    assert_eq!(e.digests(h.to_raw()), Ok(Some(vec![digest(1)])));
+}
+
 /// One step of the random workload.
 #[derive(Clone, Debug)]
 enum Op {

@@ -126,7 +126,9 @@ impl<R: Region> Engine<R> {
                 !list.is_empty(),
                 "node {parent} files an empty list of host children"
             );
-            let mut firsts: Vec<&[u32]> = Vec::new();
+            // Children of the root in different namespaces may share a first
+            // page (the child table keys them by namespace too).
+            let mut firsts: Vec<(u32, &[u32])> = Vec::new();
             for &k in list {
                 let n = &nodes[k as usize];
                 ensure!(
@@ -138,11 +140,13 @@ impl<R: Region> Engine<R> {
                     .and_then(|part| part.tokens.get(..p))
                     .unwrap_or(&[]);
                 ensure!(
-                    !firsts.iter().any(|f| *f == first && !first.is_empty())
+                    !firsts
+                        .iter()
+                        .any(|&(ns, f)| ns == n.ns && f == first && !first.is_empty())
                         && a.find_child(parent, n.ns, first).is_none(),
                     "two children of {parent} begin with the same page"
                 );
-                firsts.push(first);
+                firsts.push((n.ns, first));
             }
         }
         let mut locks = vec![0u32; nodes.len()];

@@ -50,7 +50,12 @@ fn backed_chain() -> (Writer, Reader, Handle) {
     e.insert(1, &[1], &pages[..1], false).expect("insert A");
     let b = e.insert(1, &[1, 2], &pages, false).expect("insert B");
     let b = b.node.expect("B");
-    for (i, node) in e.backup_chain(b.to_raw()).expect("chain").into_iter().enumerate() {
+    for (i, node) in e
+        .backup_chain(b.to_raw())
+        .expect("chain")
+        .into_iter()
+        .enumerate()
+    {
         e.backup(node.to_raw(), &[i as u32]).expect("backup");
     }
     (e, TreeReader::over(mirror), b)

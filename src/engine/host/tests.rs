@@ -654,8 +654,10 @@ enum Op {
     Lock(prop::sample::Index, usize),
     UnlockAll,
     /// Pages of a key fetched from the L3 (holding its tokens), filed from
-    /// the root or from the key's deepest device node.
-    Prefetch(prop::sample::Index, usize, bool),
+    /// the node a match of its first `usize` tokens ends at (the root when
+    /// that is 0): an anchor with or without a copy, above device nodes,
+    /// host-only ones or none.
+    Prefetch(prop::sample::Index, usize, usize),
     HostLock(prop::sample::Index, usize),
     HostUnlockAll,
 }
@@ -674,7 +676,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => old().prop_map(|(i, n)| Op::LoadBack(i, n)),
         1 => old().prop_map(|(i, n)| Op::Lock(i, n)),
         1 => Just(Op::UnlockAll),
-        3 => (old(), any::<bool>()).prop_map(|((i, n), root)| Op::Prefetch(i, n, root)),
+        3 => (old(), 0usize..14).prop_map(|((i, n), cut)| Op::Prefetch(i, n, cut)),
         1 => old().prop_map(|(i, n)| Op::HostLock(i, n)),
         1 => Just(Op::HostUnlockAll),
     ]
@@ -848,12 +850,12 @@ fn run(policy: Policy, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     );
                 }
             }
-            Op::Prefetch(i, n, root) => {
+            Op::Prefetch(i, n, cut) => {
                 let Some(key) = pick(&i, n) else { continue };
-                let m = kv.check(&mut e, &key)?;
-                let (anchor, from) = match m.device {
-                    Some(h) if !root => (Some(h.to_raw()), m.device_len),
-                    _ => (None, 0),
+                let m = kv.check(&mut e, &key[..cut.min(key.len()) / p * p])?;
+                let (anchor, from) = match m.best {
+                    Some(h) => (Some(h.to_raw()), m.device_len + m.host_len),
+                    None => (None, 0),
                 };
                 let want = (key.len() / p).saturating_sub(from / p);
                 if want == 0 || kv.host_free.len() < want {

@@ -17,6 +17,9 @@
 //! executions that never meet the race it is about, fails instead of
 //! passing empty.
 
+#[cfg(loom)]
+pub mod tree;
+
 /// Runs `model` under loom (with room for the models' yield loops) and
 /// asserts that at least `floor` executions reached the model's path
 /// (`model` returns whether this one did), counted outside the model with

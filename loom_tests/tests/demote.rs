@@ -29,22 +29,15 @@
 //! docs/modelcheck.md.
 #![cfg(loom)]
 
-use std::sync::Arc as StdArc;
-
 use loom_tests::explore;
-use radixd::engine::{Engine, EngineLayout, Handle, Mirror, MirroredRegion, TreeReader};
-use radixd_ipc::sync::{Arc, AtomicU32, Ordering};
-
-type Writer = Engine<MirroredRegion>;
-type Reader = TreeReader<StdArc<Mirror>>;
+use loom_tests::tree::{engine, peek, Reader, Stage, Writer};
+use radixd::engine::Handle;
 
 /// An engine of 3 device pages and 2 host pages of one token holding
 /// A [1] on page 0 and B [2] on page 1 under it, both backed up; B's
 /// handle, and a reader of it.
 fn backed_chain() -> (Writer, Reader, Handle) {
-    let layout = EngineLayout::with_host(1, 3, 2).expect("layout");
-    let (region, mirror) = MirroredRegion::new(layout).expect("region");
-    let mut e = Engine::in_region(region, layout).expect("engine");
+    let (mut e, r) = engine(3, 2);
     let pages = e.alloc(1, 2).expect("alloc");
     assert_eq!(pages, [0, 1]);
     e.insert(1, &[1], &pages[..1], false).expect("insert A");
@@ -58,31 +51,39 @@ fn backed_chain() -> (Writer, Reader, Handle) {
     {
         e.backup(node.to_raw(), &[i as u32]).expect("backup");
     }
-    (e, TreeReader::over(mirror), b)
+    (e, r, b)
 }
 
-/// The reader's answer for `key` (`None`: gave up), as a list of pages.
-fn peek(r: &Reader, key: &[u32]) -> Option<Vec<u32>> {
-    let mut pages = Vec::new();
-    let peeked = r.peek_anchored(key, &mut pages)?;
-    assert_eq!(peeked.len, pages.len(), "one page per matched token");
-    Some(pages)
-}
-
-/// Where the writer is: 0 before its first change, 1 after its last.
-/// SeqCst: a witness outside the protocol.
-struct Stage(AtomicU32);
-
-impl Stage {
-    fn new() -> Arc<Self> {
-        Arc::new(Self(AtomicU32::new(0)))
+/// Runs `change` on the writer's own thread against a reader's peek of
+/// `key`, whose answer (unless the reader gave up) must be one of
+/// `allowed`. Returns the writer and whether the walk began before the
+/// change and ended after it.
+fn race(
+    mut e: Writer,
+    r: &Reader,
+    key: &[u32],
+    allowed: &[&[u32]],
+    change: impl FnOnce(&mut Writer) + Send + 'static,
+) -> (Writer, bool) {
+    let stage = Stage::new();
+    let writer = {
+        let stage = stage.clone();
+        loom::thread::spawn(move || {
+            change(&mut e);
+            stage.set(1);
+            e
+        })
+    };
+    let before = stage.get();
+    let got = peek(r, key);
+    let after = stage.get();
+    if let Some(pages) = &got {
+        assert!(
+            allowed.contains(&pages.as_slice()),
+            "{pages:?}: {key:?} never mapped to that"
+        );
     }
-    fn set(&self, s: u32) {
-        self.0.store(s, Ordering::SeqCst);
-    }
-    fn get(&self) -> u32 {
-        self.0.load(Ordering::SeqCst)
-    }
+    (writer.join().unwrap(), before == 0 && after == 1)
 }
 
 #[test]
@@ -91,36 +92,19 @@ fn a_demote_underfoot_answers_the_old_prefix_or_the_shorter_one() {
         "a_demote_underfoot_answers_the_old_prefix_or_the_shorter_one",
         16_000,
         || {
-            let (mut e, r, b) = backed_chain();
-            let stage = Stage::new();
-            let writer = {
-                let stage = stage.clone();
-                loom::thread::spawn(move || {
-                    assert_eq!(e.evict(1), 1);
-                    // Page 1 goes to other KV at once (no grace here:
-                    // versions alone must keep the reader right).
-                    let pages = e.alloc(1, 2).expect("alloc");
-                    assert_eq!(pages, [2, 1]);
-                    e.insert(1, &[7], &pages[1..], false).expect("insert");
-                    stage.set(1);
-                    e
-                })
-            };
-            let before = stage.get();
-            let got = peek(&r, &[1, 2]);
-            let after = stage.get();
-            if let Some(pages) = &got {
-                assert!(
-                    [&[0, 1][..], &[0]].contains(&pages.as_slice()),
-                    "{pages:?}: [1, 2] never mapped to that"
-                );
-            }
-            let e = writer.join().unwrap();
+            let (e, r, b) = backed_chain();
+            let (e, on_path) = race(e, &r, &[1, 2], &[&[0, 1], &[0]], |e| {
+                assert_eq!(e.evict(1), 1);
+                // Page 1 goes to other KV at once (no grace here: versions
+                // alone must keep the reader right).
+                let pages = e.alloc(1, 2).expect("alloc");
+                assert_eq!(pages, [2, 1]);
+                e.insert(1, &[7], &pages[1..], false).expect("insert");
+            });
             assert_eq!(peek(&r, &[1, 2]), Some(vec![0]));
             let node = e.host_node(b.to_raw()).expect("B's handle stays good");
             assert!(node.host_only());
-            drop(e);
-            before == 0 && after == 1
+            on_path
         },
     );
 }
@@ -135,28 +119,11 @@ fn a_promote_underfoot_answers_the_new_pages_or_the_shorter_prefix() {
             assert_eq!(e.evict(1), 1);
             let pages = e.alloc(1, 1).expect("alloc");
             assert_eq!(pages, [2]);
-            let stage = Stage::new();
-            let writer = {
-                let stage = stage.clone();
-                loom::thread::spawn(move || {
-                    assert_eq!(e.load_back(1, b.to_raw(), &pages), Ok(1));
-                    stage.set(1);
-                    e
-                })
-            };
-            let before = stage.get();
-            let got = peek(&r, &[1, 2]);
-            let after = stage.get();
-            if let Some(pages) = &got {
-                assert!(
-                    [&[0, 2][..], &[0]].contains(&pages.as_slice()),
-                    "{pages:?}: [1, 2] never mapped to that"
-                );
-            }
-            let e = writer.join().unwrap();
+            let (_e, on_path) = race(e, &r, &[1, 2], &[&[0, 2], &[0]], move |e| {
+                assert_eq!(e.load_back(1, b.to_raw(), &pages), Ok(1));
+            });
             assert_eq!(peek(&r, &[1, 2]), Some(vec![0, 2]));
-            drop(e);
-            before == 0 && after == 1
+            on_path
         },
     );
 }
@@ -170,10 +137,7 @@ const E: u32 = 6;
 #[test]
 fn a_demote_keeps_a_sibling_found() {
     explore("a_demote_keeps_a_sibling_found", 700, || {
-        let layout = EngineLayout::with_host(1, 3, 2).expect("layout");
-        let (region, mirror) = MirroredRegion::new(layout).expect("region");
-        let mut e = Engine::in_region(region, layout).expect("engine");
-        let r = TreeReader::over(mirror);
+        let (mut e, r) = engine(3, 2);
         let pages = e.alloc(1, 3).expect("alloc");
         let a = e.insert(1, &[1], &pages[..1], false).expect("A").node;
         let d = e.insert(1, &[1, D], &pages[..2], false).expect("D").node;
@@ -184,27 +148,13 @@ fn a_demote_keeps_a_sibling_found() {
             let node = node.expect("node").to_raw();
             e.backup(node, &[host]).expect("backup");
         }
-        let stage = Stage::new();
-        let writer = {
-            let stage = stage.clone();
-            loom::thread::spawn(move || {
-                assert_eq!(e.evict(1), 1);
-                stage.set(1);
-                e
-            })
-        };
-        let before = stage.get();
-        let got = peek(&r, &[1, E]);
-        let after = stage.get();
-        if let Some(pages) = &got {
-            assert_eq!(pages, &[0, 2], "[1, E] was cached on [0, 2] throughout");
-        }
-        let e = writer.join().unwrap();
+        let (e, on_path) = race(e, &r, &[1, E], &[&[0, 2]], |e| {
+            assert_eq!(e.evict(1), 1);
+        });
         assert_eq!(peek(&r, &[1, E]), Some(vec![0, 2]));
         assert_eq!(peek(&r, &[1, D]), Some(vec![0]));
         let d = d.expect("D").to_raw();
         assert!(e.host_node(d).expect("D stays").host_only());
-        drop(e);
-        before == 0 && after == 1
+        on_path
     });
 }

@@ -37,57 +37,8 @@
 //! docs/modelcheck.md.
 #![cfg(loom)]
 
-use std::sync::Arc as StdArc;
-
+use loom_tests::tree::{engine, peek, put, Reader, Stage};
 use loom_tests::{explore, explore_bounded};
-use radixd::engine::{Engine, EngineLayout, Mirror, MirroredRegion, TreeReader};
-use radixd_ipc::sync::{Arc, AtomicU32, Ordering};
-
-type Writer = Engine<MirroredRegion>;
-type Reader = TreeReader<StdArc<Mirror>>;
-
-/// An empty engine of `capacity` pages of one token, and a reader of it.
-fn engine(capacity: u32) -> (Writer, Reader) {
-    let layout = EngineLayout::new(1, capacity).expect("layout");
-    let (region, mirror) = MirroredRegion::new(layout).expect("region");
-    let engine = Engine::in_region(region, layout).expect("engine");
-    (engine, TreeReader::over(mirror))
-}
-
-/// Caches `key` (the cached part keeps its pages, the rest gets new ones)
-/// and returns its pages.
-fn put(e: &mut Writer, key: &[u32], lock: bool) -> Vec<u32> {
-    let mut pages = Vec::new();
-    let cached = e.peek(key, &mut pages);
-    pages.extend(e.alloc(1, (key.len() - cached) as u64).expect("alloc"));
-    e.insert(1, key, &pages, lock).expect("insert");
-    pages
-}
-
-/// The reader's answer for `key` (`None`: gave up), as a list of pages.
-fn peek(r: &Reader, key: &[u32]) -> Option<Vec<u32>> {
-    let mut pages = Vec::new();
-    let peeked = r.peek_anchored(key, &mut pages)?;
-    assert_eq!(peeked.len, pages.len(), "one page per matched token");
-    Some(pages)
-}
-
-/// Where the writer is, for the model's assertions and floors: 0 before
-/// its first change, then as each model says. SeqCst: a witness outside
-/// the protocol, totally ordered with the reader's loads of it.
-struct Stage(AtomicU32);
-
-impl Stage {
-    fn new() -> Arc<Self> {
-        Arc::new(Self(AtomicU32::new(0)))
-    }
-    fn set(&self, s: u32) {
-        self.0.store(s, Ordering::SeqCst);
-    }
-    fn get(&self) -> u32 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 /// At most one preemption: the race needs one (the reader stopped after
 /// copying X, before looking up X's child; the writer then runs to its
@@ -102,7 +53,7 @@ fn a_reader_notices_the_node_it_stands_on_was_reused() {
         30_000,
         Some(1),
         || {
-            let (mut e, r) = engine(3);
+            let (mut e, r) = engine(3, 0);
             assert_eq!(put(&mut e, &[1], false), [0]);
             let stage = Stage::new();
             let writer = {
@@ -138,7 +89,7 @@ fn a_reader_notices_the_node_it_stands_on_was_reused() {
 #[test]
 fn a_walk_survives_a_split_underfoot() {
     explore("a_walk_survives_a_split_underfoot", 6_000, || {
-        let (mut e, r) = engine(3);
+        let (mut e, r) = engine(3, 0);
         assert_eq!(put(&mut e, &[10, 11], false), [0, 1]);
         let stage = Stage::new();
         let writer = {
@@ -166,7 +117,7 @@ fn a_walk_survives_a_split_underfoot() {
 #[test]
 fn a_child_copy_counts_only_once_validated() {
     explore("a_child_copy_counts_only_once_validated", 3_000, || {
-        let (mut e, r) = engine(3);
+        let (mut e, r) = engine(3, 0);
         assert_eq!(put(&mut e, &[7, 7], false), [0, 1]);
         let stage = Stage::new();
         let writer = {
@@ -199,7 +150,7 @@ const E: u32 = 6;
 #[test]
 fn a_miss_is_trusted_only_under_a_still_table() {
     explore("a_miss_is_trusted_only_under_a_still_table", 700, || {
-        let (mut e, r) = engine(3);
+        let (mut e, r) = engine(3, 0);
         assert_eq!(put(&mut e, &[1], false), [0]);
         assert_eq!(home(&r, D), home(&r, E), "D and E share a home bucket");
         assert_eq!(put(&mut e, &[1, D], false), [0, 1]);

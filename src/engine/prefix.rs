@@ -65,12 +65,9 @@ impl<R: Region> Engine<R> {
         lock: bool,
         hints: InsertHints,
     ) -> Result<Inserted, PageError> {
-        let (node, mut inserted, _) =
-            self.insert_node(client, tokens, pages, InsertExtra::default(), hints)?;
-        if lock && node != ROOT {
-            inserted.handle = Some(self.lock_node(client, node));
-        }
-        Ok(inserted)
+        let extra = InsertExtra::default();
+        self.insert_with_hinted(client, tokens, pages, lock, extra, hints)
+            .map(|(inserted, _)| inserted)
     }
 
     /// [`Engine::insert`] with the extras of a hybrid engine: a state to

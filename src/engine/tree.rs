@@ -103,16 +103,7 @@ impl<R: Region> Arena<R> {
                 let (first, n) = (page as usize, run as usize);
                 let stored = self.tokens().get(first * p..(first + n) * p);
                 let stored = stored.unwrap_or_else(|| super::arena::corrupt("page run"));
-                let wanted = &key[*pos..*pos + n * p];
-                let same = if stored == wanted {
-                    n
-                } else {
-                    stored
-                        .chunks_exact(p)
-                        .zip(wanted.chunks_exact(p))
-                        .take_while(|(a, b)| a == b)
-                        .count()
-                };
+                let same = super::arena::same_pages(stored, &key[*pos..*pos + n * p], p);
                 out.extend((0..same as u32).map(|i| page + i));
                 *pos += same * p;
                 in_child += same as u32;
@@ -231,7 +222,7 @@ impl<R: Region> Arena<R> {
 
     /// The namespace of a leaf hung under `parent`: under the root, the
     /// operation's; below, the parent's.
-    fn leaf_namespace(&self, parent: u32) -> u32 {
+    pub(crate) fn leaf_namespace(&self, parent: u32) -> u32 {
         if parent == ROOT {
             self.ns
         } else {

@@ -14,6 +14,8 @@ use super::policy::Key;
 use super::region::Region;
 use super::table::child_hash;
 
+/// Returns the invariant error `$msg` describes unless `$cond` holds (the
+/// caller has `InvariantError` in scope).
 macro_rules! ensure {
     ($cond:expr, $($msg:tt)+) => {
         if !$cond {
@@ -21,6 +23,7 @@ macro_rules! ensure {
         }
     };
 }
+pub(super) use ensure;
 
 impl<R: Region> Engine<R> {
     /// Checks every invariant of the engine; the first broken one is

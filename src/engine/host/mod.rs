@@ -142,6 +142,16 @@ impl HostTier {
     }
 }
 
+impl HostPart {
+    /// A host copy on `pages`; `tokens` for a host-only node.
+    fn new(pages: &[u32], tokens: Vec<u32>) -> Self {
+        Self {
+            pages: pages.to_vec(),
+            tokens,
+        }
+    }
+}
+
 /// Where a node's KV lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostNode {

@@ -3,7 +3,7 @@
 //! engine, and the tier's invariants.
 
 use super::{unfile, HostError, HostNode, HostPart, HostStats, HostTier};
-use crate::engine::arena::Arena;
+use crate::engine::arena::{same_pages, Arena};
 use crate::engine::cache::{ClientId, Engine};
 use crate::engine::heap::Entry;
 use crate::engine::layout::{Node, NIL, NODE_FREE, NODE_HOST, NODE_LIVE, ROOT};
@@ -151,7 +151,7 @@ impl<R: Region> Arena<R> {
 
     /// Cuts the host-only `node` after its first `upper` pages; returns the
     /// new upper node (host-only too), as a device split does.
-    pub(super) fn host_split_private(&mut self, node: u32, upper: u32) -> u32 {
+    fn host_split_private(&mut self, node: u32, upper: u32) -> u32 {
         let c = self.nodes()[node as usize];
         let m = self.host_node_alloc(c.parent, c.ns, c.lock_ref);
         self.nodes_mut()[node as usize].parent = m;
@@ -182,7 +182,7 @@ impl<R: Region> Arena<R> {
 
     /// How many leading pages of the device node `node`'s edge `key`
     /// (whole pages) holds.
-    pub(super) fn same_pages(&self, node: u32, key: &[u32]) -> usize {
+    pub(super) fn edge_matches(&self, node: u32, key: &[u32]) -> usize {
         let p = self.layout.page_size as usize;
         let (mut page, mut same, mut hops) = (self.nodes()[node as usize].first_page, 0, 0);
         while page != NIL && (same + 1) * p <= key.len() {
@@ -211,11 +211,7 @@ impl<R: Region> Arena<R> {
     /// Hangs a new host-only node under `parent` holding `key`'s tokens on
     /// the host pages `pages` (checked free by the caller).
     pub(super) fn host_leaf(&mut self, parent: u32, key: &[u32], pages: &[u32]) -> u32 {
-        let ns = if parent == ROOT {
-            self.ns
-        } else {
-            self.nodes()[parent as usize].ns
-        };
+        let ns = self.leaf_namespace(parent);
         let leaf = self.host_node_alloc(parent, ns, 0);
         self.host_adopt(leaf, pages, key.to_vec());
         if let Some(t) = self.host.as_deref_mut() {
@@ -266,34 +262,18 @@ impl<R: Region> Arena<R> {
 
     /// The host-only child of `parent` whose first page is `key`'s, and how
     /// many of its pages `key` (whole pages) matches (at least one).
-    pub(super) fn host_follow(&self, parent: u32, key: &[u32]) -> Option<(u32, u32)> {
+    fn host_follow(&self, parent: u32, key: &[u32]) -> Option<(u32, u32)> {
         let p = self.layout.page_size as usize;
         let t = self.host.as_deref()?;
         let first = key.get(..p)?;
-        let ns = if parent == ROOT {
-            self.ns
-        } else {
-            self.nodes()[parent as usize].ns
-        };
+        let ns = self.leaf_namespace(parent);
         let nodes = self.nodes();
         let child = t.kids.get(&parent)?.iter().copied().find(|&k| {
             nodes[k as usize].ns == ns
                 && t.part(k)
                     .is_some_and(|part| part.tokens.get(..p) == Some(first))
         })?;
-        let tokens = &t.part(child)?.tokens;
-        // Whole pages both sides hold, compared as one slice (a `memcmp`)
-        // before page by page, as the device walk compares a run.
-        let n = tokens.len().min(key.len() / p * p);
-        let same = if tokens[..n] == key[..n] {
-            n / p
-        } else {
-            tokens
-                .chunks_exact(p)
-                .zip(key.chunks_exact(p))
-                .take_while(|(a, b)| a == b)
-                .count()
-        };
+        let same = same_pages(&t.part(child)?.tokens, key, p);
         Some((child, same as u32))
     }
 
@@ -304,27 +284,28 @@ impl<R: Region> Arena<R> {
     fn host_walk(&mut self, mut node: u32, key: &[u32], host_pages: &mut Vec<u32>) -> (u32, usize) {
         let p = self.layout.page_size as usize;
         let mut pos = 0;
-        while let Some((child, same)) = self.host_follow(node, &key[pos..]) {
-            let len = self
-                .host
-                .as_deref()
-                .and_then(|t| t.part(child))
-                .map_or(0, |part| part.pages.len());
-            let child = if (same as usize) < len {
-                self.host_split_private(child, same)
-            } else {
-                child
-            };
+        while let Some((child, same, whole)) = self.host_enter(node, &key[pos..]) {
             if let Some(part) = self.host.as_deref().and_then(|t| t.part(child)) {
                 host_pages.extend_from_slice(&part.pages);
             }
-            pos += same as usize * p;
+            pos += same * p;
             node = child;
-            if (same as usize) < len {
+            if !whole {
                 break;
             }
         }
         (node, pos / p)
+    }
+
+    /// The host-only child of `node` that `key` (whole pages) enters, split
+    /// where the key leaves it; the pages it matched, and whether that was
+    /// all of it (the walk goes on below only then).
+    pub(super) fn host_enter(&mut self, node: u32, key: &[u32]) -> Option<(u32, usize, bool)> {
+        let (child, same) = self.host_follow(node, key)?;
+        if u64::from(same) < self.edge_pages(child) {
+            return Some((self.host_split_private(child, same), same as usize, false));
+        }
+        Some((child, same as usize, true))
     }
 
     /// Whether host eviction may take `node` now: host-only, unlocked, no
@@ -654,26 +635,14 @@ impl<R: Region> Engine<R> {
         let p = self.page_size() as usize;
         let mut pos = 0;
         while cached < pages.len() {
-            let Some((child, same)) = self.arena.host_follow(node, &key[pos..]) else {
+            let Some((child, same, whole)) = self.arena.host_enter(node, &key[pos..]) else {
                 break;
             };
-            let len = self
-                .arena
-                .host
-                .as_deref()
-                .and_then(|t| t.part(child))
-                .map_or(0, |part| part.pages.len());
-            let child = if (same as usize) < len {
-                self.arena.host_split_private(child, same)
-            } else {
-                child
-            };
-            let same = same as usize;
             self.arena.promote(child, &pages[cached..cached + same]);
             cached += same;
             pos += same * p;
             node = child;
-            if same < len {
+            if !whole {
                 break;
             }
         }

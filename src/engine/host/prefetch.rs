@@ -3,7 +3,7 @@
 //! key from the root and SGLang's hash), and `insert_host`, which files
 //! pages prefetched from the L3 into the host pool as host copies.
 
-use super::{Digest, HostError, HostPart};
+use super::{Digest, HostError};
 use crate::engine::cache::Engine;
 use crate::engine::layout::ROOT;
 use crate::engine::lock::Handle;
@@ -191,14 +191,10 @@ impl<R: Region> Engine<R> {
     /// enters, split where the key leaves it, and the pages it matched.
     fn child_along(&mut self, node: u32, key: &[u32]) -> Option<(u32, usize)> {
         let p = self.page_size() as usize;
-        let ns = if node == ROOT {
-            self.arena.ns
-        } else {
-            self.arena.nodes()[node as usize].ns
-        };
+        let ns = self.arena.leaf_namespace(node);
         if let Some(child) = self.arena.find_child(node, ns, key.get(..p)?) {
             let len = self.arena.nodes()[child as usize].num_pages as usize;
-            let same = self.arena.same_pages(child, key);
+            let same = self.arena.edge_matches(child, key);
             let child = if same < len {
                 self.arena.split_at(child, same as u32)
             } else {
@@ -206,14 +202,7 @@ impl<R: Region> Engine<R> {
             };
             return Some((child, same));
         }
-        let (child, same) = self.arena.host_follow(node, key)?;
-        let len = self.arena.edge_pages(child) as usize;
-        let same = same as usize;
-        let child = if same < len {
-            self.arena.host_split_private(child, same as u32)
-        } else {
-            child
-        };
+        let (child, same, _) = self.arena.host_enter(node, key)?;
         Some((child, same))
     }
 
@@ -235,15 +224,5 @@ impl<R: Region> Engine<R> {
             }
         }
         Ok(())
-    }
-}
-
-impl HostPart {
-    /// A host copy on `pages`; `tokens` for a host-only node.
-    pub(super) fn new(pages: &[u32], tokens: Vec<u32>) -> Self {
-        Self {
-            pages: pages.to_vec(),
-            tokens,
-        }
     }
 }

@@ -9,17 +9,11 @@ use crate::engine::heap::Heap;
 use crate::engine::layout::{NIL, NODE_FREE, NODE_HOST, NODE_LIVE, ROOT};
 use crate::engine::policy::Key;
 use crate::engine::region::Region;
+use crate::engine::validate::ensure;
 
 impl<R: Region> Engine<R> {
     /// The host tier's invariants (see the module's).
     pub(crate) fn validate_host(&self) -> Result<(), InvariantError> {
-        macro_rules! ensure {
-            ($cond:expr, $($msg:tt)+) => {
-                if !$cond {
-                    return Err(InvariantError(format!($($msg)+)));
-                }
-            };
-        }
         let a = &self.arena;
         let nodes = a.nodes();
         let p = a.layout.page_size as usize;

@@ -55,6 +55,8 @@ mod validate;
 pub use ops::HostMatched;
 pub use prefetch::HostInserted;
 #[cfg(test)]
+mod prop_tests;
+#[cfg(test)]
 mod tests;
 
 /// The host tier's private state.

@@ -332,21 +332,6 @@ impl<R: Region> Arena<R> {
     }
 }
 
-/// How many leading pages of `p` tokens `a` and `b` share (among the whole
-/// pages both hold): one slice compare (a `memcmp`) for the common case of
-/// all of them, page by page only where they differ.
-#[inline]
-pub fn same_pages(a: &[u32], b: &[u32], p: usize) -> usize {
-    let n = a.len().min(b.len()) / p * p;
-    if a[..n] == b[..n] {
-        return n / p;
-    }
-    a.chunks_exact(p)
-        .zip(b.chunks_exact(p))
-        .take_while(|(x, y)| x == y)
-        .count()
-}
-
 /// `a == b` for two pages of tokens, as a branch-free fold: it vectorizes
 /// for any page size and, unlike slice equality, never calls `bcmp`, whose
 /// call costs more than comparing a small page (P = 1 compares a token per

@@ -103,7 +103,16 @@ impl<R: Region> Arena<R> {
                 let (first, n) = (page as usize, run as usize);
                 let stored = self.tokens().get(first * p..(first + n) * p);
                 let stored = stored.unwrap_or_else(|| super::arena::corrupt("page run"));
-                let same = super::arena::same_pages(stored, &key[*pos..*pos + n * p], p);
+                let wanted = &key[*pos..*pos + n * p];
+                let same = if stored == wanted {
+                    n
+                } else {
+                    stored
+                        .chunks_exact(p)
+                        .zip(wanted.chunks_exact(p))
+                        .take_while(|(a, b)| a == b)
+                        .count()
+                };
                 out.extend((0..same as u32).map(|i| page + i));
                 *pos += same * p;
                 in_child += same as u32;

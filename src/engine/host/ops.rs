@@ -3,7 +3,7 @@
 //! engine, and the tier's invariants.
 
 use super::{unfile, HostError, HostNode, HostPart, HostStats, HostTier};
-use crate::engine::arena::{same_pages, Arena};
+use crate::engine::arena::Arena;
 use crate::engine::cache::{ClientId, Engine};
 use crate::engine::heap::Entry;
 use crate::engine::layout::{Node, NIL, NODE_FREE, NODE_HOST, NODE_LIVE, ROOT};
@@ -273,7 +273,19 @@ impl<R: Region> Arena<R> {
                 && t.part(k)
                     .is_some_and(|part| part.tokens.get(..p) == Some(first))
         })?;
-        let same = same_pages(&t.part(child)?.tokens, key, p);
+        let tokens = &t.part(child)?.tokens;
+        // Whole pages both sides hold, compared as one slice (a `memcmp`)
+        // before page by page, as the device walk compares a run.
+        let n = tokens.len().min(key.len() / p * p);
+        let same = if tokens[..n] == key[..n] {
+            n / p
+        } else {
+            tokens
+                .chunks_exact(p)
+                .zip(key.chunks_exact(p))
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
         Some((child, same as u32))
     }
 
